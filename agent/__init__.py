@@ -1,0 +1,1 @@
+"""The workstation daemon: GPU inventory, job runtimes, discovery (labq.agent)."""

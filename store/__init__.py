@@ -1,0 +1,1 @@
+"""Durable persistence of the leader's state (labq.store)."""
