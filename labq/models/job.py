@@ -1,0 +1,132 @@
+"""What a user asks for (JobSpec) and what becomes of it (Job)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from labq.models.placement import Placement
+from labq.models.priority import PriorityClass
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"  #: waiting for GPUs (again, after a preemption)
+    HELD = "held"  #: kept out of scheduling until released
+    STARTING = "starting"  #: placed; the agent is launching it
+    RUNNING = "running"  #: the agent reports it running
+    PREEMPTING = "preempting"  #: told to checkpoint to make room for another job
+    SUCCEEDED = "succeeded"  #: exited 0
+    FAILED = "failed"  #: exited non-zero, or could not be launched
+    CANCELLED = "cancelled"  #: stopped by its user or an admin
+    TIMEOUT = "timeout"  #: stopped at its time limit
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def holds_gpus(self) -> bool:
+        """The job occupies its placement's GPUs."""
+        return self in _ON_GPUS
+
+
+_FINISHED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
+_ON_GPUS = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING})
+
+
+class Runtime(str, Enum):
+    DOCKER = "docker"  #: a container from ``image``
+    PROCESS = "process"  #: a plain process on the workstation
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str  #: host path, under one of the admin's allowed roots
+    target: str  #: path inside the container
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything a submission says; never changes after submit."""
+
+    user: str
+    command: tuple[str, ...]
+    gpus: int = 1
+    name: str = ""
+    runtime: Runtime = Runtime.PROCESS
+    image: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: str | None = None
+    mounts: tuple[Mount, ...] = ()
+    #: spread over this many nodes, ``gpus // nodes`` on each; 1 keeps the job on one node
+    nodes: int = 1
+    min_gpu_memory_mib: int = 0
+    #: substring of the GPU model name, case-insensitive (``A100``, ``3090``)
+    gpu_model: str | None = None
+    node: str | None = None  #: run only on this node
+    cpus: float | None = None
+    memory_mib: int | None = None
+    priority: int = int(PriorityClass.NORMAL)
+    preemptible: bool = True
+    time_limit_s: float | None = None
+    checkpoint_signal: str = "SIGUSR1"
+    grace_s: float = 60.0
+    reservation: str | None = None
+    depends_on: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise ValueError("a job needs at least one GPU")
+        if self.nodes < 1:
+            raise ValueError("nodes must be 1 or more")
+        if self.gpus % self.nodes:
+            raise ValueError(f"{self.gpus} GPUs cannot be split evenly over {self.nodes} nodes")
+        if self.runtime is Runtime.DOCKER and not self.image:
+            raise ValueError("a docker job needs an image")
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as the leader tracks it: the spec plus its life so far."""
+
+    id: int
+    spec: JobSpec
+    submitted_at: float
+    state: JobState = JobState.QUEUED
+    attempt: int = 1
+    placement: Placement | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    last_checkpoint_at: float | None = None
+    preemptions: int = 0
+    work_lost_s: float = 0.0
+    #: while PREEMPTING: the job whose room it is making
+    preempted_for: int | None = None
+
+    @property
+    def user(self) -> str:
+        return self.spec.user
+
+    @property
+    def priority(self) -> int:
+        return self.spec.priority
+
+    def expected_end(self) -> float | None:
+        """When the time limit will stop it, if it is running and has one."""
+        if self.started_at is None or self.spec.time_limit_s is None:
+            return None
+        return self.started_at + self.spec.time_limit_s
+
+    def work_at_risk(self, now: float) -> float:
+        """Seconds of work a preemption now would lose: since its last checkpoint or start."""
+        since = self.last_checkpoint_at or self.started_at
+        return max(0.0, now - since) if since is not None else 0.0
+
+    def evolve(self, **changes) -> Job:
+        return replace(self, **changes)
