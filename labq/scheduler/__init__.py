@@ -1,0 +1,13 @@
+"""The pure scheduler: a function of (jobs, nodes, reservations, usage, policy, now).
+
+No I/O and no clock reads: the leader, the simulator and ``labq why`` all call
+the same code with the time passed in.
+"""
+
+from labq.scheduler.cycle import schedule
+from labq.scheduler.fit import eligible_mask, why_never_fits
+from labq.scheduler.placement import SetChoice, best_set
+from labq.scheduler.policy import Policy, decay_usage, queue_order
+
+__all__ = ["Policy", "SetChoice", "best_set", "decay_usage", "eligible_mask", "queue_order", "schedule",
+           "why_never_fits"]

@@ -1,0 +1,463 @@
+"""One scheduling pass: a pure function of the lab's state and the time.
+
+The queue is served in order (priority, fair share, submit time). Each queued
+job in turn either starts on the best GPU set that is free for it, or preempts
+cheaper lower-priority work and holds the GPUs being freed, or waits with a
+reason. A waiting job near the top of the queue holds the GPUs it will get when
+running jobs end (by their time limits), so lower jobs backfill around it only
+where they cannot delay it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import inf
+from typing import Iterable, Mapping
+
+from labq.models.decisions import Decisions, Pending, PendingReason, Preempt, Start
+from labq.models.job import Job, JobState
+from labq.models.node import Node
+from labq.models.placement import NodeAllocation, Placement
+from labq.models.priority import priority_name
+from labq.models.reservation import Reservation
+from labq.scheduler.fit import eligible_mask, why_never_fits
+from labq.scheduler.placement import SetChoice, best_set, indices_to_mask, mask_to_indices
+from labq.scheduler.policy import Policy, queue_order
+from labq.scheduler.preemption import NodePlan, Victim, plan_on_node
+
+
+def schedule(
+    jobs: Iterable[Job],
+    nodes: Iterable[Node],
+    *,
+    now: float,
+    reservations: Iterable[Reservation] = (),
+    usage: Mapping[str, float] | None = None,
+    policy: Policy = Policy(),
+    finished: Mapping[int, JobState] | None = None,
+) -> Decisions:
+    """Decide what starts, what is preempted, and why everything else waits.
+
+    ``jobs`` are the lab's unfinished jobs; ``finished`` gives the end state of
+    finished jobs that others depend on; ``usage`` is each user's decayed
+    GPU-hours for fair share. Equal input gives equal decisions.
+    """
+    return _Pass(list(jobs), list(nodes), list(reservations), usage or {}, policy, now, finished or {}).run()
+
+
+@dataclass(frozen=True)
+class _Hold:
+    job_id: int
+    priority: int
+    mask: int
+    #: when the GPUs are due to the holder; None when no time limit tells
+    due: float | None
+
+    def binds(self, job_end: float) -> bool:
+        """Whether a job ending at ``job_end`` must keep off these GPUs."""
+        return self.due is None or job_end > self.due
+
+
+@dataclass
+class _OnGpus:
+    """A job occupying GPUs on one node, as the pass sees it."""
+
+    job: Job
+    mask: int
+    end: float  #: expected end by time limit; inf when unknown
+    candidate: bool  #: may be preempted in this pass
+
+
+@dataclass
+class _Pass:
+    jobs: list[Job]
+    node_list: list[Node]
+    reservation_list: list[Reservation]
+    usage: Mapping[str, float]
+    policy: Policy
+    now: float
+    finished: Mapping[int, JobState]
+    starts: list[Start] = field(default_factory=list)
+    preemptions: list[Preempt] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.nodes = {n.name: n for n in sorted(self.node_list, key=lambda n: n.name)}
+        self.up = [n for n in self.nodes.values() if n.schedulable and n.gpus]
+        self.free = {n.name: ((1 << n.gpu_count) - 1) & ~indices_to_mask(n.unmanaged_busy) for n in self.nodes.values()}
+        self.on_gpus: dict[str, list[_OnGpus]] = {name: [] for name in self.nodes}
+        self.in_use: dict[str, int] = {}
+        self.holds: dict[str, list[_Hold]] = {name: [] for name in self.nodes}
+        self.victims: set[int] = set()
+        self.inflight: dict[int, list[tuple[str, int, int]]] = {}  # preemptor -> (node, mask, victim)
+        self.reservations = {r.name: r for r in self.reservation_list}
+        self.states = dict(self.finished)
+        self.version = 0
+        self.holds_made = 0
+        self._memo: dict = {}
+        self._eligible: dict = {}
+        queued = {j.id: j for j in self.jobs if j.state is JobState.QUEUED}
+        for job in self.jobs:
+            self.states[job.id] = job.state
+            if not job.state.holds_gpus or job.placement is None:
+                continue
+            self.in_use[job.user] = self.in_use.get(job.user, 0) + job.spec.gpus
+            preempting = job.state is JobState.PREEMPTING
+            if preempting:
+                self.victims.add(job.id)
+            for alloc in job.placement.allocations:
+                if alloc.node not in self.nodes:
+                    continue
+                mask = indices_to_mask(alloc.gpu_indices)
+                self.free[alloc.node] &= ~mask
+                self.on_gpus[alloc.node].append(_OnGpus(job, mask, job.expected_end() or inf, self._preemptible(job)))
+                if preempting and job.preempted_for in queued:
+                    self.inflight.setdefault(job.preempted_for, []).append((alloc.node, mask, job.id))
+        for preemptor in sorted((queued[i] for i in self.inflight), key=lambda j: queue_order(j, self.usage)):
+            self._hold_inflight_target(preemptor)
+
+    def _hold_inflight_target(self, job: Job) -> None:
+        """Keep what an earlier pass promised a preemptor: its victims' GPUs and the free ones that complete its set."""
+        for name in sorted({where for where, _, _ in self.inflight[job.id]}):
+            node = self.nodes[name]
+            freeing = 0
+            for where, mask, _ in self.inflight[job.id]:
+                if where == name:
+                    freeing |= mask
+            usable = self._available(job, node) if node.schedulable else 0
+            target = best_set(node.topology, usable | freeing, job.spec.gpus_per_node)
+            self.holds[name].append(_Hold(job.id, job.priority, target.mask if target else freeing, None))
+
+    def _preemptible(self, job: Job) -> bool:
+        return (
+            self.policy.preemption
+            and job.state is JobState.RUNNING
+            and job.spec.preemptible
+            and job.started_at is not None
+            and self.now - job.started_at >= self.policy.min_runtime_s
+        )
+
+    # -- the pass -------------------------------------------------------------------
+
+    def run(self) -> Decisions:
+        queue = sorted((j for j in self.jobs if j.state is JobState.QUEUED), key=lambda j: queue_order(j, self.usage))
+        for job in queue:
+            self._serve(job)
+        for job in sorted((j for j in self.jobs if j.state is JobState.HELD), key=lambda j: j.id):
+            self._wait(job, PendingReason.HELD, f"held; `labq release {job.id}` puts it back in the queue")
+        return Decisions(tuple(self.starts), tuple(self.preemptions), tuple(self.pending))
+
+    def _serve(self, job: Job) -> None:
+        spec = job.spec
+        if not self._dependencies_met(job):
+            return
+        if spec.reservation is not None and not self._reservation_open(job):
+            return
+        never = self._never_fits(job)
+        if never is not None:
+            self._wait(job, PendingReason.RESOURCES, f"no node that is up can run it: {never}")
+            return
+        quota = self.policy.quota_for(job.user)
+        used = self.in_use.get(job.user, 0)
+        if quota is not None and used + spec.gpus > quota:
+            self._wait(job, PendingReason.QUOTA,
+                       f"{job.user} holds {used} of a quota of {quota} GPUs; this job needs {spec.gpus}")
+            return
+        placement = self._place(job)
+        if placement is not None:
+            self._start(job, placement)
+            return
+        if self._preempt_for(job):
+            return
+        self._blocked(job)
+
+    def _wait(self, job: Job, reason: PendingReason, detail: str, waiting_for: int | None = None,
+              estimated_start: float | None = None) -> None:
+        self.pending.append(Pending(job.id, reason, detail, waiting_for, estimated_start))
+
+    # -- what a job may use ---------------------------------------------------------
+
+    def _end_of(self, job: Job) -> float:
+        limit = job.spec.time_limit_s
+        return self.now + limit if limit is not None else inf
+
+    def _candidate_nodes(self, job: Job) -> list[Node]:
+        spec = job.spec
+        if spec.reservation is not None:
+            pinned = self.reservations[spec.reservation].node
+            return [n for n in self.up if n.name == pinned]
+        if spec.node is not None:
+            return [n for n in self.up if n.name == spec.node]
+        return self.up
+
+    def _eligible_on(self, job: Job, node: Node) -> int:
+        spec = job.spec
+        key = (node.name, spec.node, spec.min_gpu_memory_mib, spec.gpu_model)
+        mask = self._eligible.get(key)
+        if mask is None:
+            mask = self._eligible[key] = eligible_mask(spec, node)
+        return mask
+
+    def _held_against(self, job: Job, node: str, end: float) -> int:
+        mask = 0
+        for hold in self.holds[node]:
+            if hold.job_id != job.id and hold.binds(end):
+                mask |= hold.mask
+        return mask
+
+    def _reserved_against(self, job: Job, node: str, end: float) -> int:
+        """GPUs on ``node`` that reservations keep from this job over its run."""
+        mask = 0
+        own = job.spec.reservation
+        for r in self.reservation_list:
+            if r.node != node:
+                continue
+            if r.name == own:
+                mask |= ((1 << self.nodes[node].gpu_count) - 1) & ~indices_to_mask(r.gpu_indices)
+            elif r.overlaps(self.now, end):
+                mask |= indices_to_mask(r.gpu_indices)
+        return mask
+
+    def _available(self, job: Job, node: Node, *, holds: bool = True, reservations: bool = True) -> int:
+        end = self._end_of(job)
+        mask = self.free[node.name] & self._eligible_on(job, node)
+        if holds:
+            mask &= ~self._held_against(job, node.name, end)
+        if reservations and self.reservation_list:
+            mask &= ~self._reserved_against(job, node.name, end)
+        return mask
+
+    def _never_fits(self, job: Job) -> str | None:
+        spec = job.spec
+        key = ("never", spec.gpus, spec.nodes, spec.min_gpu_memory_mib, spec.gpu_model, spec.node, spec.reservation)
+        if key not in self._memo:
+            self._memo[key] = why_never_fits(spec, self._candidate_nodes(job))
+        return self._memo[key]
+
+    def _shape(self, job: Job, *extra) -> tuple:
+        spec = job.spec
+        personal = job.id if job.id in self.inflight else None
+        return (self.version, spec.gpus, spec.nodes, spec.min_gpu_memory_mib, spec.gpu_model, spec.node,
+                spec.reservation, self._end_of(job), personal, *extra)
+
+    # -- placing ----------------------------------------------------------------------
+
+    def _best_nodes(self, job: Job, **available) -> list[tuple[Node, SetChoice]] | None:
+        """The best GPU set on each of the job's nodes, best nodes first; None if too few fit."""
+        spec = job.spec
+        key = ("place", self._shape(job), tuple(sorted(available.items())))
+        if key in self._memo:
+            return self._memo[key]
+        options = []
+        for node in self._candidate_nodes(job):
+            choice = best_set(node.topology, self._available(job, node, **available), spec.gpus_per_node)
+            if choice is not None:
+                options.append((node, choice))
+        options.sort(key=lambda o: (-o[1].score, o[1].loss, o[0].name))
+        result = options[: spec.nodes] if len(options) >= spec.nodes else None
+        self._memo[key] = result
+        return result
+
+    def _place(self, job: Job) -> Placement | None:
+        chosen = self._best_nodes(job)
+        if chosen is None:
+            return None
+        return Placement(tuple(self._allocation(node, c.mask, c.score) for node, c in chosen))
+
+    @staticmethod
+    def _allocation(node: Node, mask: int, score: int) -> NodeAllocation:
+        indices = mask_to_indices(mask)
+        return NodeAllocation(node.name, indices, tuple(node.gpus[i].uuid for i in indices), score)
+
+    def _start(self, job: Job, placement: Placement) -> None:
+        for alloc in placement.allocations:
+            mask = indices_to_mask(alloc.gpu_indices)
+            self.free[alloc.node] &= ~mask
+            self.on_gpus[alloc.node].append(_OnGpus(job, mask, self._end_of(job), False))
+        self.in_use[job.user] = self.in_use.get(job.user, 0) + job.spec.gpus
+        self.starts.append(Start(job.id, placement))
+        self.version += 1
+
+    # -- preempting -------------------------------------------------------------------
+
+    def _preempt_for(self, job: Job) -> bool:
+        """Plan preemption for ``job`` (or keep waiting on one in flight); True if it now waits for that."""
+        if not self.policy.preemption and job.id not in self.inflight:
+            return False
+        key = ("preempt", self._shape(job), job.priority)
+        if self._memo.get(key) is False:
+            return False
+        plans = []
+        for node in self._candidate_nodes(job):
+            plan = self._plan_on(job, node)
+            if plan is not None:
+                plans.append(plan)
+        plans.sort(key=lambda p: p.cost)
+        if len(plans) < job.spec.nodes:
+            if job.id not in self.inflight:
+                self._memo[key] = False
+            return False
+        plans = plans[: job.spec.nodes]
+        grace = 0.0
+        fresh: set[int] = set()
+        for plan in plans:
+            for v in plan.victims:
+                if v.job.id in self.victims:
+                    continue
+                self.victims.add(v.job.id)
+                for entry in self.on_gpus[plan.node]:
+                    if entry.job.id == v.job.id:
+                        entry.candidate = False
+                grace = max(grace, v.job.spec.grace_s)
+                fresh.add(v.job.id)
+                self.preemptions.append(Preempt(v.job.id, job.id, plan.node, mask_to_indices(v.freeable),
+                                                v.work_at_risk_s))
+            self.holds[plan.node].append(_Hold(job.id, job.priority, plan.target.mask, None))
+        self.holds_made += 1
+        self.version += 1
+        waiting = sorted(fresh | {victim for _, _, victim in self.inflight.get(job.id, [])})
+        where = ", ".join(f"{p.node} GPUs {_gpu_list(p.target.mask)}" for p in plans)
+        detail = (f"job{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} "
+                  f"{'are' if len(waiting) > 1 else 'is'} checkpointing to free {where}")
+        self._wait(job, PendingReason.PREEMPTING, detail, waiting[0] if waiting else None,
+                   self.now + grace if fresh else None)
+        return True
+
+    def _plan_on(self, job: Job, node: Node) -> NodePlan | None:
+        end = self._end_of(job)
+        blocked = self._held_against(job, node.name, end) | ~self._eligible_on(job, node)
+        if self.reservation_list:
+            blocked |= self._reserved_against(job, node.name, end)
+        available = self.free[node.name] & ~blocked
+        for where, mask, _ in self.inflight.get(job.id, []):
+            if where == node.name:
+                available |= mask & ~blocked
+        candidates = [
+            Victim(e.job, e.mask & ~blocked, e.job.work_at_risk(self.now))
+            for e in self.on_gpus[node.name]
+            if e.candidate and e.job.priority < job.priority and e.job.id not in self.victims and e.mask & ~blocked
+        ]
+        if not candidates and job.id not in self.inflight:
+            return None
+        return plan_on_node(node.name, node.topology, available, job.spec.gpus_per_node, candidates)
+
+    # -- waiting ----------------------------------------------------------------------
+
+    def _blocked(self, job: Job) -> None:
+        key = ("why", self._shape(job))
+        verdict = self._memo.get(key)
+        if verdict is None:
+            verdict = self._memo[key] = self._why_blocked(job)
+        reason, detail, waiting_for = verdict
+        estimate = None
+        if reason in (PendingReason.RESOURCES, PendingReason.PRIORITY) and self.holds_made < self.policy.hold_depth:
+            estimate = self._hold_future(job)
+        self._wait(job, reason, detail, waiting_for, estimate)
+
+    def _why_blocked(self, job: Job) -> tuple[PendingReason, str, int | None]:
+        spec = job.spec
+        for node, choice in self._best_nodes(job, holds=False) or ():
+            holders = [h for h in self.holds[node.name]
+                       if h.mask & choice.mask and h.job_id != job.id and h.binds(self._end_of(job))]
+            if holders:
+                ahead = min(holders, key=lambda h: (-h.priority, h.job_id))
+                return (PendingReason.PRIORITY,
+                        f"GPUs {_gpu_list(choice.mask & ahead.mask)} on {node.name} are held for job "
+                        f"{ahead.job_id} ({priority_name(ahead.priority)}), which is ahead in the queue",
+                        ahead.job_id)
+        if self.reservation_list and self._best_nodes(job, reservations=False) is not None:
+            end = self._end_of(job)
+            names = sorted(r.name for r in self.reservation_list
+                           if r.name != spec.reservation and r.overlaps(self.now, end))
+            return (PendingReason.RESERVATION,
+                    f"the free GPUs are reserved ({', '.join(names)}) before this job would end; "
+                    f"a time limit (--time) that ends before the reservation lets it run",
+                    None)
+        most, where = max(((self._available(job, n).bit_count(), n.name) for n in self._candidate_nodes(job)),
+                          default=(0, ""))
+        place = "one node" if spec.nodes == 1 else f"each of {spec.nodes} nodes"
+        have = f"at most {most} free together, on {where}" if most else "none is free"
+        return PendingReason.RESOURCES, f"needs {spec.gpus_per_node} suitable GPUs on {place}; {have}", None
+
+    def _hold_future(self, job: Job) -> float | None:
+        """Hold the GPUs ``job`` gets soonest as running jobs end; return when, if known."""
+        spec = job.spec
+        end = self._end_of(job)
+        options = []
+        for node in self._candidate_nodes(job):
+            blocked = self._held_against(job, node.name, end) | ~self._eligible_on(job, node)
+            if self.reservation_list:
+                blocked |= self._reserved_against(job, node.name, end)
+            have = self.free[node.name] & ~blocked
+            when = self.now
+            choice = best_set(node.topology, have, spec.gpus_per_node)
+            for entry in sorted(self.on_gpus[node.name], key=lambda e: (e.end, e.job.id)):
+                if choice is not None:
+                    break
+                if entry.mask & ~blocked:
+                    have |= entry.mask & ~blocked
+                    when = max(when, entry.end)
+                    choice = best_set(node.topology, have, spec.gpus_per_node)
+            if choice is not None:
+                options.append((when, -choice.score, choice.loss, node.name, choice.mask))
+        if len(options) < spec.nodes:
+            return None
+        options.sort()
+        chosen = options[: spec.nodes]
+        due = max(o[0] for o in chosen)
+        for _, _, _, name, mask in chosen:
+            self.holds[name].append(_Hold(job.id, job.priority, mask, None if due == inf else due))
+        self.holds_made += 1
+        self.version += 1
+        return None if due == inf else due
+
+    # -- gates before placement -------------------------------------------------------
+
+    def _dependencies_met(self, job: Job) -> bool:
+        for dep in job.spec.depends_on:
+            state = self.states.get(dep)
+            if state is JobState.SUCCEEDED:
+                continue
+            if state is None:
+                detail = f"depends on job {dep}, which does not exist; it can never start"
+            elif state.finished:
+                detail = f"depends on job {dep}, which ended {state.value}; it can never start"
+            else:
+                detail = f"waits for job {dep} ({state.value}) to succeed"
+            self._wait(job, PendingReason.DEPENDENCY, detail, dep)
+            return False
+        return True
+
+    def _reservation_open(self, job: Job) -> bool:
+        name = job.spec.reservation
+        r = self.reservations.get(name)
+        if r is None:
+            detail = f"reservation {name!r} does not exist"
+        elif not r.admits(job.user):
+            detail = f"{job.user} may not use reservation {name!r} (booked by {r.owner})"
+        elif self.now >= r.end:
+            detail = f"reservation {name!r} has ended"
+        elif r.node is None or not r.gpu_indices:
+            detail = f"reservation {name!r} has no GPUs pinned yet"
+        elif self.now < r.start:
+            self._wait(job, PendingReason.RESERVATION, f"reservation {name!r} starts in {_span(r.start - self.now)}",
+                       estimated_start=r.start)
+            return False
+        else:
+            return True
+        self._wait(job, PendingReason.RESERVATION, detail)
+        return False
+
+
+def _gpu_list(mask: int) -> str:
+    return ",".join(map(str, mask_to_indices(mask)))
+
+
+def _span(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{max(minutes, 1)}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes:02d}m"
+    return f"{hours // 24}d {hours % 24}h"

@@ -1,0 +1,68 @@
+"""Which GPUs may serve a job, and whether a job can ever fit the lab at all."""
+
+from __future__ import annotations
+
+from labq.models.job import JobSpec
+from labq.models.node import Node
+
+
+def gpu_matches(spec: JobSpec, model: str, memory_mib: int) -> bool:
+    if memory_mib < spec.min_gpu_memory_mib:
+        return False
+    return spec.gpu_model is None or spec.gpu_model.lower() in model.lower()
+
+
+def eligible_mask(spec: JobSpec, node: Node) -> int:
+    """GPUs of ``node`` that the job may use, whatever runs on them now."""
+    if spec.node is not None and spec.node != node.name:
+        return 0
+    mask = 0
+    for gpu in node.gpus:
+        if gpu.index not in node.unmanaged_busy and gpu_matches(spec, gpu.model, gpu.memory_mib):
+            mask |= 1 << gpu.index
+    return mask
+
+
+def _mib(value: int) -> str:
+    return f"{value / 1024:g} GiB" if value % 1024 == 0 or value > 10240 else f"{value} MiB"
+
+
+def why_never_fits(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> str | None:
+    """None if some set of the given nodes could run ``spec`` when idle; else why not, and what would fit."""
+    if spec.gpus == 0:
+        return None
+    if not nodes:
+        return "the lab has no nodes yet: start an agent (labq agent) first"
+    gpn = spec.gpus_per_node
+    if spec.node is not None:
+        named = [n for n in nodes if n.name == spec.node]
+        if not named:
+            return f"there is no node {spec.node!r}; nodes: {', '.join(sorted(n.name for n in nodes))}"
+        nodes = named
+    if spec.gpu_model is not None:
+        models = sorted({g.model for n in nodes for g in n.gpus})
+        if not any(spec.gpu_model.lower() in m.lower() for m in models):
+            return f"no GPU model matches {spec.gpu_model!r}; the lab has: {', '.join(models)}"
+    biggest = max(g.memory_mib for n in nodes for g in n.gpus) if any(n.gpus for n in nodes) else 0
+    if spec.min_gpu_memory_mib > biggest:
+        return f"asks for GPUs with {_mib(spec.min_gpu_memory_mib)} but the largest GPU has {_mib(biggest)}"
+    counts = sorted(
+        (sum(1 for g in n.gpus if gpu_matches(spec, g.model, g.memory_mib)), n.name) for n in nodes
+    )
+    fitting = [name for count, name in counts if count >= gpn]
+    if len(fitting) >= spec.nodes:
+        return None
+    largest, largest_node = counts[-1]
+    if spec.nodes == 1:
+        hint = f"ask for --gpus {largest} or fewer" if largest else "relax the GPU model or memory filter"
+        if largest and spec.gpus > largest and len(nodes) > 1:
+            hint += ", or spread it with --nodes"
+        return (
+            f"asks for {spec.gpus} GPUs on one node but the largest suitable node "
+            f"({largest_node}) has {largest}; {hint}"
+        )
+    return (
+        f"asks for {gpn} GPUs on each of {spec.nodes} nodes but only {len(fitting)} "
+        f"node(s) have {gpn} suitable GPUs"
+    )
+

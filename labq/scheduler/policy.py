@@ -1,0 +1,39 @@
+"""The admin's scheduling knobs, and the order in which the queue is served."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import inf
+from typing import Mapping
+
+from labq.models.job import Job
+
+
+@dataclass(frozen=True)
+class Policy:
+    #: GPUs one user may hold at once (None: no limit); per-user overrides win
+    max_gpus_per_user: int | None = None
+    user_gpu_quota: Mapping[str, int] = field(default_factory=dict)
+    #: let higher-priority jobs preempt lower, preemptible ones
+    preemption: bool = True
+    #: a job runs at least this long before it can be preempted
+    min_runtime_s: float = 300.0
+    #: how many blocked jobs get GPUs held for them (and an estimated start);
+    #: lower jobs may use held GPUs only if their time limit ends first
+    hold_depth: int = 16
+
+    def quota_for(self, user: str) -> int | None:
+        return self.user_gpu_quota.get(user, self.max_gpus_per_user)
+
+
+def queue_order(job: Job, usage: Mapping[str, float]) -> tuple:
+    """Priority first, then fair share (less decayed GPU-hours first), then submit time."""
+    return (-job.priority, usage.get(job.user, 0.0), job.submitted_at, job.id)
+
+
+def decay_usage(usage: Mapping[str, float], elapsed_s: float, half_life_s: float) -> dict[str, float]:
+    """Fair-share usage after ``elapsed_s`` of exponential decay."""
+    if half_life_s <= 0 or half_life_s == inf:
+        return dict(usage)
+    factor = 0.5 ** (elapsed_s / half_life_s)
+    return {user: hours * factor for user, hours in usage.items()}
