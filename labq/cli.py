@@ -1,0 +1,159 @@
+"""The ``labq`` command. Thin: parse, call one function, print.
+
+Imports stay lazy so that ``labq`` starts fast and never loads the TUI's
+libraries for a plain command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+EPILOG = """\
+examples:
+  labq topo --list                       simulated GPU inventories
+  labq topo sim:dgx1                     a DGX-1's GPUs and how they are linked
+  labq place sim:dgx1 --gpus 2           the GPU pair labq would give a 2-GPU job
+  labq place sim:ws-4x3090 --gpus 1 --busy 0
+"""
+
+
+class CliError(Exception):
+    """A mistake in what the user typed; printed without a traceback."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 0
+    try:
+        return args.run(args)
+    except CliError as err:
+        print(f"labq: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    from labq import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="labq",
+        description="labq: a shared GPU job queue for small research labs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"labq {__version__}")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    topo = sub.add_parser(
+        "topo",
+        help="show a GPU inventory and its interconnect",
+        description="Show the GPUs of an inventory and the link between every pair, "
+        "as `nvidia-smi topo -m` does: NV<n> for n NVLink links, else the PCIe level "
+        "(PIX one switch, PXB several switches, PHB host bridge, NODE same NUMA node, SYS across sockets).",
+    )
+    topo.add_argument("inventory", nargs="?", help="a simulated inventory: sim:dgx1, sim:flat:4, ...")
+    topo.add_argument("--list", action="store_true", help="list the simulated inventories")
+    topo.add_argument("--json", action="store_true", help="print JSON")
+    topo.set_defaults(run=_topo)
+
+    place = sub.add_parser(
+        "place",
+        help="show which GPU set labq would give a job",
+        description="Run labq's placement on one node: the best-connected GPU set for a job of "
+        "--gpus GPUs among the free ones, and what it costs the GPUs left free.",
+    )
+    place.add_argument("inventory", help="a simulated inventory: sim:dgx1, sim:flat:4, ...")
+    place.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs the job needs")
+    place.add_argument("--busy", default="", metavar="LIST", help="GPU indices already in use, e.g. 0,3")
+    place.add_argument("--json", action="store_true", help="print JSON")
+    place.set_defaults(run=_place)
+    return parser
+
+
+def _inventory(spec: str | None):
+    from labq.topologies import parse_sim_spec
+
+    if not spec:
+        raise CliError("name an inventory, e.g. sim:dgx1 (labq topo --list shows them)")
+    try:
+        return parse_sim_spec(spec)
+    except ValueError as err:
+        raise CliError(str(err)) from None
+
+
+def _topo(args: argparse.Namespace) -> int:
+    from labq.topologies import NAMED
+
+    if args.list:
+        rows = [{"name": f"sim:{inv.name}", "gpus": inv.gpu_count, "description": inv.description}
+                for inv in NAMED.values()]
+        rows.append({"name": "sim:flat:N", "gpus": None, "description": "N GPUs on one host bridge, no NVLink"})
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            for row in rows:
+                print(f"{row['name']:<18} {row['description']}")
+        return 0
+    inv = _inventory(args.inventory)
+    topo = inv.topology
+    n = inv.gpu_count
+    if args.json:
+        print(json.dumps({
+            "name": f"sim:{inv.name}",
+            "description": inv.description,
+            "gpus": [{"index": i, "model": inv.model, "memory_mib": inv.memory_mib,
+                      "numa": topo.numa[i] if topo.numa else None} for i in range(n)],
+            "nvswitch": topo.has_nvswitch,
+            "links": [[topo.link_label(i, j) for j in range(n)] for i in range(n)],
+        }, indent=2))
+        return 0
+    print(f"sim:{inv.name}: {inv.description}")
+    print(f"{n}x {inv.model}, {inv.memory_mib // 1024} GiB each" + (", NVSwitch" if topo.has_nvswitch else ""))
+    print()
+    width = max(5, len(f"GPU{n - 1}") + 1)
+    print(" " * width + "".join(f"{f'GPU{j}':>{width}}" for j in range(n)) + f"{'NUMA':>{width}}")
+    for i in range(n):
+        cells = "".join(f"{topo.link_label(i, j):>{width}}" for j in range(n))
+        numa = topo.numa[i] if topo.numa and topo.numa[i] is not None else "-"
+        print(f"{f'GPU{i}':<{width}}{cells}{numa!s:>{width}}")
+    return 0
+
+
+def _place(args: argparse.Namespace) -> int:
+    from labq.scheduler.placement import best_set, indices_to_mask
+
+    inv = _inventory(args.inventory)
+    n = inv.gpu_count
+    try:
+        busy = sorted({int(x) for x in args.busy.replace(" ", "").split(",") if x})
+    except ValueError:
+        raise CliError(f"--busy takes GPU indices separated by commas, e.g. 0,3 (got {args.busy!r})") from None
+    wrong = [i for i in busy if not 0 <= i < n]
+    if wrong:
+        raise CliError(f"--busy: {inv.name} has GPUs 0-{n - 1}; no GPU {', '.join(map(str, wrong))}")
+    if args.gpus < 1:
+        raise CliError("--gpus must be 1 or more")
+    free = ((1 << n) - 1) & ~indices_to_mask(busy)
+    choice = best_set(inv.topology, free, args.gpus)
+    if choice is None:
+        raise CliError(f"{args.gpus} GPUs asked, {free.bit_count()} free on sim:{inv.name}")
+    links = sum(inv.topology.links(i, j) for k, i in enumerate(choice.gpus) for j in choice.gpus[k + 1:])
+    if args.json:
+        print(json.dumps({"inventory": f"sim:{inv.name}", "gpus": list(choice.gpus), "score": choice.score,
+                          "nvlink_links": links, "free_connectivity_lost": choice.loss}, indent=2))
+        return 0
+    print(f"GPUs {','.join(map(str, choice.gpus))} on sim:{inv.name}")
+    print(f"  score {choice.score} ({links} NVLink links within the set, PCIe points {choice.score % 1000})")
+    print(f"  connectivity the free GPUs lose: {choice.loss}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

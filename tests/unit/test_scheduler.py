@@ -1,0 +1,364 @@
+"""Scheduling passes as tables of situations: who starts where, whom to preempt, why the rest wait."""
+
+from __future__ import annotations
+
+import pytest
+
+from labq.models import JobState, NodeHealth, PendingReason, PriorityClass, Reservation
+from labq.scheduler import Policy, schedule
+from tests.conftest import NOW, make_node
+
+LOW, NORMAL, HIGH, URGENT = (int(p) for p in PriorityClass)
+
+
+def gpus_of(decisions, job_id):
+    start = decisions.started(job_id)
+    assert start is not None, f"job {job_id} did not start: {decisions.pending_for(job_id)}"
+    return [(a.node, a.gpu_indices) for a in start.placement.allocations]
+
+
+# -- placement across nodes --------------------------------------------------------------
+
+
+def test_two_gpu_job_goes_to_the_node_it_fragments_least(jobs):
+    a, b = make_node("a", "sim:ws-4x3090"), make_node("b", "sim:ws-4x3090")
+    busy = jobs.running(b, (0, 1))
+    job = jobs.queued(2)
+    d = schedule([busy, job], [a, b], now=NOW)
+    assert gpus_of(d, job.id) == [("b", (2, 3))]  # node a keeps all four GPUs free
+
+
+def test_one_gpu_job_fills_the_hole_before_opening_an_empty_node(jobs):
+    a, b = make_node("a", "sim:dgx1"), make_node("b", "sim:dgx1")
+    busy = jobs.running(b, (0, 1, 2, 3, 4, 5, 6))
+    job = jobs.queued(1)
+    d = schedule([busy, job], [a, b], now=NOW)
+    assert gpus_of(d, job.id) == [("b", (7,))]
+
+
+def test_better_connected_set_wins_over_a_fuller_node(jobs):
+    pcie, ws = make_node("pcie", "sim:pcie-2socket"), make_node("ws", "sim:ws-4x3090")
+    job = jobs.queued(2)
+    d = schedule([job], [pcie, ws], now=NOW)
+    assert gpus_of(d, job.id) == [("ws", (0, 1))]  # NVLink bridge beats a PCIe switch pair
+    assert d.started(job.id).placement.score == 4002
+
+
+def test_jobs_in_one_pass_never_share_gpus_and_pack_nvlink_pairs(jobs):
+    node = make_node("ws", "sim:ws-4x3090")
+    one_a, one_b, two = jobs.queued(1), jobs.queued(1), jobs.queued(2)
+    d = schedule([one_a, one_b, two], [node], now=NOW)
+    assert sorted(gpus_of(d, one_a.id) + gpus_of(d, one_b.id)) == [("ws", (0,)), ("ws", (1,))]
+    assert gpus_of(d, two.id) == [("ws", (2, 3))]
+
+
+def test_gang_never_splits_a_single_node_job(jobs):
+    a, b = make_node("a", "sim:ws-4x3090"), make_node("b", "sim:ws-4x3090")
+    busy = [jobs.running(a, (0,)), jobs.running(b, (3,))]
+    job = jobs.queued(4)
+    d = schedule([*busy, job], [a, b], now=NOW)
+    assert d.started(job.id) is None
+    pending = d.pending_for(job.id)
+    assert pending.reason is PendingReason.RESOURCES
+    assert "at most 3 free together" in pending.detail
+
+
+def test_multi_node_job_gets_its_gpus_on_distinct_nodes_at_once(jobs):
+    a, b, c = (make_node(n, "sim:ws-4x3090") for n in "abc")
+    busy = jobs.running(c, (0, 1, 2))
+    job = jobs.queued(4, nodes=2)
+    d = schedule([busy, job], [a, b, c], now=NOW)
+    assert gpus_of(d, job.id) == [("a", (0, 1)), ("b", (0, 1))]
+
+
+def test_filters_memory_model_node_and_unmanaged_gpus(jobs):
+    ws = make_node("ws", "sim:ws-4x3090", unmanaged_busy=frozenset({0, 1}))
+    a100 = make_node("big", "sim:dgx-a100")
+    small = jobs.queued(2, gpu_model="3090")
+    big_mem = jobs.queued(1, min_gpu_memory_mib=40 * 1024)
+    pinned = jobs.queued(1, node="ws")
+    d = schedule([small, big_mem, pinned], [ws, a100], now=NOW)
+    assert gpus_of(d, small.id) == [("ws", (2, 3))]  # 0 and 1 are busy with someone's notebook
+    assert gpus_of(d, big_mem.id)[0][0] == "big"
+    assert d.pending_for(pinned.id).reason is PendingReason.RESOURCES
+
+
+def test_nodes_that_are_not_up_take_no_new_jobs(jobs):
+    draining = make_node("a", "sim:dgx1", health=NodeHealth.DRAINING)
+    lost = make_node("b", "sim:dgx1", health=NodeHealth.LOST)
+    job = jobs.queued(1)
+    d = schedule([job], [draining, lost], now=NOW)
+    assert d.starts == ()
+    assert d.pending_for(job.id).reason is PendingReason.RESOURCES
+
+
+# -- order -------------------------------------------------------------------------------
+
+
+def test_order_is_priority_then_fair_share_then_submit_time(jobs):
+    node = make_node("ws", "sim:flat:1")
+    early_normal = jobs.queued(1, user="carol", submitted_at=NOW - 500)
+    heavy_user_high = jobs.queued(1, user="dave", priority=HIGH, submitted_at=NOW - 10)
+    light_user_high = jobs.queued(1, user="erin", priority=HIGH, submitted_at=NOW - 5)
+    queue = [early_normal, heavy_user_high, light_user_high]
+    d = schedule(queue, [node], now=NOW, usage={"dave": 120.0, "erin": 3.0}, policy=Policy(preemption=False))
+    assert [s.job_id for s in d.starts] == [light_user_high.id]
+    d = schedule(queue, [node], now=NOW, usage={}, policy=Policy(preemption=False))
+    assert [s.job_id for s in d.starts] == [heavy_user_high.id]  # equal usage: earlier submit
+
+
+# -- preemption --------------------------------------------------------------------------
+
+
+def test_empty_node_is_used_before_anything_is_preempted(jobs):
+    a, b = make_node("a", "sim:dgx1"), make_node("b", "sim:dgx1")
+    victims = [jobs.running(a, (i,), priority=LOW) for i in range(8)]
+    urgent = jobs.queued(2, priority=URGENT)
+    d = schedule([*victims, urgent], [a, b], now=NOW)
+    assert d.preemptions == ()
+    assert gpus_of(d, urgent.id) == [("b", (2, 3))]
+
+
+def test_one_small_victim_beats_one_big_low_class_victim(jobs):
+    a, b = make_node("a", "sim:dgx1"), make_node("b", "sim:ws-4x3090")
+    big_low = jobs.running(a, tuple(range(8)), priority=LOW)
+    small = [jobs.running(b, (i,), priority=NORMAL) for i in range(4)]
+    urgent = jobs.queued(1, priority=URGENT)
+    d = schedule([big_low, *small, urgent], [a, b], now=NOW)
+    assert len(d.preemptions) == 1
+    victim = d.preemptions[0]
+    assert victim.job_id in {j.id for j in small} and victim.for_job == urgent.id
+    assert d.pending_for(urgent.id).reason is PendingReason.PREEMPTING
+
+
+def test_two_gpu_urgent_job_evicts_exactly_the_gpus_it_needs(jobs):
+    node = make_node("a", "sim:dgx1")
+    ones = [jobs.running(node, (i,), priority=LOW) for i in range(8)]
+    urgent = jobs.queued(2, priority=URGENT)
+    d = schedule([*ones, urgent], [node], now=NOW)
+    assert sorted(p.gpu_indices for p in d.preemptions) == [(2,), (3,)]  # the best pair, NV2 on one switch
+    assert "a GPUs 2,3" in d.pending_for(urgent.id).detail
+
+
+def test_a_free_gpu_counts_so_only_one_victim_is_needed(jobs):
+    node = make_node("a", "sim:dgx1")
+    ones = [jobs.running(node, (i,), priority=LOW) for i in range(7)]  # GPU 7 free
+    urgent = jobs.queued(2, priority=URGENT)
+    d = schedule([*ones, urgent], [node], now=NOW)
+    assert [p.gpu_indices for p in d.preemptions] == [(6,)]  # 6+7: NV2 under one switch
+
+
+@pytest.mark.parametrize(
+    ("victims", "expected"),
+    [
+        # (priority, started minutes ago, checkpointed minutes ago) per 1-GPU job on GPU i
+        ([(NORMAL, 60, None), (LOW, 60, None)], 1),  # lowest class first
+        ([(LOW, 60, None), (LOW, 60, 2)], 1),  # least work lost since the last checkpoint
+        ([(LOW, 60, None), (LOW, 30, None)], 1),  # ... or since start
+        ([(LOW, 2, None), (NORMAL, 60, None)], 1),  # the low one has not run its minimum 5 minutes
+    ],
+)
+def test_victim_choice_table(jobs, victims, expected):
+    node = make_node("a", "sim:flat:2")
+    running = [
+        jobs.running(node, (i,), priority=prio, started_at=NOW - started * 60,
+                     last_checkpoint_at=None if ckpt is None else NOW - ckpt * 60)
+        for i, (prio, started, ckpt) in enumerate(victims)
+    ]
+    urgent = jobs.queued(1, priority=URGENT)
+    d = schedule([*running, urgent], [node], now=NOW)
+    assert [p.job_id for p in d.preemptions] == [running[expected].id]
+
+
+@pytest.mark.parametrize(
+    ("victim_kw", "preemptor_priority"),
+    [
+        ({"priority": URGENT}, URGENT),  # equal priority
+        ({"priority": URGENT + 50}, URGENT),  # higher
+        ({"priority": LOW, "preemptible": False}, URGENT),
+        ({"priority": LOW, "started_at": NOW - 60}, URGENT),  # under the minimum runtime
+    ],
+)
+def test_never_preempted(jobs, victim_kw, preemptor_priority):
+    node = make_node("a", "sim:flat:1")
+    running = jobs.running(node, (0,), **victim_kw)
+    preemptor = jobs.queued(1, priority=preemptor_priority)
+    d = schedule([running, preemptor], [node], now=NOW)
+    assert d.preemptions == ()
+    assert d.pending_for(preemptor.id).reason is PendingReason.RESOURCES
+
+
+def test_preemption_can_be_turned_off(jobs):
+    node = make_node("a", "sim:flat:1")
+    running = jobs.running(node, (0,), priority=LOW)
+    urgent = jobs.queued(1, priority=URGENT)
+    d = schedule([running, urgent], [node], now=NOW, policy=Policy(preemption=False))
+    assert d.preemptions == ()
+
+
+def test_gpus_being_freed_are_held_for_the_preemptor(jobs):
+    node = make_node("a", "sim:ws-4x3090")
+    low = [jobs.running(node, (i,), priority=LOW) for i in (0, 1, 2)]  # GPU 3 free
+    urgent = jobs.queued(2, priority=URGENT)
+    small = jobs.queued(1, priority=LOW)  # cannot preempt its equals, so it needs a free GPU
+    d = schedule([*low, urgent, small], [node], now=NOW)
+    assert [p.gpu_indices for p in d.preemptions] == [(2,)]
+    # GPU 3 is free now but held for the urgent job: the low job may not take it
+    assert d.started(small.id) is None
+    assert d.pending_for(small.id).reason is PendingReason.PRIORITY
+    assert d.pending_for(small.id).waiting_for == urgent.id
+
+
+def test_next_pass_waits_for_the_victim_and_keeps_the_promised_gpus(jobs):
+    node = make_node("a", "sim:ws-4x3090")
+    low = [jobs.running(node, (i,), priority=LOW) for i in (0, 1)]
+    victim = jobs.running(node, (2,), priority=LOW, state=JobState.PREEMPTING)
+    urgent = jobs.queued(2, priority=URGENT)
+    victim = victim.evolve(preempted_for=urgent.id)
+    higher = jobs.queued(1, priority=URGENT + 100)
+    d = schedule([*low, victim, urgent, higher], [node], now=NOW)
+    pending = d.pending_for(urgent.id)
+    assert pending.reason is PendingReason.PREEMPTING and pending.waiting_for == victim.id
+    # nothing more is preempted for the urgent job, and even a higher job keeps off
+    # GPU 2 (being freed) and GPU 3 (free, promised to complete the urgent job's pair)
+    assert all(p.for_job == higher.id for p in d.preemptions)
+    assert d.started(higher.id) is None
+    assert [p.gpu_indices for p in d.preemptions] == [(0,)]
+    # once the victim has gone, the urgent job starts on the GPUs held for it
+    d = schedule([*low, urgent], [node], now=NOW + 30)
+    assert gpus_of(d, urgent.id) == [("a", (2, 3))]
+
+
+# -- backfill and estimates ----------------------------------------------------------------
+
+
+def test_backfill_only_when_the_time_limit_ends_before_the_held_gpus_are_due(jobs):
+    node = make_node("a", "sim:dgx1")
+    running = jobs.running(node, (0, 1, 2, 3), priority=HIGH, time_limit_s=3600, started_at=NOW - 600)
+    big = jobs.queued(8, priority=HIGH)
+    short = jobs.queued(1, priority=LOW, time_limit_s=1800)
+    long = jobs.queued(1, priority=LOW, time_limit_s=4 * 3600)
+    unlimited = jobs.queued(1, priority=LOW)
+    d = schedule([running, big, short, long, unlimited], [node], now=NOW)
+    assert d.pending_for(big.id).reason is PendingReason.RESOURCES
+    assert d.pending_for(big.id).estimated_start == NOW + 3000
+    assert d.started(short.id) is not None
+    for job in (long, unlimited):
+        pending = d.pending_for(job.id)
+        assert pending.reason is PendingReason.PRIORITY and pending.waiting_for == big.id
+
+
+def test_lower_jobs_use_gpus_the_blocked_job_is_not_waiting_for(jobs):
+    a, b = make_node("a", "sim:dgx1"), make_node("b", "sim:ws-4x3090")
+    running = jobs.running(a, (0, 1, 2, 3), time_limit_s=3600)
+    big = jobs.queued(8, priority=HIGH)
+    small = jobs.queued(2, priority=LOW)
+    d = schedule([running, big, small], [a, b], now=NOW)
+    assert gpus_of(d, small.id) == [("b", (0, 1))]
+
+
+# -- gates: quota, dependencies, holds, reservations --------------------------------------
+
+
+def test_quota(jobs):
+    node = make_node("a", "sim:dgx1")
+    mine = jobs.running(node, (0, 1, 2), user="alice")
+    over = jobs.queued(2, user="alice")
+    other = jobs.queued(2, user="bob")
+    d = schedule([mine, over, other], [node], now=NOW, policy=Policy(max_gpus_per_user=4))
+    pending = d.pending_for(over.id)
+    assert pending.reason is PendingReason.QUOTA
+    assert "holds 3 of a quota of 4" in pending.detail
+    assert d.started(other.id) is not None
+    d = schedule([mine, over], [node], now=NOW, policy=Policy(max_gpus_per_user=4, user_gpu_quota={"alice": 8}))
+    assert d.started(over.id) is not None
+
+
+def test_dependencies(jobs):
+    node = make_node("a", "sim:dgx1")
+    first = jobs.queued(1, state=JobState.RUNNING)
+    after_running = jobs.queued(1, depends_on=(first.id,))
+    after_done = jobs.queued(1, depends_on=(900,))
+    after_failed = jobs.queued(1, depends_on=(901,))
+    after_missing = jobs.queued(1, depends_on=(999,))
+    d = schedule([first, after_running, after_done, after_failed, after_missing], [node], now=NOW,
+                 finished={900: JobState.SUCCEEDED, 901: JobState.FAILED})
+    assert d.started(after_done.id) is not None
+    assert d.pending_for(after_running.id).reason is PendingReason.DEPENDENCY
+    assert "running" in d.pending_for(after_running.id).detail
+    assert "ended failed" in d.pending_for(after_failed.id).detail
+    assert "does not exist" in d.pending_for(after_missing.id).detail
+
+
+def test_held_jobs_do_not_start(jobs):
+    node = make_node("a", "sim:dgx1")
+    held = jobs.queued(1, state=JobState.HELD)
+    d = schedule([held], [node], now=NOW)
+    assert d.starts == () and d.pending_for(held.id).reason is PendingReason.HELD
+
+
+def _reservation(**kw):
+    base = dict(name="paper", owner="alice", gpus=4, start=NOW - 60, end=NOW + 48 * 3600,
+                node="a", gpu_indices=(0, 1, 2, 3))
+    return Reservation(**{**base, **kw})
+
+
+def test_reserved_gpus_serve_only_jobs_that_name_the_reservation(jobs):
+    node = make_node("a", "sim:dgx1")
+    inside = jobs.queued(2, user="alice", reservation="paper")
+    outsider = jobs.queued(4, user="bob")
+    squeezed = jobs.queued(1, user="bob")  # only reserved GPUs 2 and 3 are left
+    d = schedule([inside, outsider, squeezed], [node], now=NOW, reservations=[_reservation()])
+    assert gpus_of(d, inside.id) == [("a", (2, 3))]
+    assert gpus_of(d, outsider.id) == [("a", (4, 5, 6, 7))]
+    assert d.pending_for(squeezed.id).reason is PendingReason.RESERVATION
+
+
+def test_before_a_reservation_only_jobs_that_end_in_time_use_its_gpus(jobs):
+    node = make_node("a", "sim:flat:2")
+    future = _reservation(start=NOW + 7200, gpu_indices=(0, 1), gpus=2)
+    short = jobs.queued(2, user="bob", time_limit_s=3600)
+    d = schedule([short], [node], now=NOW, reservations=[future])
+    assert d.started(short.id) is not None
+    unlimited = jobs.queued(2, user="bob")
+    d = schedule([unlimited], [node], now=NOW, reservations=[future])
+    assert d.pending_for(unlimited.id).reason is PendingReason.RESERVATION
+
+
+@pytest.mark.parametrize(
+    ("reservation", "user", "words"),
+    [
+        (_reservation(start=NOW + 3600), "alice", "starts in 1h 00m"),
+        (_reservation(), "mallory", "may not use reservation"),
+        (_reservation(start=NOW - 7200, end=NOW - 60), "alice", "has ended"),
+        (None, "alice", "does not exist"),
+    ],
+)
+def test_jobs_naming_a_reservation_wait_with_a_reason(jobs, reservation, user, words):
+    node = make_node("a", "sim:dgx1")
+    job = jobs.queued(1, user=user, reservation="paper")
+    d = schedule([job], [node], now=NOW, reservations=[reservation] if reservation else [])
+    pending = d.pending_for(job.id)
+    assert pending.reason is PendingReason.RESERVATION and words in pending.detail
+
+
+# -- every pending job has a reason --------------------------------------------------------
+
+
+def test_every_queued_or_held_job_gets_exactly_one_verdict(jobs):
+    a, b = make_node("a", "sim:dgx1"), make_node("b", "sim:ws-4x3090")
+    running = [jobs.running(a, (0, 1, 2, 3), priority=LOW, time_limit_s=7200), jobs.running(b, (0, 1))]
+    queue = [
+        jobs.queued(8, priority=URGENT),
+        jobs.queued(16),
+        jobs.queued(2, user="carol", depends_on=(running[0].id,)),
+        jobs.queued(1, state=JobState.HELD),
+        *[jobs.queued(g, priority=p) for g, p in [(1, LOW), (2, HIGH), (4, NORMAL), (1, NORMAL)]],
+    ]
+    d = schedule([*running, *queue], [a, b], now=NOW, policy=Policy(max_gpus_per_user=12))
+    verdicts = [s.job_id for s in d.starts] + [p.job_id for p in d.pending]
+    assert sorted(verdicts) == sorted(j.id for j in queue)
+    for p in d.pending:
+        assert p.detail, p
+    never = d.pending_for(queue[1].id)
+    assert never.reason is PendingReason.RESOURCES and "largest suitable node" in never.detail
