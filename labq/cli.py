@@ -127,6 +127,7 @@ def _topo(args: argparse.Namespace) -> int:
 
 
 def _place(args: argparse.Namespace) -> int:
+    from labq.models.topology import NVLINK_WEIGHT
     from labq.scheduler.placement import best_set, indices_to_mask
 
     inv = _inventory(args.inventory)
@@ -150,7 +151,7 @@ def _place(args: argparse.Namespace) -> int:
                           "nvlink_links": links, "free_connectivity_lost": choice.loss}, indent=2))
         return 0
     print(f"GPUs {','.join(map(str, choice.gpus))} on sim:{inv.name}")
-    print(f"  score {choice.score} ({links} NVLink links within the set, PCIe points {choice.score % 1000})")
+    print(f"  score {choice.score} ({links} NVLink links within the set, PCIe points {choice.score % NVLINK_WEIGHT})")
     print(f"  connectivity the free GPUs lose: {choice.loss}")
     return 0
 

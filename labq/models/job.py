@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import Enum
+from functools import cached_property
 
 from labq.models.placement import Placement
 from labq.models.priority import PriorityClass
@@ -88,6 +89,16 @@ class JobSpec:
     @property
     def gpus_per_node(self) -> int:
         return self.gpus // self.nodes
+
+    @cached_property
+    def resource_shape(self) -> str:
+        """What the job asks of the hardware and for how long: jobs of one shape place alike.
+
+        A string because the scheduler looks it up once per queued job per pass,
+        and a string's hash, unlike a tuple's, is computed only once.
+        """
+        return repr((self.gpus, self.nodes, self.min_gpu_memory_mib, self.gpu_model, self.node, self.reservation,
+                     self.time_limit_s))
 
 
 @dataclass(frozen=True)

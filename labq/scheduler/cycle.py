@@ -11,7 +11,9 @@ where they cannot delay it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from math import inf
+from operator import attrgetter
 from typing import Iterable, Mapping
 
 from labq.models.decisions import Decisions, Pending, PendingReason, Preempt, Start
@@ -91,14 +93,16 @@ class _Pass:
         self.victims: set[int] = set()
         self.inflight: dict[int, list[tuple[str, int, int]]] = {}  # preemptor -> (node, mask, victim)
         self.reservations = {r.name: r for r in self.reservation_list}
-        self.states = dict(self.finished)
+        #: bumped on every change; per node, so a change on one node keeps what is known of the others
         self.version = 0
+        self.node_version = {name: 0 for name in self.nodes}
         self.holds_made = 0
         self._memo: dict = {}
+        self._settled: dict = {}
+        self._never: dict = {}
+        self._quotas = self.policy.max_gpus_per_user is not None or bool(self.policy.user_gpu_quota)
         self._eligible: dict = {}
-        queued = {j.id: j for j in self.jobs if j.state is JobState.QUEUED}
         for job in self.jobs:
-            self.states[job.id] = job.state
             if not job.state.holds_gpus or job.placement is None:
                 continue
             self.in_use[job.user] = self.in_use.get(job.user, 0) + job.spec.gpus
@@ -111,10 +115,18 @@ class _Pass:
                 mask = indices_to_mask(alloc.gpu_indices)
                 self.free[alloc.node] &= ~mask
                 self.on_gpus[alloc.node].append(_OnGpus(job, mask, job.expected_end() or inf, self._preemptible(job)))
-                if preempting and job.preempted_for in queued:
+                if preempting and job.preempted_for is not None:
                     self.inflight.setdefault(job.preempted_for, []).append((alloc.node, mask, job.id))
-        for preemptor in sorted((queued[i] for i in self.inflight), key=lambda j: queue_order(j, self.usage)):
-            self._hold_inflight_target(preemptor)
+        if self.inflight:
+            queued = {j.id: j for j in self.jobs if j.state is JobState.QUEUED}
+            self.inflight = {i: where for i, where in self.inflight.items() if i in queued}
+            for preemptor in sorted((queued[i] for i in self.inflight), key=lambda j: queue_order(j, self.usage)):
+                self._hold_inflight_target(preemptor)
+
+    @cached_property
+    def states(self) -> dict[int, JobState]:
+        """Every job's state, for dependencies: built only when a job has some."""
+        return {**self.finished, **{j.id: j.state for j in self.jobs}}
 
     def _hold_inflight_target(self, job: Job) -> None:
         """Keep what an earlier pass promised a preemptor: its victims' GPUs and the free ones that complete its set."""
@@ -140,8 +152,25 @@ class _Pass:
     # -- the pass -------------------------------------------------------------------
 
     def run(self) -> Decisions:
-        queue = sorted((j for j in self.jobs if j.state is JobState.QUEUED), key=lambda j: queue_order(j, self.usage))
+        # queue_order, as stable sorts on C-level keys: a third of the cost of sorting tuples
+        queue = [j for j in self.jobs if j.state is JobState.QUEUED]
+        queue.sort(key=attrgetter("submitted_at", "id"))
+        if self.usage:
+            queue.sort(key=lambda j: self.usage.get(j.spec.user, 0.0))
+        queue.sort(key=attrgetter("spec.priority"), reverse=True)
+        settled, never, pending = self._settled, self._never, self.pending
+        make_pending = tuple.__new__  # skips NamedTuple's Python-level __new__
         for job in queue:
+            # The fast path: most of a long queue waits for the same reasons as a job
+            # of the same shape and priority before it, while nothing has changed.
+            spec = job.spec
+            shape = spec.resource_shape
+            if (never.get(shape, _UNKNOWN) is None and not spec.depends_on and spec.reservation is None
+                    and (not self._quotas or self._plain(job)) and job.id not in self.inflight):
+                verdict = settled.get((self.version, shape, spec.priority))
+                if verdict is not None:
+                    pending.append(make_pending(Pending, (job.id, *verdict)))
+                    continue
             self._serve(job)
         for job in sorted((j for j in self.jobs if j.state is JobState.HELD), key=lambda j: j.id):
             self._wait(job, PendingReason.HELD, f"held; `labq release {job.id}` puts it back in the queue")
@@ -149,27 +178,27 @@ class _Pass:
 
     def _serve(self, job: Job) -> None:
         spec = job.spec
-        if not self._dependencies_met(job):
+        if spec.depends_on and not self._dependencies_met(job):
             return
         if spec.reservation is not None and not self._reservation_open(job):
             return
-        never = self._never_fits(job)
+        never = self._never.get(spec.resource_shape, _UNKNOWN)
+        if never is _UNKNOWN:
+            never = self._never[spec.resource_shape] = why_never_fits(spec, self._candidate_nodes(job))
         if never is not None:
             self._wait(job, PendingReason.RESOURCES, f"no node that is up can run it: {never}")
             return
-        quota = self.policy.quota_for(job.user)
-        used = self.in_use.get(job.user, 0)
-        if quota is not None and used + spec.gpus > quota:
-            self._wait(job, PendingReason.QUOTA,
-                       f"{job.user} holds {used} of a quota of {quota} GPUs; this job needs {spec.gpus}")
+        if self._quotas and not self._within_quota(job):
             return
-        placement = self._place(job)
+        shape = self._shape(job)
+        seen = self.version
+        placement = self._place(job, shape)
         if placement is not None:
             self._start(job, placement)
             return
-        if self._preempt_for(job):
+        if self._preempt_for(job, shape):
             return
-        self._blocked(job)
+        self._blocked(job, shape, seen)
 
     def _wait(self, job: Job, reason: PendingReason, detail: str, waiting_for: int | None = None,
               estimated_start: float | None = None) -> None:
@@ -227,30 +256,38 @@ class _Pass:
             mask &= ~self._reserved_against(job, node.name, end)
         return mask
 
-    def _never_fits(self, job: Job) -> str | None:
-        spec = job.spec
-        key = ("never", spec.gpus, spec.nodes, spec.min_gpu_memory_mib, spec.gpu_model, spec.node, spec.reservation)
-        if key not in self._memo:
-            self._memo[key] = why_never_fits(spec, self._candidate_nodes(job))
-        return self._memo[key]
-
-    def _shape(self, job: Job, *extra) -> tuple:
-        spec = job.spec
+    def _shape(self, job: Job) -> tuple:
+        """Everything a job's placement depends on besides its priority and the state of the nodes."""
         personal = job.id if job.id in self.inflight else None
-        return (self.version, spec.gpus, spec.nodes, spec.min_gpu_memory_mib, spec.gpu_model, spec.node,
-                spec.reservation, self._end_of(job), personal, *extra)
+        return (job.spec.resource_shape, personal)
+
+    def _changed(self, nodes: Iterable[str]) -> None:
+        self.version += 1
+        for name in nodes:
+            self.node_version[name] += 1
+
+    def _per_node(self, kind: str, node: Node, shape: tuple, compute, *extra):
+        """Memo of one node's answer, good while that node has not changed."""
+        key = (kind, node.name, self.node_version[node.name], shape, *extra)
+        value = self._memo.get(key, _UNKNOWN)
+        if value is _UNKNOWN:
+            value = self._memo[key] = compute()
+        return value
 
     # -- placing ----------------------------------------------------------------------
 
-    def _best_nodes(self, job: Job, **available) -> list[tuple[Node, SetChoice]] | None:
+    def _best_nodes(self, job: Job, shape: tuple, **available) -> list[tuple[Node, SetChoice]] | None:
         """The best GPU set on each of the job's nodes, best nodes first; None if too few fit."""
         spec = job.spec
-        key = ("place", self._shape(job), tuple(sorted(available.items())))
+        flags = tuple(sorted(available.items()))
+        key = ("place", self.version, shape, flags)
         if key in self._memo:
             return self._memo[key]
         options = []
         for node in self._candidate_nodes(job):
-            choice = best_set(node.topology, self._available(job, node, **available), spec.gpus_per_node)
+            choice = self._per_node(
+                "set", node, shape,
+                lambda: best_set(node.topology, self._available(job, node, **available), spec.gpus_per_node), flags)
             if choice is not None:
                 options.append((node, choice))
         options.sort(key=lambda o: (-o[1].score, o[1].loss, o[0].name))
@@ -258,8 +295,8 @@ class _Pass:
         self._memo[key] = result
         return result
 
-    def _place(self, job: Job) -> Placement | None:
-        chosen = self._best_nodes(job)
+    def _place(self, job: Job, shape: tuple) -> Placement | None:
+        chosen = self._best_nodes(job, shape)
         if chosen is None:
             return None
         return Placement(tuple(self._allocation(node, c.mask, c.score) for node, c in chosen))
@@ -276,20 +313,20 @@ class _Pass:
             self.on_gpus[alloc.node].append(_OnGpus(job, mask, self._end_of(job), False))
         self.in_use[job.user] = self.in_use.get(job.user, 0) + job.spec.gpus
         self.starts.append(Start(job.id, placement))
-        self.version += 1
+        self._changed(placement.nodes)
 
     # -- preempting -------------------------------------------------------------------
 
-    def _preempt_for(self, job: Job) -> bool:
+    def _preempt_for(self, job: Job, shape: tuple) -> bool:
         """Plan preemption for ``job`` (or keep waiting on one in flight); True if it now waits for that."""
         if not self.policy.preemption and job.id not in self.inflight:
             return False
-        key = ("preempt", self._shape(job), job.priority)
+        key = ("preempt", self.version, shape, job.priority)
         if self._memo.get(key) is False:
             return False
         plans = []
         for node in self._candidate_nodes(job):
-            plan = self._plan_on(job, node)
+            plan = self._per_node("plan", node, shape, lambda: self._plan_on(job, node), job.priority)
             if plan is not None:
                 plans.append(plan)
         plans.sort(key=lambda p: p.cost)
@@ -300,6 +337,7 @@ class _Pass:
         plans = plans[: job.spec.nodes]
         grace = 0.0
         fresh: set[int] = set()
+        touched = {p.node for p in plans}
         for plan in plans:
             for v in plan.victims:
                 if v.job.id in self.victims:
@@ -310,11 +348,12 @@ class _Pass:
                         entry.candidate = False
                 grace = max(grace, v.job.spec.grace_s)
                 fresh.add(v.job.id)
+                touched.update(v.job.placement.nodes)
                 self.preemptions.append(Preempt(v.job.id, job.id, plan.node, mask_to_indices(v.freeable),
                                                 v.work_at_risk_s))
             self.holds[plan.node].append(_Hold(job.id, job.priority, plan.target.mask, None))
         self.holds_made += 1
-        self.version += 1
+        self._changed(touched & self.nodes.keys())
         waiting = sorted(fresh | {victim for _, _, victim in self.inflight.get(job.id, [])})
         where = ", ".join(f"{p.node} GPUs {_gpu_list(p.target.mask)}" for p in plans)
         detail = (f"job{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} "
@@ -343,20 +382,20 @@ class _Pass:
 
     # -- waiting ----------------------------------------------------------------------
 
-    def _blocked(self, job: Job) -> None:
-        key = ("why", self._shape(job))
-        verdict = self._memo.get(key)
-        if verdict is None:
-            verdict = self._memo[key] = self._why_blocked(job)
-        reason, detail, waiting_for = verdict
-        estimate = None
+    def _blocked(self, job: Job, shape: tuple, seen: int) -> None:
+        reason, detail, waiting_for = self._why_blocked(job, shape)
         if reason in (PendingReason.RESOURCES, PendingReason.PRIORITY) and self.holds_made < self.policy.hold_depth:
             estimate = self._hold_future(job)
-        self._wait(job, reason, detail, waiting_for, estimate)
+            if estimate is not None or self.version != seen:
+                self._wait(job, reason, detail, waiting_for, estimate)
+                return
+        if self._plain(job) and self.version == seen:
+            self._settled[(seen, job.spec.resource_shape, job.priority)] = (reason, detail, waiting_for, None)
+        self._wait(job, reason, detail, waiting_for)
 
-    def _why_blocked(self, job: Job) -> tuple[PendingReason, str, int | None]:
+    def _why_blocked(self, job: Job, shape: tuple) -> tuple[PendingReason, str, int | None]:
         spec = job.spec
-        for node, choice in self._best_nodes(job, holds=False) or ():
+        for node, choice in self._best_nodes(job, shape, holds=False) or ():
             holders = [h for h in self.holds[node.name]
                        if h.mask & choice.mask and h.job_id != job.id and h.binds(self._end_of(job))]
             if holders:
@@ -365,7 +404,7 @@ class _Pass:
                         f"GPUs {_gpu_list(choice.mask & ahead.mask)} on {node.name} are held for job "
                         f"{ahead.job_id} ({priority_name(ahead.priority)}), which is ahead in the queue",
                         ahead.job_id)
-        if self.reservation_list and self._best_nodes(job, reservations=False) is not None:
+        if self.reservation_list and self._best_nodes(job, shape, reservations=False) is not None:
             end = self._end_of(job)
             names = sorted(r.name for r in self.reservation_list
                            if r.name != spec.reservation and r.overlaps(self.now, end))
@@ -408,10 +447,28 @@ class _Pass:
         for _, _, _, name, mask in chosen:
             self.holds[name].append(_Hold(job.id, job.priority, mask, None if due == inf else due))
         self.holds_made += 1
-        self.version += 1
+        self._changed(name for *_, name, _ in chosen)
         return None if due == inf else due
 
     # -- gates before placement -------------------------------------------------------
+
+    def _plain(self, job: Job) -> bool:
+        """Nothing personal decides this job's fate: no reservation, no preemption in flight, no quota."""
+        if job.spec.reservation is not None or job.id in self.inflight:
+            return False
+        if self._quotas:
+            quota = self.policy.quota_for(job.user)
+            return quota is None or self.in_use.get(job.user, 0) + job.spec.gpus <= quota
+        return True
+
+    def _within_quota(self, job: Job) -> bool:
+        quota = self.policy.quota_for(job.user)
+        used = self.in_use.get(job.user, 0)
+        if quota is None or used + job.spec.gpus <= quota:
+            return True
+        self._wait(job, PendingReason.QUOTA,
+                   f"{job.user} holds {used} of a quota of {quota} GPUs; this job needs {job.spec.gpus}")
+        return False
 
     def _dependencies_met(self, job: Job) -> bool:
         for dep in job.spec.depends_on:
@@ -447,6 +504,9 @@ class _Pass:
             return True
         self._wait(job, PendingReason.RESERVATION, detail)
         return False
+
+
+_UNKNOWN = object()
 
 
 def _gpu_list(mask: int) -> str:

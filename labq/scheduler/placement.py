@@ -90,8 +90,29 @@ class _SetTable:
 
 
 @lru_cache(maxsize=128)
-def _table(topology: Topology) -> _SetTable:
+def _table_for(topology: Topology) -> _SetTable:
     return _SetTable(topology)
+
+
+_by_identity: dict[int, tuple[Topology, _SetTable]] = {}
+
+
+def _table(topology: Topology) -> _SetTable:
+    """The topology's table, found by identity first: hashing a 16x16 topology costs more than a placement."""
+    hit = _by_identity.get(id(topology))
+    if hit is not None and hit[0] is topology:
+        return hit[1]
+    if len(_by_identity) > 1024:
+        _by_identity.clear()
+    table = _table_for(topology)
+    _by_identity[id(topology)] = (topology, table)
+    return table
+
+
+def forget_tables() -> None:
+    """Drop the cached subset tables (for cold-start measurements)."""
+    _table_for.cache_clear()
+    _by_identity.clear()
 
 
 def best_set(topology: Topology, free: int, k: int) -> SetChoice | None:
@@ -111,8 +132,8 @@ def best_set(topology: Topology, free: int, k: int) -> SetChoice | None:
     free_score = scores[free]
     best: SetChoice | None = None
     free_count = free.bit_count()
-    if comb(free_count, k) * 4 < len(table.by_size[k]):
-        # Few free GPUs: enumerate their k-subsets directly.
+    if comb(free_count, k) * 16 < len(table.by_size[k]):
+        # Few free GPUs: enumerating their k-subsets beats scanning all k-subsets.
         bits = [1 << i for i in range(table.size) if free >> i & 1]
         for combo in combinations(bits, k):
             m = sum(combo)
