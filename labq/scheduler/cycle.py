@@ -355,9 +355,9 @@ class _Pass:
         self.holds_made += 1
         self._changed(touched & self.nodes.keys())
         waiting = sorted(fresh | {victim for _, _, victim in self.inflight.get(job.id, [])})
-        where = ", ".join(f"{p.node} GPUs {_gpu_list(p.target.mask)}" for p in plans)
+        where = " and ".join(f"GPUs {_gpu_list(p.target.mask)} on {p.node}" for p in plans)
         detail = (f"job{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} "
-                  f"{'are' if len(waiting) > 1 else 'is'} checkpointing to free {where}")
+                  f"{'are' if len(waiting) > 1 else 'is'} checkpointing; then it runs on {where}")
         self._wait(job, PendingReason.PREEMPTING, detail, waiting[0] if waiting else None,
                    self.now + grace if fresh else None)
         return True

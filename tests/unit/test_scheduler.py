@@ -137,7 +137,7 @@ def test_two_gpu_urgent_job_evicts_exactly_the_gpus_it_needs(jobs):
     urgent = jobs.queued(2, priority=URGENT)
     d = schedule([*ones, urgent], [node], now=NOW)
     assert sorted(p.gpu_indices for p in d.preemptions) == [(2,), (3,)]  # the best pair, NV2 on one switch
-    assert "a GPUs 2,3" in d.pending_for(urgent.id).detail
+    assert "then it runs on GPUs 2,3 on a" in d.pending_for(urgent.id).detail
 
 
 def test_a_free_gpu_counts_so_only_one_victim_is_needed(jobs):
