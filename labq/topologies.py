@@ -42,7 +42,9 @@ def _groups(size: int, group: int, within: PcieLevel, across: PcieLevel) -> dict
     return {(i, j): within if i // group == j // group else across for i, j in combinations(range(size), 2)}
 
 
-def _two_sockets(size: int, switch: int, in_switch: PcieLevel, in_socket: PcieLevel) -> dict[tuple[int, int], PcieLevel]:
+def _two_sockets(
+    size: int, switch: int, in_switch: PcieLevel, in_socket: PcieLevel
+) -> dict[tuple[int, int], PcieLevel]:
     """GPUs in blocks of ``switch`` under PCIe switches; the first half on socket 0, the rest on 1."""
     half = size // 2
     table = {}

@@ -362,3 +362,22 @@ def test_every_queued_or_held_job_gets_exactly_one_verdict(jobs):
         assert p.detail, p
     never = d.pending_for(queue[1].id)
     assert never.reason is PendingReason.RESOURCES and "largest suitable node" in never.detail
+
+
+def test_fair_share_usage_decays_by_half_life():
+    from labq.scheduler import decay_usage
+
+    decayed = decay_usage({"alice": 40.0, "bob": 8.0}, elapsed_s=2 * 3600, half_life_s=3600)
+    assert decayed == {"alice": 10.0, "bob": 2.0}
+    assert decay_usage({"alice": 3.0}, elapsed_s=100, half_life_s=0) == {"alice": 3.0}
+
+
+def test_queue_order_breaks_ties_by_usage_then_submit_time_then_id(jobs):
+    from labq.scheduler import order_queue
+
+    a = jobs.queued(user="heavy", submitted_at=1.0)
+    b = jobs.queued(user="light", submitted_at=5.0)
+    c = jobs.queued(user="light", submitted_at=5.0)
+    d = jobs.queued(user="heavy", priority=HIGH, submitted_at=9.0)
+    assert order_queue([a, b, c, d], {"heavy": 9.0}) == [d, b, c, a]
+    assert order_queue([c, b, a, d], {}) == [d, a, b, c]
