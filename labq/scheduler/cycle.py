@@ -153,14 +153,15 @@ class _Pass:
 
     def run(self) -> Decisions:
         queue = order_queue((j for j in self.jobs if j.state is JobState.QUEUED), self.usage)
-        settled, never, pending = self._settled, self._never, self.pending
+        settled, never, pending, inflight = self._settled, self._never, self.pending, self.inflight
         make_pending = tuple.__new__  # skips NamedTuple's Python-level __new__
         for job in queue:
             # The fast path: most of a long queue waits for the same reasons as a job
             # of the same shape and priority before it, while nothing has changed.
             spec = job.spec
             shape = spec.resource_shape
-            if never.get(shape, _UNKNOWN) is None and not spec.depends_on and self._plain(job):
+            if (never.get(shape, _UNKNOWN) is None and not spec.depends_on and spec.reservation is None
+                    and job.id not in inflight and (not self._quotas or self._plain(job))):  # _plain, cheap parts first
                 verdict = settled.get((self.version, shape, spec.priority))
                 if verdict is not None:
                     pending.append(make_pending(Pending, (job.id, *verdict)))
