@@ -1,1 +1,19 @@
-"""Durable persistence of the leader's state (labq.store)."""
+"""Durable persistence of the leader's state (labq.store).
+
+``TinyDBStore`` is what the leader uses; ``MemoryStore`` keeps the same rules
+in memory for the simulator and demos. Both implement ``Store``.
+"""
+
+from labq.store.contract import (
+    Change, CommitFailed, CorruptDatabase, DeleteJob, DeleteRecord, InvalidChange, PutJob, PutRecord, SchemaMismatch,
+    Store, StoredState, StoreError, StoreLocked,
+)
+from labq.store.memory import MemoryStore
+from labq.store.recovery import RecoveryPlan, plan_recovery, recover
+from labq.store.tinydb_store import TinyDBStore
+
+__all__ = [
+    "Change", "CommitFailed", "CorruptDatabase", "DeleteJob", "DeleteRecord", "InvalidChange", "MemoryStore",
+    "PutJob", "PutRecord", "RecoveryPlan", "SchemaMismatch", "Store", "StoreError", "StoreLocked", "StoredState",
+    "TinyDBStore", "plan_recovery", "recover",
+]

@@ -1,0 +1,281 @@
+"""What the leader asks the store to record, and the rules every store enforces.
+
+A commit is a list of changes applied atomically. Jobs are JSON documents with
+an integer ``id`` and a ``state``; a job put in a finished state leaves the hot
+database for the archive. Other tables (reservations, users, ...) hold records
+by string key.
+
+Rules, the same for every store:
+- job ids are never reused: ``next_job_id`` only grows, even when the newest
+  job is deleted or archived;
+- a job that has left the hot database (finished or deleted) cannot be put
+  back: a rerun is a new job;
+- a delete of something that does not exist is an error, not a no-op.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from labq.models.job import JobState
+
+JOBS = "jobs"
+META = "_meta"
+_TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+
+
+@dataclass(frozen=True)
+class PutJob:
+    """A job submitted, placed, or changed state: the whole new document."""
+
+    doc: Mapping
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    job_id: int
+
+
+@dataclass(frozen=True)
+class PutRecord:
+    """A reservation booked, a user added, ...: the whole new record."""
+
+    table: str
+    key: str
+    doc: Mapping
+
+
+@dataclass(frozen=True)
+class DeleteRecord:
+    table: str
+    key: str
+
+
+Change = PutJob | DeleteJob | PutRecord | DeleteRecord
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """Everything the leader needs at start."""
+
+    jobs: dict[int, dict]  #: the hot jobs: not finished
+    records: dict[str, dict[str, dict]]  #: table -> key -> record
+    next_job_id: int
+    seq: int  #: commits so far
+
+
+class Store(Protocol):
+    """What the leader needs from persistence. Only the leader process writes."""
+
+    def load(self) -> StoredState:
+        """The whole hot state, at start."""
+
+    def commit(self, changes: Iterable[Change]) -> int:
+        """Apply the changes atomically; return the commit number once they are durable.
+
+        Raises InvalidChange (the changes break a rule) or CommitFailed (not saved).
+        """
+
+    def history(self, since: float | None = None, until: float | None = None) -> list[dict]:
+        """Finished jobs that left the hot state, newest version of each."""
+
+    def close(self) -> None: ...
+
+
+class StoreError(Exception):
+    """Base of everything the store refuses; ``hint`` says what to do."""
+
+    hint: str = ""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint or self.hint
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text}\n{self.hint}" if self.hint else text
+
+
+class InvalidChange(StoreError, ValueError):
+    """A change breaks the rules; nothing of its commit was applied."""
+
+
+class CommitFailed(StoreError):
+    """The disk refused the write (full, fsync error): nothing was acknowledged."""
+
+
+class CorruptDatabase(StoreError):
+    """The database on disk is damaged; it was left as it is."""
+
+
+class SchemaMismatch(StoreError):
+    """The database was written by another version of labq."""
+
+
+class StoreLocked(StoreError):
+    """Another leader holds this data folder."""
+
+
+def ended_within(doc: Mapping, since: float | None, until: float | None) -> bool:
+    """Whether a finished job's ``ended_at`` lies in [since, until); jobs without one always do."""
+    ended = doc.get("ended_at")
+    if not isinstance(ended, (int, float)) or isinstance(ended, bool):
+        return True
+    return (since is None or ended >= since) and (until is None or ended < until)
+
+
+def is_finished(doc: Mapping) -> bool:
+    return JobState(doc["state"]).finished
+
+
+@dataclass
+class Ids:
+    """Which job ids are in use, and which are spent for good.
+
+    An id is spent when its job leaves the hot state (finished or deleted), and
+    every id below ``floor`` (the next id when the store was opened) that is
+    not hot is spent too. An id the leader has handed out but not yet committed
+    is neither, so concurrent submits may commit in any order.
+    """
+
+    hot: set[int]
+    next_job_id: int
+    floor: int
+    spent: set[int] = field(default_factory=set)  #: ids at or above ``floor`` that left the hot state
+
+    def is_spent(self, job_id: int) -> bool:
+        return job_id in self.spent or (job_id < self.floor and job_id not in self.hot)
+
+
+@dataclass
+class Batch:
+    """The combined effect of a run of commits, validated against the store's state before them.
+
+    It reads the store's ``Ids`` and record keys without changing them; the
+    store takes the effect in with ``settle`` once the batch is on disk.
+    ``jobs`` maps id -> new document, or None when the job leaves the hot state;
+    ``archive`` lists finished job documents and tombstones (``{"deleted": id}``).
+    """
+
+    ids: Ids
+    record_keys: dict[str, set[str]]
+    next_job_id: int = 0
+    jobs: dict[int, dict | None] = field(default_factory=dict)
+    left: set[int] = field(default_factory=set)  #: ids spent by this batch
+    records: dict[tuple[str, str], dict | None] = field(default_factory=dict)
+    archive: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.next_job_id = max(self.next_job_id, self.ids.next_job_id)
+
+    def add(self, changes: Sequence[Change]) -> None:
+        """Validate ``changes`` as one commit on top of this batch, then take them in.
+
+        Raises InvalidChange, leaving the batch as it was.
+        """
+        if not changes:
+            raise InvalidChange("a commit needs at least one change")
+        jobs: dict[int, dict | None] = {}
+        left: set[int] = set()
+        records: dict[tuple[str, str], dict | None] = {}
+        archive: list[dict] = []
+        next_job_id = self.next_job_id
+
+        def hot(job_id: int) -> bool:
+            for layer in (jobs, self.jobs):
+                if job_id in layer:
+                    return layer[job_id] is not None
+            return job_id in self.ids.hot
+
+        def spent(job_id: int) -> bool:
+            return job_id in left or job_id in self.left or (not hot(job_id) and self.ids.is_spent(job_id))
+
+        def has_record(table: str, key: str) -> bool:
+            for layer in (records, self.records):
+                if (table, key) in layer:
+                    return layer[table, key] is not None
+            return key in self.record_keys.get(table, ())
+
+        for change in changes:
+            if isinstance(change, PutJob):
+                doc = _job_doc(change.doc)
+                job_id = doc["id"]
+                if spent(job_id):
+                    raise InvalidChange(f"job {job_id} is no longer active (finished or deleted); "
+                                        f"job ids are never reused, so a rerun is a new job")
+                next_job_id = max(next_job_id, job_id + 1)
+                if is_finished(doc):
+                    jobs[job_id] = None
+                    left.add(job_id)
+                    archive.append(doc)
+                else:
+                    jobs[job_id] = doc
+            elif isinstance(change, DeleteJob):
+                job_id = change.job_id
+                if not isinstance(job_id, int) or isinstance(job_id, bool) or not 1 <= job_id < next_job_id:
+                    raise InvalidChange(f"there is no job {job_id!r} to delete")
+                if hot(job_id):
+                    jobs[job_id] = None
+                elif not spent(job_id):
+                    raise InvalidChange(f"there is no job {job_id} to delete")
+                else:
+                    archive.append({"deleted": job_id})
+                left.add(job_id)
+            elif isinstance(change, PutRecord):
+                table, key = _record_address(change.table, change.key)
+                if not isinstance(change.doc, Mapping):
+                    raise InvalidChange(f"a {table} record must be a JSON object")
+                records[table, key] = dict(change.doc)
+            elif isinstance(change, DeleteRecord):
+                table, key = _record_address(change.table, change.key)
+                if not has_record(table, key):
+                    raise InvalidChange(f"there is no {table} record {key!r} to delete")
+                records[table, key] = None
+            else:
+                raise InvalidChange(f"not a store change: {change!r}")
+        self.jobs.update(jobs)
+        self.left |= left
+        self.records.update(records)
+        self.archive.extend(archive)
+        self.next_job_id = next_job_id
+
+    def settle(self) -> None:
+        """Take the batch's effect into the store's ids and record keys (after it is on disk)."""
+        for job_id, doc in self.jobs.items():
+            if doc is None:
+                self.ids.hot.discard(job_id)
+            else:
+                self.ids.hot.add(job_id)
+        self.ids.spent |= {i for i in self.left if i >= self.ids.floor}
+        self.ids.next_job_id = self.next_job_id
+        for (table, key), record in self.records.items():
+            keys = self.record_keys.setdefault(table, set())
+            if record is None:
+                keys.discard(key)
+            else:
+                keys.add(key)
+
+
+def _job_doc(doc: Mapping) -> dict:
+    if not isinstance(doc, Mapping):
+        raise InvalidChange("a job must be a JSON object")
+    job_id = doc.get("id")
+    if not isinstance(job_id, int) or isinstance(job_id, bool) or job_id < 1:
+        raise InvalidChange(f"a job needs an integer id of 1 or more, not {job_id!r}")
+    try:
+        JobState(doc.get("state"))
+    except ValueError:
+        raise InvalidChange(f"job {job_id}: unknown state {doc.get('state')!r}; "
+                            f"one of {', '.join(s.value for s in JobState)}") from None
+    return dict(doc)
+
+
+def _record_address(table: str, key: str) -> tuple[str, str]:
+    if not isinstance(table, str) or not _TABLE_NAME.match(table) or table == JOBS:
+        raise InvalidChange(f"bad table name {table!r}: lower-case letters, digits and _, not 'jobs'")
+    if not isinstance(key, str) or not key:
+        raise InvalidChange(f"a {table} record needs a non-empty string key")
+    return table, key

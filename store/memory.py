@@ -1,0 +1,62 @@
+"""A store that keeps everything in memory: for the simulator, demos and tests.
+
+It follows the same rules as the TinyDB store (the same ``Batch`` validates
+both) but nothing survives the process.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from labq.store.contract import Batch, Change, Ids, StoredState, ended_within
+
+
+class MemoryStore:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._jobs: dict[int, dict] = {}
+        self._records: dict[str, dict[str, dict]] = {}
+        self._archive: dict[int, dict | None] = {}
+        self._ids = Ids(hot=set(), next_job_id=1, floor=1)
+        self._record_keys: dict[str, set[str]] = {}
+        self._seq = 0
+
+    def load(self) -> StoredState:
+        with self._lock:
+            return StoredState(copy.deepcopy(self._jobs), copy.deepcopy(self._records), self._ids.next_job_id,
+                               self._seq)
+
+    def commit(self, changes: Iterable[Change]) -> int:
+        with self._lock:
+            batch = Batch(self._ids, self._record_keys)
+            batch.add(list(changes))
+            for job_id, doc in batch.jobs.items():
+                if doc is None:
+                    self._jobs.pop(job_id, None)
+                else:
+                    self._jobs[job_id] = copy.deepcopy(doc)
+            for (table, key), record in batch.records.items():
+                if record is None:
+                    del self._records[table][key]
+                else:
+                    self._records.setdefault(table, {})[key] = copy.deepcopy(record)
+            for entry in batch.archive:
+                if "deleted" in entry:
+                    self._archive[entry["deleted"]] = None
+                else:
+                    self._archive[entry["id"]] = copy.deepcopy(entry)
+            batch.settle()
+            self._seq += 1
+            return self._seq
+
+    def history(self, since: float | None = None, until: float | None = None) -> list[dict]:
+        with self._lock:
+            docs = [d for d in self._archive.values() if d is not None]
+        return [copy.deepcopy(d) for d in docs if ended_within(d, since, until)]
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,142 @@
+"""The store's rules, for every store."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from labq.store import DeleteJob, DeleteRecord, InvalidChange, PutJob, PutRecord
+from tests.store.conftest import job
+
+
+def test_a_new_store_is_empty_and_starts_ids_at_one(store):
+    state = store.load()
+    assert state.jobs == {} and state.records == {} and state.next_job_id == 1 and state.seq == 0
+
+
+def test_commits_are_applied_and_numbered(store):
+    assert store.commit([PutJob(job(1))]) == 1
+    assert store.commit([PutJob(job(2)), PutRecord("reservations", "paper", {"gpus": 4})]) == 2
+    state = store.load()
+    assert sorted(state.jobs) == [1, 2] and state.jobs[1]["state"] == "queued"
+    assert state.records == {"reservations": {"paper": {"gpus": 4}}}
+    assert state.next_job_id == 3 and state.seq == 2
+
+
+def test_state_survives_a_restart(stores):
+    store = stores.open()
+    store.commit([PutJob(job(1)), PutJob(job(2, "running"))])
+    store.commit([PutRecord("users", "alice", {"admin": True})])
+    state = stores.reopen().load()
+    assert state.jobs[2]["state"] == "running" and state.records["users"]["alice"] == {"admin": True}
+
+
+def test_a_commit_is_all_or_nothing(store):
+    store.commit([PutJob(job(1))])
+    with pytest.raises(InvalidChange, match="no job 9"):
+        store.commit([PutJob(job(2)), DeleteJob(9)])
+    state = store.load()
+    assert sorted(state.jobs) == [1] and state.next_job_id == 2 and state.seq == 1
+
+
+def test_finished_jobs_leave_the_hot_state_for_history(store):
+    store.commit([PutJob(job(1)), PutJob(job(2))])
+    store.commit([PutJob(job(1, "succeeded", ended_at=1_700_000_000.0))])
+    assert sorted(store.load().jobs) == [2]
+    assert [d["id"] for d in store.history()] == [1]
+    assert store.history()[0]["state"] == "succeeded"
+
+
+def test_history_filters_by_end_time_across_months(stores):
+    store = stores.open()
+    ends = {1: 1_696_118_400.0, 2: 1_698_796_800.0, 3: 1_701_388_800.0}  # 1 Oct, 1 Nov, 1 Dec 2023
+    store.commit([PutJob(job(i)) for i in ends])
+    store.commit([PutJob(job(i, "failed", ended_at=t)) for i, t in ends.items()])
+    store = stores.reopen()
+    assert sorted(d["id"] for d in store.history()) == [1, 2, 3]
+    assert sorted(d["id"] for d in store.history(since=ends[2])) == [2, 3]
+    assert sorted(d["id"] for d in store.history(since=ends[1], until=ends[3])) == [1, 2]
+
+
+def test_ids_are_never_reused_after_deleting_the_newest_job(stores):
+    store = stores.open()
+    store.commit([PutJob(job(1)), PutJob(job(2)), PutJob(job(3))])
+    store.commit([DeleteJob(3)])
+    store = stores.reopen()
+    assert store.load().next_job_id == 4
+    with pytest.raises(InvalidChange, match="never reused"):
+        store.commit([PutJob(job(3))])
+    store.commit([PutJob(job(4, "succeeded"))])  # straight to history
+    store.commit([DeleteJob(4)])
+    store = stores.reopen()
+    assert store.load().next_job_id == 5
+    assert store.history() == []  # the deleted archived job is gone from history too
+
+
+def test_finished_jobs_cannot_be_brought_back(store):
+    store.commit([PutJob(job(1, "cancelled"))])
+    with pytest.raises(InvalidChange, match="no longer active"):
+        store.commit([PutJob(job(1))])
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ([], "at least one change"),
+        ([PutJob({"state": "queued"})], "integer id"),
+        ([PutJob({"id": 0, "state": "queued"})], "integer id of 1 or more"),
+        ([PutJob({"id": True, "state": "queued"})], "integer id"),
+        ([PutJob({"id": 1, "state": "sleeping"})], "unknown state 'sleeping'"),
+        ([PutJob(["not", "a", "dict"])], "JSON object"),
+        ([DeleteJob(1)], "no job 1"),
+        ([PutRecord("jobs", "x", {})], "bad table name"),
+        ([PutRecord("Bad-Name", "x", {})], "bad table name"),
+        ([PutRecord("users", "", {})], "non-empty string key"),
+        ([PutRecord("users", "bob", "admin")], "JSON object"),
+        ([DeleteRecord("users", "nobody")], "no users record 'nobody'"),
+        (["drop table"], "not a store change"),
+    ],
+)
+def test_bad_changes_are_refused_with_a_reason(store, changes, words):
+    with pytest.raises(InvalidChange, match=words):
+        store.commit(changes)
+    assert store.load().seq == 0
+
+
+def test_records_can_be_replaced_and_deleted(stores):
+    store = stores.open()
+    store.commit([PutRecord("reservations", "paper", {"gpus": 4})])
+    store.commit([PutRecord("reservations", "paper", {"gpus": 2}), PutRecord("reservations", "demo", {"gpus": 1})])
+    store.commit([DeleteRecord("reservations", "demo")])
+    assert stores.reopen().load().records == {"reservations": {"paper": {"gpus": 2}}}
+
+
+def test_concurrent_commits_all_land_and_a_bad_one_fails_alone(store):
+    errors = []
+
+    def submit(i: int) -> None:
+        try:
+            store.commit([PutJob(job(i))] if i != 13 else [DeleteJob(999)])
+        except InvalidChange as err:
+            errors.append((i, err))
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(1, 33)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert [i for i, _ in errors] == [13]
+    assert sorted(store.load().jobs) == [i for i in range(1, 33) if i != 13]
+
+
+def test_ids_handed_out_together_may_commit_in_any_order(stores):
+    store = stores.open()
+    store.commit([PutJob(job(2))])
+    store.commit([PutJob(job(1))])  # allocated before 2, committed after it
+    store.commit([PutJob(job(4))])  # 3 was handed out and its submit failed
+    store = stores.reopen()
+    if stores.kind == "tinydb":  # after a restart, an id never committed is spent
+        with pytest.raises(InvalidChange, match="never reused"):
+            store.commit([PutJob(job(3))])
+    assert store.load().next_job_id == 5

@@ -1,0 +1,185 @@
+"""The TinyDB store on real files: damaged databases are refused untouched, recovery, locks, fsync errors."""
+
+from __future__ import annotations
+
+import errno
+import re
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from labq.store import (
+    CommitFailed, CorruptDatabase, PutJob, SchemaMismatch, StoreError, StoreLocked, TinyDBStore, plan_recovery, recover,
+)
+from labq.store.files import Disk
+from labq.store.tinydb_store import DB_NAME, PREVIOUS_NAME, encode
+from tests.store.conftest import job
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    folder = tmp_path / "data"
+    with TinyDBStore(folder) as store:
+        store.commit([PutJob(job(1)), PutJob(job(2))])
+        store.commit([PutJob(job(2, "running")), PutJob(job(3))])
+    return folder
+
+
+def _flip_a_bit(raw: bytes) -> bytes:
+    i = raw.index(b'"alice"') + 2
+    return raw[:i] + bytes([raw[i] ^ 0x01]) + raw[i + 1:]
+
+
+def _future_schema(raw: bytes) -> bytes:
+    data = json.loads(raw)
+    data["_meta"]["1"]["schema"] = 7
+    return encode(data)
+
+
+@pytest.mark.parametrize(
+    ("damage", "error", "words"),
+    [
+        (lambda raw: raw[: len(raw) // 2], CorruptDatabase, "not valid JSON"),
+        (lambda raw: b"", CorruptDatabase, "is empty (0 bytes)"),
+        (lambda raw: raw + b"garbage", CorruptDatabase, "not valid JSON"),
+        (_flip_a_bit, CorruptDatabase, "fails its checksum"),
+        (_future_schema, SchemaMismatch, "newer labq (schema 7); this labq reads schema 1"),
+        (lambda raw: b'{"_default": {}}', CorruptDatabase, "not a labq database"),
+        (lambda raw: b"\x00" * 10, CorruptDatabase, "is not valid JSON"),
+        (lambda raw: b"\xff\xfe" + raw, CorruptDatabase, "is not text"),
+    ],
+)
+def test_damaged_databases_are_refused_and_left_byte_identical(data, damage, error, words):
+    path = data / DB_NAME
+    path.write_bytes(damage(path.read_bytes()))
+    before = {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()}
+    with pytest.raises(error, match=re.escape(words)) as refused:
+        TinyDBStore(data)
+    assert {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()} == before
+    if error is CorruptDatabase:
+        assert "labq store recover --data-dir" in str(refused.value)
+
+
+def test_recovery_says_what_it_loses_then_restores_the_previous_copy(data):
+    with TinyDBStore(data) as store:
+        store.commit([PutJob(job(1, "succeeded", ended_at=1_700_000_000.0)), PutJob(job(4))])
+    (data / DB_NAME).write_bytes(b"\x00" * 10)
+    plan = plan_recovery(data)
+    text = plan.describe()
+    assert "commit 2" in text and "3 unfinished job(s), next job id 4" in text
+    assert "finished job(s) 1" in text  # the archive record from the lost commit
+    kept = recover(plan)
+    assert kept is not None and kept.read_bytes() == b"\x00" * 10
+    assert "Job ids continue from 1004" in text
+    with TinyDBStore(data) as store:
+        state = store.load()
+        assert sorted(state.jobs) == [1, 2, 3] and state.seq == 2
+        assert store.history() == []  # the lost commit's archive line was cut
+        assert state.next_job_id == 1004  # job 4 was acknowledged by the lost commit: never reuse it
+
+
+def test_a_commit_handing_out_many_ids_reserves_them_in_the_previous_copy_first(tmp_path):
+    folder = tmp_path / "data"
+    with TinyDBStore(folder) as store:
+        store.commit([PutJob(job(i)) for i in range(1, 1500)])  # past the first reservation
+    (folder / DB_NAME).write_bytes(b"{")
+    plan = plan_recovery(folder)
+    assert plan.resume_job_id >= 1500 and plan.good_jobs == 0
+    recover(plan)
+    with TinyDBStore(folder) as store:
+        assert store.load().next_job_id >= 1500
+
+
+def test_nothing_to_recover_and_nothing_to_recover_from(data, tmp_path):
+    with pytest.raises(StoreError, match="nothing to recover"):
+        plan_recovery(data)
+    (data / DB_NAME).write_bytes(b"")
+    (data / PREVIOUS_NAME).write_bytes(b"{")
+    with pytest.raises(StoreError, match="previous copy is damaged too"):
+        plan_recovery(data)
+
+
+def test_a_missing_database_never_starts_empty_over_existing_data(data):
+    (data / DB_NAME).unlink()
+    with pytest.raises(CorruptDatabase, match="is missing, but labq.json.prev is there"):
+        TinyDBStore(data)
+    assert not (data / DB_NAME).exists()
+
+
+def test_a_second_process_cannot_open_the_same_folder(data):
+    with TinyDBStore(data):
+        probe = subprocess.run(
+            [sys.executable, "-c", f"from labq.store import TinyDBStore; TinyDBStore({str(data)!r})"],
+            capture_output=True, text=True, timeout=60)
+    assert probe.returncode != 0 and "StoreLocked" in probe.stderr and "is using" in probe.stderr
+    with TinyDBStore(data), pytest.raises(StoreLocked):  # and a second handle in this process
+        TinyDBStore(data)
+
+
+class FailingDisk(Disk):
+    """A disk whose fsync fails with EIO once armed: what a dying disk does."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.syncs = 0
+
+    def fsync(self, fd: int) -> None:
+        self.syncs += 1
+        if self.armed:
+            raise OSError(errno.EIO, "Input/output error")
+        super().fsync(fd)
+
+
+def test_a_failed_fsync_acknowledges_nothing_and_keeps_serving(data):
+    disk = FailingDisk()
+    store = TinyDBStore(data, disk=disk)
+    before = (data / DB_NAME).read_bytes()
+    disk.armed = True
+    with pytest.raises(CommitFailed, match="not saved: Input/output error") as failed:
+        store.commit([PutJob(job(4)), PutJob(job(1, "failed", ended_at=1_700_000_000.0))])
+    assert "Nothing was acknowledged" in str(failed.value)
+    assert (data / DB_NAME).read_bytes() == before
+    assert sorted(store.load().jobs) == [1, 2, 3] and store.history() == []  # reads still served
+    disk.armed = False
+    assert store.commit([PutJob(job(4))]) == 3  # the next commit works and reuses no number
+    store.close()
+    with TinyDBStore(data) as again:
+        assert sorted(again.load().jobs) == [1, 2, 3, 4] and again.history() == []
+
+
+def test_concurrent_commits_share_writes(tmp_path):
+    disk = FailingDisk()
+    store = TinyDBStore(tmp_path / "data", disk=disk)
+    start = disk.syncs
+    barrier = threading.Barrier(32)
+
+    def submit(i: int) -> None:
+        barrier.wait(timeout=30)
+        store.commit([PutJob(job(i))])
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(1, 33)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(store.load().jobs) == list(range(1, 33))
+    writes = (disk.syncs - start) // 2  # each write: the file and its folder
+    assert writes < 32, f"{writes} writes for 32 commits: no group commit"
+    store.close()
+
+
+def test_unacknowledged_archive_lines_and_torn_tails_are_cut_at_open(data):
+    with TinyDBStore(data) as store:
+        store.commit([PutJob(job(1, "succeeded", ended_at=1_700_000_000.0))])
+    archive = next((data / "archive").iterdir())
+    good = archive.read_bytes()
+    # a later commit appended to the archive and died before replacing the database
+    archive.write_bytes(good + b'{"seq":99,"job":{"id":2,"state":"failed"}}\n{"seq":100,"jo')
+    with TinyDBStore(data) as store:
+        assert [d["id"] for d in store.history()] == [1]
+        assert sorted(store.load().jobs) == [2, 3]
+    assert archive.read_bytes() == good
