@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -59,12 +60,20 @@ def _dumps(data: dict) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+# Canonical JSON sorts keys, so the file always opens with the _meta table (table names are
+# lower-case, "_" sorts first) and its record, whose first key is "checksum". The checksum is
+# spliced in there: one serialisation per commit, and a check on open that needs none.
+_PREFIX = b'{"' + META.encode() + b'":{"1":{'
+_CHECKSUM = re.compile(rb'"checksum":"([0-9a-f]{64})",')
+
+
 def encode(data: dict) -> bytes:
     """The file's bytes: canonical JSON whose ``_meta`` carries a checksum of the rest."""
-    meta = data[META]["1"]
-    meta.pop("checksum", None)
-    meta["checksum"] = hashlib.sha256(_dumps(data)).hexdigest()
-    return _dumps(data)
+    data[META]["1"].pop("checksum", None)
+    body = _dumps(data)
+    assert body.startswith(_PREFIX), "the _meta table must come first"
+    digest = hashlib.sha256(body).hexdigest().encode()
+    return _PREFIX + b'"checksum":"' + digest + b'",' + body[len(_PREFIX):]
 
 
 def decode(raw: bytes, path: Path) -> dict:
@@ -96,8 +105,10 @@ def decode(raw: bytes, path: Path) -> dict:
     if schema < SCHEMA:
         raise SchemaMismatch(f"{path} has schema {schema}, older than any this labq can read ({SCHEMA})",
                              "Nothing was changed. Open it with the labq version that wrote it.")
-    expected = meta.pop("checksum", None)
-    if expected != hashlib.sha256(_dumps(data)).hexdigest():
+    meta.pop("checksum", None)
+    stamp = _CHECKSUM.match(raw, len(_PREFIX)) if raw.startswith(_PREFIX) else None
+    body = _PREFIX + raw[stamp.end():] if stamp else b""
+    if stamp is None or stamp.group(1).decode() != hashlib.sha256(body).hexdigest():
         raise CorruptDatabase(f"{path} fails its checksum: it was changed or damaged on disk", hint)
     for key in ("seq", "next_job_id", "ids_reserved_until"):
         if not isinstance(meta.get(key), int):
@@ -151,7 +162,8 @@ class TinyDBStore:
     def _open(self) -> None:
         remove_stale_temp_files(self.data_dir, [DB_NAME, PREVIOUS_NAME])
         if self.path.exists():
-            data = decode(self.path.read_bytes(), self.path)
+            raw = self.path.read_bytes()
+            data = decode(raw, self.path)
         else:
             leftovers = [p.name for p in (self.previous,) if p.exists()] + [
                 f"{ARCHIVE_DIR}/{p.name}" for p in self.archive.files()]
@@ -161,12 +173,13 @@ class TinyDBStore:
                     recover_hint(self.data_dir))
             data = {META: {"1": {"schema": SCHEMA, "seq": 0, "next_job_id": 1,
                                  "ids_reserved_until": 1 + ID_RESERVE}}}
-            replace_atomically(self.path, encode(data), self.disk)
+            raw = encode(data)
+            replace_atomically(self.path, raw, self.disk)
         meta = data[META]["1"]
         self._committed = meta["seq"]
         self._reserved = meta["ids_reserved_until"]
         self.archive.cut_after(self._committed)
-        self._last_good = encode(data)
+        self._last_good = raw
         self._db = TinyDB(data, storage=_Memory)
         self._ids = Ids(hot={doc.doc_id for doc in self._db.table(JOBS).all()}, next_job_id=meta["next_job_id"],
                         floor=meta["next_job_id"])
