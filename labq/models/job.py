@@ -119,6 +119,8 @@ class Job:
     work_lost_s: float = 0.0
     #: while PREEMPTING: the job whose room it is making
     preempted_for: int | None = None
+    #: why the agent was told to stop it while it still runs: "cancel", "timeout", "lost"
+    stop_requested: str | None = None
 
     @property
     def user(self) -> str:

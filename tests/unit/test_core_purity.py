@@ -27,7 +27,8 @@ def loaded_after(*statements: str) -> list[str]:
     return json.loads(out.stdout)
 
 
-@pytest.mark.parametrize("module", ["labq.models", "labq.scheduler", "labq.topologies"])
+@pytest.mark.parametrize("module", ["labq.models", "labq.scheduler", "labq.topologies", "labq.protocol",
+                                    "labq.protocol.requests", "labq.protocol.agents"])
 def test_core_module_imports_no_io_library(module):
     assert loaded_after(f"import {module}") == []
 

@@ -1,0 +1,150 @@
+"""What agents and the leader say to each other: register once, then sync level-triggered.
+
+An agent reports every attempt it knows (running, or exited and not yet
+acknowledged) and gets back the attempts that should run on it and those it
+must stop. The leader holds a sync open (a long poll) until something changes
+for that agent or ``wait_s`` passes, so a submit reaches an idle agent at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labq.models.node import Node
+from labq.protocol.codec import decode_node, encode_node
+from labq.protocol.errors import bad_request
+from labq.protocol.requests import NAME, Fields
+
+MAX_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Registration:
+    node: Node
+    logs_url: str | None
+    version: str
+
+
+def encode_registration(reg: Registration) -> dict:
+    return {"node": encode_node(reg.node), "logs_url": reg.logs_url, "version": reg.version}
+
+
+def parse_registration(body: object) -> Registration:
+    f = Fields(body, "a registration")
+    node_doc = f.raw("node", required=True)
+    logs_url = f.string("logs_url", max_len=512)
+    version = f.string("version", required=True, max_len=64)
+    f.done()
+    if not isinstance(node_doc, dict) or not isinstance(node_doc.get("name"), str) or not NAME.match(
+            node_doc["name"]):
+        raise bad_request("node.name must be a node name: letters, digits and ._@+-", "node")
+    try:
+        node = decode_node(node_doc)
+    except (KeyError, TypeError, ValueError) as err:
+        raise bad_request(f"node is not a valid inventory: {err}", "node") from None
+    return Registration(node, logs_url, version)
+
+
+@dataclass(frozen=True)
+class AttemptReport:
+    job_id: int
+    attempt: int
+    running: bool
+    exit_code: int | None = None
+    signal: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    attempts: tuple[AttemptReport, ...]
+    unmanaged_busy: frozenset[int] | None
+    wait_s: float
+
+
+def encode_sync(report: SyncReport) -> dict:
+    return {
+        "attempts": [{"job_id": a.job_id, "attempt": a.attempt, "running": a.running, "exit_code": a.exit_code,
+                      "signal": a.signal, "started_at": a.started_at, "ended_at": a.ended_at}
+                     for a in report.attempts],
+        "unmanaged_busy": sorted(report.unmanaged_busy) if report.unmanaged_busy is not None else None,
+        "wait_s": report.wait_s,
+    }
+
+
+def parse_sync(body: object) -> SyncReport:
+    f = Fields(body, "a sync")
+    raw_attempts = f.raw("attempts", required=True)
+    busy = f.raw("unmanaged_busy")
+    wait_s = f.number("wait_s", high=MAX_WAIT_S) or 0.0
+    f.done()
+    if not isinstance(raw_attempts, list):
+        raise bad_request("attempts must be a list", "attempts")
+    attempts = []
+    for item in raw_attempts:
+        a = Fields(item, "an attempt")
+        attempts.append(AttemptReport(
+            a.integer("job_id", required=True, low=1), a.integer("attempt", required=True, low=1),
+            a.boolean("running", default=False), a.integer("exit_code", low=-1, high=1 << 16),
+            a.integer("signal", low=1, high=128), a.number("started_at"), a.number("ended_at")))
+        a.done()
+    if busy is not None and (not isinstance(busy, list) or not all(isinstance(i, int) for i in busy)):
+        raise bad_request("unmanaged_busy must be a list of GPU indices", "unmanaged_busy")
+    return SyncReport(tuple(attempts), frozenset(busy) if busy is not None else None, wait_s)
+
+
+@dataclass(frozen=True)
+class RunOrder:
+    """An attempt the agent must be running."""
+
+    job_id: int
+    attempt: int
+    user: str
+    command: tuple[str, ...]
+    env: dict[str, str]  #: the job's env plus the LABQ_ contract and the GPU variables
+    workdir: str | None
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+    grace_s: float
+    checkpoint_signal: str
+
+
+@dataclass(frozen=True)
+class StopOrder:
+    """An attempt the agent must stop: send ``signal``, wait ``grace_s``, then TERM and KILL."""
+
+    job_id: int
+    attempt: int
+    signal: str
+    grace_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class SyncReply:
+    run: tuple[RunOrder, ...]
+    stop: tuple[StopOrder, ...]
+    lease_s: float
+    fence_after_s: float
+
+
+def encode_reply(reply: SyncReply) -> dict:
+    return {
+        "run": [{"job_id": r.job_id, "attempt": r.attempt, "user": r.user, "command": list(r.command),
+                 "env": r.env, "workdir": r.workdir, "gpu_indices": list(r.gpu_indices),
+                 "gpu_uuids": list(r.gpu_uuids), "grace_s": r.grace_s, "checkpoint_signal": r.checkpoint_signal}
+                for r in reply.run],
+        "stop": [{"job_id": s.job_id, "attempt": s.attempt, "signal": s.signal, "grace_s": s.grace_s,
+                  "reason": s.reason} for s in reply.stop],
+        "lease_s": reply.lease_s, "fence_after_s": reply.fence_after_s,
+    }
+
+
+def decode_reply(doc: dict) -> SyncReply:
+    return SyncReply(
+        tuple(RunOrder(r["job_id"], r["attempt"], r["user"], tuple(r["command"]), dict(r["env"]), r["workdir"],
+                       tuple(r["gpu_indices"]), tuple(r["gpu_uuids"]), r["grace_s"], r["checkpoint_signal"])
+              for r in doc["run"]),
+        tuple(StopOrder(s["job_id"], s["attempt"], s["signal"], s["grace_s"], s["reason"]) for s in doc["stop"]),
+        doc["lease_s"], doc["fence_after_s"])

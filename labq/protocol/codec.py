@@ -1,0 +1,128 @@
+"""Models to JSON and back, in matched pairs. The leader's store keeps jobs in this form too.
+
+``decode_*`` trusts its input as far as types go (it comes from labq itself:
+the store or the leader); requests from people go through ``labq.protocol.requests``.
+"""
+
+from __future__ import annotations
+
+from labq.models.decisions import Pending, PendingReason
+from labq.models.job import Job, JobSpec, JobState, Mount, Runtime
+from labq.models.node import Gpu, Node, NodeHealth
+from labq.models.placement import NodeAllocation, Placement
+from labq.models.reservation import Reservation
+from labq.models.topology import PcieLevel, Topology
+
+_SPEC_SCALARS = ("user", "gpus", "name", "image", "workdir", "nodes", "min_gpu_memory_mib", "gpu_model", "node",
+                 "cpus", "memory_mib", "priority", "preemptible", "time_limit_s", "checkpoint_signal", "grace_s",
+                 "reservation")
+
+
+def encode_spec(spec: JobSpec) -> dict:
+    doc = {name: getattr(spec, name) for name in _SPEC_SCALARS}
+    doc["runtime"] = spec.runtime.value
+    doc["command"] = list(spec.command)
+    doc["env"] = dict(spec.env)
+    doc["mounts"] = [{"source": m.source, "target": m.target, "read_only": m.read_only} for m in spec.mounts]
+    doc["depends_on"] = list(spec.depends_on)
+    return doc
+
+
+def decode_spec(doc: dict) -> JobSpec:
+    return JobSpec(
+        **{name: doc[name] for name in _SPEC_SCALARS if name in doc},
+        runtime=Runtime(doc.get("runtime", "process")),
+        command=tuple(doc["command"]),
+        env=tuple(sorted(doc.get("env", {}).items())),
+        mounts=tuple(Mount(m["source"], m["target"], m.get("read_only", False)) for m in doc.get("mounts", ())),
+        depends_on=tuple(doc.get("depends_on", ())),
+    )
+
+
+def encode_placement(placement: Placement | None) -> dict | None:
+    if placement is None:
+        return None
+    return {"allocations": [{"node": a.node, "gpu_indices": list(a.gpu_indices), "gpu_uuids": list(a.gpu_uuids),
+                             "score": a.score} for a in placement.allocations]}
+
+
+def decode_placement(doc: dict | None) -> Placement | None:
+    if doc is None:
+        return None
+    return Placement(tuple(NodeAllocation(a["node"], tuple(a["gpu_indices"]), tuple(a["gpu_uuids"]), a["score"])
+                           for a in doc["allocations"]))
+
+
+_JOB_SCALARS = ("attempt", "submitted_at", "started_at", "ended_at", "exit_code", "last_checkpoint_at",
+                "preemptions", "work_lost_s", "preempted_for", "stop_requested")
+
+
+def encode_job(job: Job) -> dict:
+    doc = {"id": job.id, "state": job.state.value, "spec": encode_spec(job.spec)}
+    doc.update({name: getattr(job, name) for name in _JOB_SCALARS})
+    doc["placement"] = encode_placement(job.placement)
+    return doc
+
+
+def decode_job(doc: dict) -> Job:
+    return Job(id=doc["id"], spec=decode_spec(doc["spec"]), state=JobState(doc["state"]),
+               placement=decode_placement(doc.get("placement")),
+               **{name: doc[name] for name in _JOB_SCALARS if name in doc})
+
+
+def encode_topology(topology: Topology) -> dict:
+    return {"pcie": [[int(level) for level in row] for row in topology.pcie],
+            "nvlinks": [list(row) for row in topology.nvlinks],
+            "nvswitch_links": list(topology.nvswitch_links), "numa": list(topology.numa)}
+
+
+def decode_topology(doc: dict) -> Topology:
+    return Topology(pcie=tuple(tuple(PcieLevel(v) for v in row) for row in doc["pcie"]),
+                    nvlinks=tuple(tuple(row) for row in doc["nvlinks"]),
+                    nvswitch_links=tuple(doc.get("nvswitch_links", ())), numa=tuple(doc.get("numa", ())))
+
+
+def encode_gpu(gpu: Gpu) -> dict:
+    return {"index": gpu.index, "uuid": gpu.uuid, "model": gpu.model, "memory_mib": gpu.memory_mib}
+
+
+def decode_gpu(doc: dict) -> Gpu:
+    return Gpu(doc["index"], doc["uuid"], doc["model"], doc["memory_mib"])
+
+
+def encode_node(node: Node) -> dict:
+    return {"name": node.name, "health": node.health.value, "gpus": [encode_gpu(g) for g in node.gpus],
+            "topology": encode_topology(node.topology), "unmanaged_busy": sorted(node.unmanaged_busy),
+            "simulated": node.simulated, "labels": list(node.labels)}
+
+
+def decode_node(doc: dict) -> Node:
+    return Node(doc["name"], tuple(decode_gpu(g) for g in doc["gpus"]), decode_topology(doc["topology"]),
+                NodeHealth(doc.get("health", "up")), frozenset(doc.get("unmanaged_busy", ())),
+                doc.get("simulated", False), tuple(doc.get("labels", ())))
+
+
+def encode_pending(pending: Pending | None) -> dict | None:
+    if pending is None:
+        return None
+    return {"reason": pending.reason.value, "detail": pending.detail, "waiting_for": pending.waiting_for,
+            "estimated_start": pending.estimated_start}
+
+
+def decode_pending(job_id: int, doc: dict | None) -> Pending | None:
+    if doc is None:
+        return None
+    return Pending(job_id, PendingReason(doc["reason"]), doc["detail"], doc.get("waiting_for"),
+                   doc.get("estimated_start"))
+
+
+def encode_reservation(r: Reservation) -> dict:
+    return {"name": r.name, "owner": r.owner, "gpus": r.gpus, "start": r.start, "end": r.end,
+            "users": sorted(r.users), "group": r.group, "node": r.node, "gpu_indices": list(r.gpu_indices),
+            "gpu_model": r.gpu_model, "min_gpu_memory_mib": r.min_gpu_memory_mib}
+
+
+def decode_reservation(doc: dict) -> Reservation:
+    return Reservation(doc["name"], doc["owner"], doc["gpus"], doc["start"], doc["end"], frozenset(doc["users"]),
+                       doc.get("group"), doc.get("node"), tuple(doc.get("gpu_indices", ())), doc.get("gpu_model"),
+                       doc.get("min_gpu_memory_mib", 0))
