@@ -1,0 +1,198 @@
+"""The agent's GPU inventory: this node's GPUs, how they are wired, and which are busy.
+
+One small interface, two implementations. :class:`SimulatedInventory` is a
+product feature: demos and machines without NVIDIA GPUs run the same agent on
+a named simulated machine (``--gpus sim:dgx1``). :class:`NvmlInventory` reads
+the real GPUs through :mod:`labq.agent.nvml`, the only module that touches
+pynvml. Turning NVML's answers into labq's :class:`Topology` is a pure
+function (:func:`build_topology`) so it can be checked without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Protocol
+
+from labq.agent.nvml import (
+    NVLINK_GPU,
+    NVLINK_IBMNPU,
+    NVLINK_SWITCH,
+    DeviceFacts,
+    NoGpuFound,
+    NvmlError,
+    NvmlSession,
+    device_count,
+    read_devices,
+    read_pcie_levels,
+    source,
+)
+from labq.models.node import Gpu, Node
+from labq.models.topology import PcieLevel, Topology
+from labq.topologies import names, parse_sim_spec
+
+__all__ = ["GpuInventory", "Inventory", "NoGpuFound", "NvmlInventory", "SimulatedInventory",
+           "build_topology", "open_inventory"]
+
+NVLINK_UNSUPPORTED = "NVLink query unsupported: topology from PCIe only"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """One reading of a node's GPUs, as the agent reports it to the leader."""
+
+    gpus: tuple[Gpu, ...]
+    topology: Topology  #: full pairwise tables, indexed like ``gpus``
+    simulated: bool  #: simulated GPUs are handed to jobs by index, real ones by UUID
+    unmanaged_busy: frozenset[int]  #: GPU indices with compute processes labq did not start
+    source: str  #: ``sim:dgx1`` or ``NVML 12.535.104, driver 535.104.05``
+    notes: tuple[str, ...] = ()  #: what could not be read, and what was assumed instead
+
+    def as_node(self, name: str, labels: tuple[str, ...] = ()) -> Node:
+        """The node as the leader models it (which also checks the tables fit the GPUs)."""
+        return Node(name, self.gpus, self.topology, unmanaged_busy=self.unmanaged_busy,
+                    simulated=self.simulated, labels=labels)
+
+
+class GpuInventory(Protocol):
+    def read(self, managed_pids: frozenset[int] = frozenset()) -> Inventory:
+        """The GPUs now. ``managed_pids``: processes labq started, whose GPU use is not "unmanaged"."""
+        ...
+
+    def close(self) -> None:
+        """Release what the inventory holds open (NVML); reading afterwards is an error."""
+        ...
+
+
+class SimulatedInventory:
+    """A named simulated machine (``sim:dgx1``, ``sim:flat:4``); nobody else ever uses its GPUs."""
+
+    def __init__(self, spec: str, node: str) -> None:
+        self.sim = parse_sim_spec(spec)  # ValueError naming every choice when unknown
+        self.node = node
+
+    def read(self, managed_pids: frozenset[int] = frozenset()) -> Inventory:
+        return Inventory(gpus=self.sim.gpus(self.node), topology=self.sim.topology, simulated=True,
+                         unmanaged_busy=frozenset(), source=f"sim:{self.sim.name}")
+
+    def close(self) -> None:
+        pass
+
+
+class NvmlInventory:
+    """The real NVIDIA GPUs. Opening it starts NVML, so a machine without GPUs fails at once."""
+
+    def __init__(self) -> None:
+        self._nvml = NvmlSession()
+        try:
+            if device_count(self._nvml) == 0:
+                raise NoGpuFound("NVML is running but lists no GPUs")
+        except NvmlError as err:
+            self._nvml.close()
+            raise NoGpuFound(f"NVML could not count the GPUs: {err}") from err
+        except NoGpuFound:
+            self._nvml.close()
+            raise
+        self._source = source(self._nvml)
+
+    def read(self, managed_pids: frozenset[int] = frozenset()) -> Inventory:
+        devices = read_devices(self._nvml)
+        levels = read_pcie_levels(self._nvml, [d.handle for d in devices])
+        topology, topology_notes = build_topology(devices, levels)
+        return Inventory(
+            gpus=tuple(Gpu(d.index, d.uuid, d.model, d.memory_mib) for d in devices),
+            topology=topology,
+            simulated=False,
+            unmanaged_busy=frozenset(d.index for d in devices if d.pids and d.pids - managed_pids),
+            source=self._source,
+            notes=(*self._nvml.take_notes(), *topology_notes),
+        )
+
+    def close(self) -> None:
+        self._nvml.close()
+
+
+def open_inventory(gpus: str | None, node: str) -> GpuInventory:
+    """The inventory for the agent's ``--gpus`` value.
+
+    ``None``/``auto`` and ``nvml``: the real GPUs, :class:`NoGpuFound` (which
+    offers ``--gpus sim:...``) when NVML, the driver or the GPUs are missing.
+    ``sim:NAME``: a simulated machine, ValueError listing the names if unknown.
+    """
+    choice = (gpus or "auto").strip()
+    if choice.lower() in ("auto", "nvml"):
+        return NvmlInventory()
+    if choice.lower().startswith("sim:"):
+        return SimulatedInventory(choice, node)
+    raise ValueError(f"--gpus {gpus!r}: use auto, nvml or a simulated inventory: "
+                     + ", ".join(f"sim:{n}" for n in names()))
+
+
+def build_topology(devices: list[DeviceFacts],
+                   levels: dict[tuple[int, int], int | None]) -> tuple[Topology, tuple[str, ...]]:
+    """labq's topology from NVML's answers, with a note for everything assumed.
+
+    A pair whose PCIe level NVML will not give counts as SYS (the farthest, so
+    the scheduler never prefers it on a guess). NVLink links are counted from
+    each GPU's side and the larger count kept, so one GPU that cannot answer
+    does not make the tables asymmetric.
+    """
+    n = len(devices)
+    notes: list[str] = []
+
+    pcie: dict[tuple[int, int], PcieLevel] = {}
+    unknown_pairs = []
+    for (i, j), level in sorted(levels.items()):
+        try:
+            pcie[i, j] = PcieLevel(level)
+        except ValueError:
+            pcie[i, j] = PcieLevel.SYSTEM
+            unknown_pairs.append(f"{i}-{j}")
+    if unknown_pairs:
+        notes.append(f"PCIe common ancestor unknown for GPU pairs {', '.join(unknown_pairs)}: counted as SYS")
+
+    silent = [d.index for d in devices if d.nvlinks is None]
+    if silent and len(silent) == n:
+        notes.append(NVLINK_UNSUPPORTED)
+    elif silent:
+        notes.append(f"NVLink query unsupported on GPU {_list(silent)}: "
+                     "their links counted from their peers only")
+
+    by_bus = {d.bus_id: d.index for d in devices if d.bus_id is not None}
+    directed: Counter[tuple[int, int]] = Counter()
+    switch_links = [0] * n
+    unnamed: set[int] = set()  # GPUs with active links whose far end NVML would not name
+    strays: set[int] = set()  # GPUs linked to a CPU (IBM NPU) or to a GPU NVML does not list
+    for d in devices:
+        for remote in d.nvlinks or ():
+            peer = by_bus.get(remote.bus_id) if remote.bus_id is not None else None
+            if remote.device_type == NVLINK_SWITCH:
+                switch_links[d.index] += 1
+            elif peer is not None:
+                if peer != d.index:
+                    directed[d.index, peer] += 1
+            elif remote.bus_id is None:
+                unnamed.add(d.index)
+            elif remote.device_type in (NVLINK_GPU, NVLINK_IBMNPU):
+                strays.add(d.index)
+            else:
+                switch_links[d.index] += 1  # not one of our GPUs and not a CPU: the NVSwitch fabric
+    if unnamed:
+        notes.append(f"NVLink remote ends unknown on GPU {_list(unnamed)}: those links not counted")
+    if strays:
+        notes.append(f"NVLink links to devices other than this node's GPUs ignored on GPU {_list(strays)}")
+
+    nvlinks = {(i, j): max(directed[i, j], directed[j, i]) for i in range(n) for j in range(i + 1, n)}
+    numa = tuple(d.numa for d in devices)
+    topology = Topology.from_pairs(
+        n,
+        pcie,
+        {pair: count for pair, count in nvlinks.items() if count},
+        nvswitch_links=tuple(switch_links) if any(switch_links) else (),
+        numa=numa if any(x is not None for x in numa) else (),
+    )
+    return topology, tuple(notes)
+
+
+def _list(indices: set[int] | list[int]) -> str:
+    return ", ".join(map(str, sorted(indices)))
