@@ -1,0 +1,149 @@
+"""The shim: the one process between the agent and a job, so that a job outlives its agent.
+
+The process runtime starts ``python -m labq.agent.shim <attempt dir> [<ready fd>]`` in a
+session of its own, stdout and stderr on the attempt's log. The shim inherits the attempt's
+``lock`` file, already flock'ed, and holds it until it exits: a held lock means "the shim
+lives", which no recycled pid can fake.
+
+The shim starts the job as its child in a new session (the job's pid is its process group
+id), records that pid and its kernel start time in ``pid.json``, closes the ready fd
+(``launch`` returns then), waits, and records the exit in ``exit.json``. Only the job's
+parent can learn its exit status; writing it down lets an agent that restarted learn it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PR_SET_CHILD_SUBREAPER = 36
+LEFTOVER_GRACE_S = 5.0
+_job: list[int] = []  # the job's pid (= its group) once it runs
+_pending: list[int] = []  # signals that came before it did
+
+
+def write_json_atomically(path: Path, record: dict[str, Any]) -> None:
+    """Temp file, fsync, rename, fsync the folder: a reader sees no file or a whole one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(json.dumps(record).encode())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def read_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time) from /proc/<pid>/stat, or None if there is no such process.
+
+    The start time (field 22, clock ticks after boot) and the pid together name one process
+    for the life of the machine, so a recycled pid is told apart from the job.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # gone, or went between open and read (ESRCH)
+        return None
+    fields = stat.rsplit(b")", 1)[1].split()  # the command name may hold spaces and parentheses
+    return fields[0].decode(), int(fields[19])
+
+
+def _killpg(pgid: int, signum: int) -> bool:
+    """False once no process is left in the group."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _forward(signum: int, frame: object) -> None:
+    """SIGTERM/SIGINT sent to the shim go on to the job's group, or wait for the job to exist."""
+    if _job:
+        _killpg(_job[0], signum)
+    else:
+        _pending.append(signum)
+
+
+def _kill_leftovers(pgid: int) -> None:
+    """The job's main process ended: kill what it left in its group, so nothing keeps the GPUs.
+
+    The shim is a child subreaper, so the killed orphans are its children: it reaps them,
+    which frees their pids and makes the group vanish before ``exit.json`` says "exited".
+    """
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while _killpg(pgid, signal.SIGKILL) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        time.sleep(0.01)
+
+
+def _why_not_started(exc: Exception, spec: dict[str, Any]) -> tuple[int, str]:
+    """Shell convention: 127 for a command that is not there, 126 for one that cannot run."""
+    if isinstance(exc, subprocess.SubprocessError):  # only our preexec chdir raises this
+        return 126, f"workdir {spec['workdir']!r} is not accessible to user {spec['user']!r}"
+    assert isinstance(exc, OSError)
+    if exc.filename == spec["workdir"] != spec["command"][0]:  # chdir, before exec
+        return 126, f"workdir {spec['workdir']!r}: {exc.strerror}"
+    if exc.filename is None:  # setgroups/setgid/setuid, before exec
+        return 126, f"as user {spec['user']!r}: {exc.strerror}"
+    return (127 if isinstance(exc, FileNotFoundError) else 126), str(exc.strerror)
+
+
+def _start(spec: dict[str, Any]) -> subprocess.Popen[bytes]:
+    workdir, switch = spec["workdir"], spec["uid"] is not None
+    if switch and not os.path.isdir(workdir):
+        raise FileNotFoundError(2, os.strerror(2), workdir)
+    return subprocess.Popen(
+        spec["command"], env=spec["env"], stdin=subprocess.DEVNULL, start_new_session=True,
+        # as another user, enter the workdir after setuid, so the user's permissions apply, not root's
+        cwd=None if switch else workdir, preexec_fn=(lambda: os.chdir(workdir)) if switch else None,
+        user=spec["uid"], group=spec["gid"], extra_groups=spec["groups"])
+
+
+def main(argv: list[str]) -> int:
+    folder, ready_fd = Path(argv[1]), int(argv[2]) if len(argv) > 2 else None
+    spec = json.loads((folder / "spec.json").read_text())
+    for forwarded in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(forwarded, _forward)
+    with contextlib.suppress(OSError, AttributeError):  # Linux only; elsewhere init reaps orphans
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    ended: dict[str, Any] = {"pid": None, "signal": None, "started_at": time.time()}
+    try:
+        job = _start(spec)
+    except (OSError, subprocess.SubprocessError) as exc:
+        ended["exit_code"], why = _why_not_started(exc, spec)
+        print(f"labq: cannot start {spec['command'][0]!r}: {why}", file=sys.stderr, flush=True)
+    else:
+        stat = read_stat(job.pid)  # the job is our unreaped child, so /proc still has it
+        write_json_atomically(folder / "pid.json", {"pid": job.pid, "start_time": stat[1] if stat else None,
+                                                    "shim_pid": os.getpid(), "started_at": ended["started_at"]})
+        if ready_fd is not None:
+            os.close(ready_fd)  # launch() returns now
+        _job.append(job.pid)
+        for signum in _pending:
+            _killpg(job.pid, signum)
+        returncode = job.wait()
+        _kill_leftovers(job.pid)
+        ended["pid"], ended["signal"] = job.pid, -returncode if returncode < 0 else None
+        ended["exit_code"] = 128 - returncode if returncode < 0 else returncode
+    ended["ended_at"] = time.time()
+    write_json_atomically(folder / "exit.json", ended)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
