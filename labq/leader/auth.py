@@ -1,0 +1,46 @@
+"""Tokens: made at random, shown once, stored only as hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+JOIN_TOKEN_FILE = "join-token"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who sent a request."""
+
+    kind: str  #: "user", "agent" or "join"
+    name: str
+    admin: bool = False
+
+
+def new_token(kind: str) -> str:
+    return f"lq{kind[0]}_{secrets.token_urlsafe(32)}"
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def same_hash(a: str, b: str) -> bool:
+    return hmac.compare_digest(a, b)
+
+
+def write_secret(path: Path, secret: str) -> None:
+    """A file only its owner can read, written whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, (secret + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

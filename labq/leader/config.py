@@ -1,0 +1,149 @@
+"""The leader's settings: one TOML file, every key optional, defaults documented below."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labq.models.priority import PriorityClass, parse_priority
+from labq.paths import default_data_dir
+from labq.units import parse_duration
+
+DEFAULT_TOML = """\
+# labq leader settings. Every key is optional; these are the defaults.
+
+[leader]
+listen = "127.0.0.1:7733"        # address:port of the API; "0.0.0.0:7733" to serve other machines
+# data_dir = "~/.local/share/labq" # the database, its previous copy, the archive, the join token
+
+[scheduling]
+preemption = true                # higher-priority jobs may preempt lower, preemptible ones
+min_runtime = "5m"               # a job runs at least this long before it can be preempted
+fair_share_half_life = "7d"      # how fast past GPU-hours stop counting against a user
+hold_depth = 16                  # blocked jobs that hold GPUs for themselves (backfill respects them)
+user_max_priority = "high"       # the highest class non-admins may use; urgent is for admins
+
+[quotas]
+max_gpus_per_user = 0            # GPUs one user may hold at once; 0: no limit
+# [quotas.users]                 # per-user overrides
+# alice = 8
+
+[jobs]
+default_grace = "60s"            # time a job gets to checkpoint after its signal
+max_grace = "4m"                 # fence_after + max_grace must stay below requeue_after
+max_time_limit = "0"             # the longest --time accepted; "0": no limit
+allowed_mount_roots = []         # host folders containers may mount (docker runtime)
+allowed_images = []              # images the docker runtime may run; empty: any
+
+[agents]
+lease = "30s"                    # an agent silent this long is marked lost
+fence_after = "10m"              # an agent that cannot reach the leader this long stops its jobs
+requeue_after = "15m"            # the jobs of a lost agent are requeued after this long
+auto_requeue = true              # false: an admin requeues them by hand
+"""
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class LeaderConfig:
+    host: str = "127.0.0.1"
+    port: int = 7733
+    data_dir: Path = field(default_factory=default_data_dir)
+    preemption: bool = True
+    min_runtime_s: float = 300.0
+    fair_share_half_life_s: float = 7 * 86400.0
+    hold_depth: int = 16
+    user_max_priority: int = int(PriorityClass.HIGH)
+    max_gpus_per_user: int | None = None
+    user_gpu_quota: dict[str, int] = field(default_factory=dict)
+    default_grace_s: float = 60.0
+    max_grace_s: float = 240.0
+    max_time_limit_s: float | None = None
+    allowed_mount_roots: tuple[str, ...] = ()
+    allowed_images: tuple[str, ...] = ()
+    lease_s: float = 30.0
+    fence_after_s: float = 600.0
+    requeue_after_s: float = 900.0
+    auto_requeue: bool = True
+
+    def __post_init__(self) -> None:
+        if self.requeue_after_s <= self.fence_after_s + self.max_grace_s:
+            raise ConfigError(
+                "agents.requeue_after must be longer than agents.fence_after plus jobs.max_grace, so that a job "
+                "is never requeued while its lost agent may still be running it")
+        if self.lease_s <= 0 or self.fence_after_s <= self.lease_s:
+            raise ConfigError("agents.fence_after must be longer than agents.lease, and the lease positive")
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+
+def load_config(path: Path | None, **overrides) -> LeaderConfig:
+    """Read ``path`` (if given) over the defaults; ``overrides`` (from the command line) win."""
+    doc: dict = {}
+    if path is not None:
+        try:
+            doc = tomllib.loads(Path(path).read_text())
+        except OSError as err:
+            raise ConfigError(f"cannot read {path}: {err.strerror}") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path} is not valid TOML: {err}") from None
+    values: dict = {}
+    where = str(path or "defaults")
+    sections = {"leader", "scheduling", "quotas", "jobs", "agents"}
+    for name in doc:
+        if name not in sections:
+            raise ConfigError(f"{where}: unknown section [{name}]; sections: {', '.join(sorted(sections))}")
+    _take(doc.get("leader", {}), where, "leader", values, {
+        "listen": lambda v: _listen(v, values), "data_dir": lambda v: values.update(data_dir=Path(v).expanduser())})
+    _take(doc.get("scheduling", {}), where, "scheduling", values, {
+        "preemption": lambda v: values.update(preemption=_bool(v)),
+        "min_runtime": lambda v: values.update(min_runtime_s=parse_duration(v)),
+        "fair_share_half_life": lambda v: values.update(fair_share_half_life_s=parse_duration(v)),
+        "hold_depth": lambda v: values.update(hold_depth=int(v)),
+        "user_max_priority": lambda v: values.update(user_max_priority=parse_priority(v))})
+    _take(doc.get("quotas", {}), where, "quotas", values, {
+        "max_gpus_per_user": lambda v: values.update(max_gpus_per_user=int(v) or None),
+        "users": lambda v: values.update(user_gpu_quota={str(k): int(n) for k, n in dict(v).items()})})
+    _take(doc.get("jobs", {}), where, "jobs", values, {
+        "default_grace": lambda v: values.update(default_grace_s=parse_duration(v)),
+        "max_grace": lambda v: values.update(max_grace_s=parse_duration(v)),
+        "max_time_limit": lambda v: values.update(max_time_limit_s=parse_duration(v) or None),
+        "allowed_mount_roots": lambda v: values.update(allowed_mount_roots=tuple(map(str, v))),
+        "allowed_images": lambda v: values.update(allowed_images=tuple(map(str, v)))})
+    _take(doc.get("agents", {}), where, "agents", values, {
+        "lease": lambda v: values.update(lease_s=parse_duration(v)),
+        "fence_after": lambda v: values.update(fence_after_s=parse_duration(v)),
+        "requeue_after": lambda v: values.update(requeue_after_s=parse_duration(v)),
+        "auto_requeue": lambda v: values.update(auto_requeue=_bool(v))})
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return LeaderConfig(**values)
+
+
+def _take(section: dict, where: str, name: str, values: dict, setters: dict) -> None:
+    for key, value in section.items():
+        if key not in setters:
+            raise ConfigError(f"{where}: unknown key {name}.{key}; keys: {', '.join(sorted(setters))}")
+        try:
+            setters[key](value)
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"{where}: {name}.{key} = {value!r}: {err}") from None
+
+
+def _bool(value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+def _listen(value: str, values: dict) -> None:
+    host, sep, port = str(value).rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError("must be ADDRESS:PORT, e.g. 127.0.0.1:7733 (port 0: any free port)")
+    values.update(host=host or "127.0.0.1", port=int(port))

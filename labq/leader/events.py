@@ -1,0 +1,43 @@
+"""Changes that live views follow: a numbered stream of small events, kept for a while."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    kind: str  #: "job" or "node"
+    data: dict
+
+
+class EventHub:
+    def __init__(self, keep: int = 4096) -> None:
+        self._cond = threading.Condition()
+        self._seq = 0
+        self._recent: deque[Event] = deque(maxlen=keep)
+        self._closed = False
+
+    @property
+    def seq(self) -> int:
+        return self._seq
+
+    def publish(self, kind: str, data: dict) -> None:
+        with self._cond:
+            self._seq += 1
+            self._recent.append(Event(self._seq, kind, data))
+            self._cond.notify_all()
+
+    def after(self, seq: int, timeout: float) -> list[Event]:
+        """Events after ``seq``, waiting up to ``timeout`` for one; empty when none came or on close."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._seq > seq or self._closed, timeout)
+            return [e for e in self._recent if e.seq > seq]
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()

@@ -1,0 +1,97 @@
+"""Running the leader as a daemon: open the store, serve the API, stop cleanly on a signal."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from labq.leader.auth import JOIN_TOKEN_FILE
+from labq.leader.config import LeaderConfig
+from labq.leader.core import Leader
+from labq.leader.http import LeaderServer, serve
+from labq.store import StoreError, TinyDBStore, plan_recovery, recover
+
+
+class StartError(Exception):
+    """The leader cannot start; the message says why and what to do."""
+
+
+@dataclass
+class RunningLeader:
+    leader: Leader
+    server: LeaderServer
+    store: TinyDBStore
+    thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.leader.stop()
+        self.server.server_close()
+        self.store.close()
+
+
+def recover_first(data_dir: Path, confirm: Callable[[str], bool]) -> None:
+    """``labq leader --recover``: say what going back to the last good copy loses, then do it."""
+    try:
+        plan = plan_recovery(data_dir)
+    except StoreError as err:
+        raise StartError(str(err)) from None
+    if not confirm(plan.describe()):
+        raise StartError("not recovering: nothing was changed")
+    kept = recover(plan)
+    print(f"recovered: the database is commit {plan.good_seq} again"
+          + (f"; the damaged file is kept as {kept}" if kept else ""), file=sys.stderr)
+
+
+def start_leader(config: LeaderConfig, *, first_admin: str | None = None) -> tuple[RunningLeader, str | None]:
+    """Open the store and serve; returns the running leader and, on a new lab, the first admin's token."""
+    try:
+        store = TinyDBStore(config.data_dir)
+    except StoreError as err:
+        raise StartError(str(err)) from None
+    try:
+        leader = Leader(config, store)
+        created = leader.ensure_admin(first_admin)
+        try:
+            server = serve(leader, config.host, config.port)
+        except OSError as err:
+            raise StartError(f"cannot listen on {config.host}:{config.port}: {err.strerror}"
+                             + (" (another leader running? choose another port with --listen)"
+                                if err.errno == 98 else "")) from None
+    except BaseException:
+        store.close()
+        raise
+    leader.start()
+    thread = threading.Thread(target=server.serve_forever, name="labq-http", daemon=True)
+    thread.start()
+    return RunningLeader(leader, server, store, thread), created[1] if created else None
+
+
+def wait_for_signal(running: RunningLeader, also_stop: Callable[[], None] | None = None) -> None:
+    """Serve until SIGINT or SIGTERM, then stop everything in order."""
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    if also_stop is not None:
+        also_stop()
+    running.stop()
+
+
+def join_token_path(config: LeaderConfig) -> Path:
+    return config.data_dir / JOIN_TOKEN_FILE
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")

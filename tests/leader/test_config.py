@@ -1,0 +1,42 @@
+"""The leader's settings: the documented defaults are the real ones, and mistakes are named."""
+
+from __future__ import annotations
+
+import pytest
+
+from labq.leader.config import DEFAULT_TOML, ConfigError, LeaderConfig, load_config
+
+
+def test_the_documented_defaults_are_the_defaults(tmp_path):
+    path = tmp_path / "leader.toml"
+    path.write_text(DEFAULT_TOML)
+    assert load_config(path) == load_config(None) == LeaderConfig()
+
+
+def test_values_are_read_and_overrides_win(tmp_path):
+    path = tmp_path / "leader.toml"
+    path.write_text('[leader]\nlisten = "0.0.0.0:8000"\n[quotas]\nmax_gpus_per_user = 4\n[quotas.users]\nalice = 8\n'
+                    '[scheduling]\nuser_max_priority = "normal"\n[agents]\nlease = "10s"\n')
+    config = load_config(path, port=9000)
+    assert (config.host, config.port, config.max_gpus_per_user) == ("0.0.0.0", 9000, 4)
+    assert config.user_gpu_quota == {"alice": 8} and config.user_max_priority == 200 and config.lease_s == 10
+    assert config.url == "http://127.0.0.1:9000"
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("[leeder]\n", "unknown section [leeder]"),
+        ("[agents]\nleese = 3\n", "unknown key agents.leese"),
+        ('[agents]\nlease = "soon"\n', "agents.lease = 'soon': 'soon' is not a duration"),
+        ('[leader]\nlisten = "7733"\n', "must be ADDRESS:PORT"),
+        ('[scheduling]\npreemption = "yes"\n', "must be true or false"),
+        ('[agents]\nrequeue_after = "5m"\n', "requeue_after must be longer than agents.fence_after"),
+        ("not toml [", "is not valid TOML"),
+    ],
+)
+def test_mistakes_are_named(tmp_path, text, words):
+    path = tmp_path / "leader.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        load_config(path)
