@@ -14,6 +14,9 @@ from collections.abc import Sequence
 
 EPILOG = """\
 examples:
+  labq submit --gpus 2 -- python train.py   queue a 2-GPU job
+  labq ls                                your jobs; `labq why ID` says why one waits
+  labq logs -f 12                        follow a job's output
   labq topo --list                       simulated GPU inventories
   labq topo sim:dgx1                     a DGX-1's GPUs and how they are linked
   labq place sim:dgx1 --gpus 2           the GPU pair labq would give a 2-GPU job
@@ -95,6 +98,11 @@ def _parser() -> argparse.ArgumentParser:
     recover.add_argument("--yes", action="store_true", help="do not ask before recovering")
     recover.set_defaults(run=_store_recover)
     store.set_defaults(run=lambda args: (store.print_help(), 0)[1])
+
+    from labq import cli_daemons, cli_jobs
+
+    cli_jobs.add_commands(sub)
+    cli_daemons.add_commands(sub)
     return parser
 
 
@@ -226,4 +234,7 @@ def _store_recover(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module, so that every command raises the same CliError class.
+    from labq.cli import main as _main
+
+    sys.exit(_main())

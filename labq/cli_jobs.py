@@ -1,0 +1,590 @@
+"""The people's commands: submit, ls, show, why, logs, cancel/hold/release/prio, nodes, gpus, admin.
+
+Each command parses, makes one ``labq.client.Client`` and prints. Nothing heavy is
+imported at module level: ``labq submit`` and ``labq ls`` start in tens of milliseconds,
+and the HTTP client is loaded only by a command that talks to the leader.
+
+Exit codes: 0 ok; 1 the operation failed; 2 bad usage or input; 3 credentials or
+permission; 4 the leader cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, BinaryIO
+
+from labq.protocol.errors import ApiError
+
+if TYPE_CHECKING:
+    from labq.client import Client
+
+CLASSES = ("low", "normal", "high", "urgent")
+STATES = ("queued", "held", "starting", "running", "preempting", "succeeded", "failed", "cancelled", "timeout")
+FINISHED = frozenset(STATES[5:])
+
+
+class UsageError(Exception):
+    """Something the user typed that labq cannot take; exit 2."""
+
+
+# -- pure input parsing ---------------------------------------------------------------------------
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)", re.IGNORECASE)
+_CLOCK = re.compile(r"^(\d+):([0-5]\d):([0-5]\d)$")
+_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([mgt]?)(?:i?b)?$", re.IGNORECASE)
+_UNIT_MIB = {"m": 1, "g": 1024, "t": 1024 * 1024, "": 1024}
+
+
+def parse_duration(text: str, option: str = "--time", bare_seconds: bool = False) -> float:
+    """``90m``, ``2h``, ``1d``, ``1h30m``, ``1:30:00`` -> seconds.
+
+    A bare number is refused unless ``bare_seconds``: for a time limit, ``90`` means
+    minutes to a Slurm user and seconds to everyone else, so labq asks for a unit.
+    """
+    raw = text.strip()
+    if bare_seconds and re.fullmatch(r"\d+(\.\d+)?", raw):
+        return float(raw)
+    if m := _CLOCK.match(raw):
+        return float(int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3]))
+    parts = _DURATION_PART.findall(raw)
+    if raw and parts and _DURATION_PART.sub("", raw).strip() == "":
+        return float(sum(float(n) * _UNIT_S[u.lower()] for n, u in parts))
+    hint = "60s, 2m" if bare_seconds else "90m, 2h, 1d or H:MM:SS"
+    raise UsageError(f"{option}: {text!r} is not a duration: use {hint}")
+
+
+def parse_size_mib(text: str, option: str = "--gpu-mem") -> int:
+    """``40G``, ``24GiB``, ``8000M``, ``40`` (GiB) -> MiB. GB means GiB, as GPU memory is sold."""
+    m = _SIZE.match(text.strip())
+    if not m:
+        raise UsageError(f"{option}: {text!r} is not a size: use 40G, 24GiB or 8000M (a plain number is GiB)")
+    return round(float(m[1]) * _UNIT_MIB[m[2].lower()])
+
+
+def parse_priority_arg(text: str, option: str = "--priority") -> int | str:
+    """A class name (sent as the name) or an integer 0-1000 (sent as the integer)."""
+    from labq.models.priority import parse_priority
+
+    try:
+        value = parse_priority(text)
+    except ValueError as err:
+        raise UsageError(f"{option}: {err}") from None
+    return text.strip().lower() if text.strip().lower() in CLASSES else value
+
+
+def parse_ids(values: list[str], what: str = "job id") -> list[int]:
+    """``12 13`` or ``12,13`` -> [12, 13]."""
+    ids = []
+    for word in (w for v in values for w in v.split(",") if w.strip()):
+        if not word.strip().isdigit() or int(word) < 1:
+            raise UsageError(f"{word!r} is not a {what}: use the number `labq ls` shows")
+        ids.append(int(word))
+    if not ids:
+        raise UsageError(f"name at least one {what}")
+    return ids
+
+
+def parse_env(items: list[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """``K=V`` sets K; a bare ``K`` copies K from this shell."""
+    env = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            if key not in environ:
+                raise UsageError(f"--env {key}: {key} is not set in this shell (use --env {key}=VALUE)")
+            value = environ[key]
+        env[key] = value
+    return env
+
+
+def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | None = None,
+                      cwd: str | None = None) -> dict:
+    """The ``POST /v1/jobs`` body for ``labq submit``'s arguments; only what the user chose besides defaults."""
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise UsageError("name the command to run after --, e.g. labq submit --gpus 2 -- python train.py")
+    if args.gpus < 1:
+        raise UsageError("--gpus must be 1 or more")
+    workdir = os.path.abspath(os.path.join(cwd or os.getcwd(), os.path.expanduser(args.workdir or ".")))
+    body: dict = {"command": command, "gpus": args.gpus, "workdir": workdir}
+    if args.name:
+        body["name"] = args.name
+    if args.gpu_mem:
+        body["min_gpu_memory_mib"] = parse_size_mib(args.gpu_mem)
+    if args.gpu_model:
+        body["gpu_model"] = args.gpu_model
+    if args.klass or args.priority:
+        body["priority"] = args.klass or parse_priority_arg(args.priority)
+    if args.no_preempt:
+        body["preemptible"] = False
+    if args.time:
+        seconds = parse_duration(args.time, "--time")
+        if seconds <= 0:
+            raise UsageError("--time must be longer than 0")
+        body["time_limit_s"] = _number(seconds)
+    if args.grace:
+        body["grace_s"] = _number(parse_duration(args.grace, "--grace", bare_seconds=True))
+    if args.checkpoint_signal:
+        body["checkpoint_signal"] = _signal(args.checkpoint_signal)
+    if args.env:
+        body["env"] = parse_env(args.env, os.environ if environ is None else environ)
+    if args.after:
+        body["depends_on"] = parse_ids(args.after, "job id for --after")
+    if args.nodes is not None:
+        if args.nodes < 1 or args.gpus % args.nodes:
+            raise UsageError(f"--nodes {args.nodes}: the {args.gpus} GPUs must split evenly over the nodes")
+        body["nodes"] = args.nodes
+    if args.node:
+        body["node"] = args.node
+    return body
+
+
+def _number(seconds: float) -> int | float:
+    return int(seconds) if seconds.is_integer() else seconds
+
+
+def _signal(text: str) -> str:
+    import signal
+
+    name = text.strip().upper()
+    name = name if name.startswith("SIG") else "SIG" + name
+    if name not in signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
+        raise UsageError(f"--checkpoint-signal: {text!r} is not a signal a job can catch (e.g. SIGUSR1, SIGTERM)")
+    return name
+
+
+def exit_code(err: ApiError) -> int:
+    """The exit status for an API error (see the module docstring)."""
+    if err.code == "unreachable":
+        return 4
+    if err.status in (401, 403) or err.code in ("no_credentials", "bad_credentials"):
+        return 3
+    return 2 if err.status in (400, 413, 422) else 1
+
+
+# -- running commands -----------------------------------------------------------------------------
+
+def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turns our errors into one ``labq: error:`` line and an exit code, never a traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except UsageError as err:
+            print(f"labq: error: {err}", file=sys.stderr)
+            return 2
+        except ApiError as err:
+            print(f"labq: error: {err}", file=sys.stderr)
+            return exit_code(err)
+        except KeyboardInterrupt:
+            return 0 if getattr(args, "interruptible", False) else 130
+
+    return run
+
+
+def _client(args: argparse.Namespace) -> Client:
+    from labq.client import Client
+
+    return Client.from_environment(leader=args.leader)
+
+
+def _emit(args: argparse.Namespace, data: object, text: Callable[[], str]) -> int:
+    """``--json``: the data as the leader sent it; else the text for people."""
+    print(json.dumps(data, indent=2) if args.json else text())
+    return 0
+
+
+def _color() -> bool:
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def _submit(args: argparse.Namespace) -> int:
+    body = build_submit_body(args)
+    job = _client(args).submit(body)
+    name = job["spec"].get("name")
+    return _emit(args, job, lambda: f"submitted job {job['id']}" + (f" ({name})" if name else ""))
+
+
+def _list_jobs(client: Client, args: argparse.Namespace) -> list[dict]:
+    states = [s for v in args.state for s in v.split(",") if s]
+    wrong = [s for s in states if s not in STATES]
+    if wrong:
+        raise UsageError(f"--state {wrong[0]!r} is not a state: use {', '.join(STATES)}")
+    return client.jobs(user=args.user, states=states, all=args.all, history=args.history, limit=args.limit)
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from labq.render import jobs_table
+
+    client = _client(args)
+    if args.watch:
+        if args.json:
+            raise UsageError("--watch redraws a table; leave out --json")
+        return _watch(client, args)
+    jobs = _list_jobs(client, args)
+    return _emit(args, jobs, lambda: jobs_table(jobs, time.time(), _color()))
+
+
+def _watch(client: Client, args: argparse.Namespace) -> int:
+    """Redraws on every event (at most five times a second) and every 10 s for the ages."""
+    import threading
+
+    from labq.render import jobs_table
+
+    changed = threading.Event()
+    failure: list[ApiError] = []
+
+    def pump() -> None:
+        last = None
+        while True:
+            try:
+                for event in client.events(after=last):
+                    last = event["id"] if event["id"] is not None else last
+                    changed.set()
+            except ApiError as err:
+                if err.code != "unreachable":
+                    failure.append(err)
+                    changed.set()
+                    return
+            time.sleep(2)
+
+    threading.Thread(target=pump, daemon=True, name="labq-ls-events").start()
+    args.interruptible = True
+    while True:
+        try:
+            body = jobs_table(_list_jobs(client, args), time.time(), _color())
+        except ApiError as err:
+            if err.code != "unreachable":
+                raise
+            body = f"{err}\nretrying..."
+        stamp = time.strftime("%H:%M:%S")
+        sys.stdout.write(f"\x1b[H\x1b[2Jlabq ls, live ({stamp}); Ctrl-C to stop\n\n{body}\n")
+        sys.stdout.flush()
+        changed.wait(timeout=10)
+        if failure:
+            raise failure[0]
+        time.sleep(0.2)
+        changed.clear()
+
+
+def _show(args: argparse.Namespace) -> int:
+    from labq.render import show_text
+
+    job, pending = _client(args).job(args.id)
+    return _emit(args, {"job": job, "pending": pending}, lambda: show_text(job, pending, time.time()))
+
+
+def _why(args: argparse.Namespace) -> int:
+    from labq.render import why_text
+
+    job, pending = _client(args).job(args.id)
+    text = why_text(job, pending, time.time())
+    return _emit(args, {"id": job["id"], "state": job["state"], "pending": pending, "text": text}, lambda: text)
+
+
+def _logs(args: argparse.Namespace) -> int:
+    client, out = _client(args), sys.stdout.buffer
+    if not args.follow:
+        offset, done = 0, False
+        while not done:
+            data, offset, done = client.logs(args.id, args.attempt, offset)
+            out.write(data)
+            done = done or not data
+        out.flush()
+        return 0
+    args.interruptible = True
+    return _follow(client, args.id, args.attempt, out)
+
+
+def _follow(client: Client, job_id: int, attempt: int | None, out: BinaryIO) -> int:
+    """Prints an attempt's log as it grows; without ``--attempt``, goes on to the next attempt
+    after a preemption, and ends when the job has finished."""
+    pinned, offset, ended, said = attempt is not None, 0, 0, ""
+    while True:
+        if attempt is None:
+            job, _ = client.job(job_id)
+            if job["state"] in FINISHED and job["attempt"] <= ended:
+                return 0
+            if job["state"] in ("queued", "held") or job["attempt"] <= ended:  # else the leader is yet to hear
+                if job["state"] in ("queued", "held") and job["state"] != said:
+                    print(f"labq: job {job_id} is {job['state']}; waiting for it to start", file=sys.stderr)
+                    said = job["state"]
+                time.sleep(1)
+                continue
+            attempt, offset = job["attempt"], 0
+            if ended:
+                print(f"labq: following attempt {attempt}", file=sys.stderr)
+        try:
+            data, offset, done = client.logs(job_id, attempt, offset)
+        except ApiError as err:
+            if err.status != 404:
+                raise
+            data, done = b"", False  # the attempt has no log yet
+            if pinned and client.job(job_id)[0]["state"] in FINISHED:
+                raise
+        out.write(data)
+        out.flush()
+        if done:
+            if pinned:
+                return 0
+            ended, attempt = attempt, None
+        elif not data:
+            time.sleep(0.5)
+
+
+def _action(action: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        priority = parse_priority_arg(args.priority, "priority") if action == "prio" else None
+        ids = parse_ids(args.ids)
+        client, codes = _client(args), []
+        for job_id in ids:
+            try:
+                job = client.action(job_id, action, priority)
+            except ApiError as err:
+                if err.code == "unreachable" or err.status == 401:
+                    raise
+                print(f"labq: error: job {job_id}: {err}", file=sys.stderr)
+                codes.append(exit_code(err))
+                continue
+            codes.append(0)
+            print(f"job {job_id}: {_state_phrase(job, action)}")
+        failed = [c for c in codes if c]
+        if not failed:
+            return 0
+        return failed[0] if len(failed) == len(codes) and len(set(failed)) == 1 else 1
+
+    return run
+
+
+def _state_phrase(job: dict, action: str) -> str:
+    from labq.models.priority import priority_name
+
+    phrase = job["state"]
+    if job.get("stop_requested") and job["state"] not in FINISHED:
+        phrase += f", stopping ({job['stop_requested']} requested)"
+    if action == "prio":
+        value = job["spec"]["priority"]
+        phrase = f"priority {priority_name(value)} ({value}), {phrase}"
+    return phrase
+
+
+def _nodes(args: argparse.Namespace) -> int:
+    from labq.render import nodes_table
+
+    nodes = _client(args).nodes()
+    return _emit(args, nodes, lambda: nodes_table(nodes, time.time(), _color()))
+
+
+def _gpus(args: argparse.Namespace) -> int:
+    from labq.render import gpu_rows, gpus_table
+
+    client = _client(args)
+    nodes = client.nodes()
+    try:  # who runs each job: one more request, worth it for "who is on GPU 3?"
+        users = {j["id"]: j["spec"]["user"] for j in client.jobs(all=True)}
+    except ApiError as err:
+        if err.status != 403:
+            raise
+        users = {}
+    rows = gpu_rows(nodes, users)
+    return _emit(args, rows, lambda: gpus_table(rows))
+
+
+def _whoami(args: argparse.Namespace) -> int:
+    client = _client(args)
+    me = client.whoami()
+    print(f"{me['user']}{' (admin)' if me.get('admin') else ''} at {client.url}")
+    return 0
+
+
+def _user_add(args: argparse.Namespace) -> int:
+    import pwd
+
+    from labq.client import credentials_path, credentials_text, save_credentials
+
+    client = _client(args)
+    user, token = client.add_user(args.name, args.admin)
+    role = "admin" if user.get("admin") else "user"
+    try:
+        me = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a container's uid with no passwd entry
+        me = os.environ.get("USER", "")
+    target: tuple | None = None
+    if args.print:
+        pass
+    elif args.name == me:
+        target = (credentials_path(), None, None)
+    elif os.geteuid() == 0:
+        try:
+            account = pwd.getpwnam(args.name)
+            target = (credentials_path(account.pw_dir), account.pw_uid, account.pw_gid)
+        except KeyError:
+            pass
+    if target is not None:
+        try:
+            path = save_credentials(client.url, token, *target)
+            owned = f", owned by {args.name}" if target[1] is not None else ""
+            print(f"added {role} {args.name}; saved the token to {path} (mode 0600{owned})")
+            return 0
+        except (OSError, ApiError) as err:
+            print(f"labq: warning: could not save the token ({err}); here it is instead", file=sys.stderr)
+    print(f"added {role} {args.name}. The token is shown only now (running this again makes a new one).")
+    print(f"{args.name} puts these two lines in ~/.config/labq/credentials (chmod 600):\n")
+    print(credentials_text(client.url, token))
+    if "127.0.0.1" in client.url or "localhost" in client.url:
+        print("(from another machine, use the leader's host name instead of this loopback address)")
+    return 0
+
+
+def _user_ls(args: argparse.Namespace) -> int:
+    from labq.render import table
+
+    users = _client(args).users()
+    return _emit(args, users, lambda: table(("NAME", "ADMIN"), [[u["name"], "yes" if u.get("admin") else ""]
+                                                                 for u in users]))
+
+
+def _user_rm(args: argparse.Namespace) -> int:
+    user = _client(args).remove_user(args.name)
+    print(f"removed user {user.get('name', args.name)}; their token no longer works")
+    return 0
+
+
+# -- the parsers ----------------------------------------------------------------------------------
+
+def _command(sub: argparse._SubParsersAction, name: str, summary: str, description: str, examples: str,
+             run: Callable[[argparse.Namespace], int] | None, parents: list) -> argparse.ArgumentParser:
+    import textwrap
+
+    p = sub.add_parser(name, help=summary, description=textwrap.fill(description, 88),
+                       epilog="examples:\n" + examples,
+                       formatter_class=argparse.RawDescriptionHelpFormatter, parents=parents)
+    if run is not None:
+        p.set_defaults(run=_guarded(run))
+    return p
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Registers the job commands on ``labq``'s subparsers (called from ``labq.cli``)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--leader", metavar="URL", help="the leader's address, e.g. http://gpu1:7733 "
+                        "(default: $LABQ_LEADER, else ~/.config/labq/credentials)")
+    c = [common]
+
+    p = _command(sub, "submit", "queue a command to run on GPUs",
+                 "Queue a command to run as you, in --workdir (default: here), on the GPUs labq picks once they "
+                 "are free. Put labq's options first, then -- and the command.",
+                 "  labq submit --gpus 2 --gpu-mem 40G --time 6h -- python train.py --lr 3e-4\n"
+                 "  labq submit --class low --name sweep-1 --env WANDB_API_KEY -- ./sweep.sh 1\n"
+                 "  labq submit --after 12 -- python eval.py        runs once job 12 has succeeded", _submit, c)
+    p.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs the job needs (default 1)")
+    p.add_argument("--gpu-mem", metavar="SIZE", help="least memory per GPU: 40G, 24GiB, 8000M (plain number: GiB)")
+    p.add_argument("--gpu-model", metavar="MODEL", help="part of the GPU model name: A100, 3090")
+    prio = p.add_mutually_exclusive_group()
+    prio.add_argument("--class", dest="klass", choices=CLASSES, help="priority class (default normal)")
+    prio.add_argument("--priority", metavar="INT|NAME", help="priority 0-1000 or a class name (normal is 200)")
+    p.add_argument("--time", metavar="DURATION", help="time limit: 90m, 2h, 1d, 1:30:00")
+    p.add_argument("--name", help="a name to find the job by")
+    p.add_argument("--env", action="append", default=[], metavar="K=V",
+                   help="set a variable; --env K copies K from this shell (repeatable)")
+    p.add_argument("--workdir", metavar="DIR", help="where it runs (default: the current folder)")
+    p.add_argument("--no-preempt", action="store_true", help="never stop this job for a higher-priority one")
+    p.add_argument("--after", action="append", default=[], metavar="ID[,ID]",
+                   help="start only after these jobs have succeeded")
+    p.add_argument("--nodes", type=int, metavar="N", help="spread the GPUs evenly over N nodes")
+    p.add_argument("--node", metavar="NAME", help="run only on this node")
+    p.add_argument("--grace", metavar="DURATION", help="time to checkpoint before a stop (default 60s)")
+    p.add_argument("--checkpoint-signal", metavar="SIGNAL", help="signal asking the job to checkpoint "
+                   "(default SIGUSR1)")
+    p.add_argument("--json", action="store_true", help="print the job as JSON")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments, after --")
+
+    p = _command(sub, "ls", "list jobs",
+                 "List your unfinished jobs (--all: everyone's). `labq why ID` says why one waits.",
+                 "  labq ls\n  labq ls --all --state running\n  labq ls --history --limit 20\n"
+                 "  labq ls --all --watch               redraws on every change", _ls, c)
+    p.add_argument("--all", action="store_true", help="everyone's jobs")
+    p.add_argument("--user", metavar="USER", help="this user's jobs")
+    p.add_argument("--state", action="extend", nargs="+", default=[], metavar="STATE",
+                   help=f"only these states: {', '.join(STATES)}")
+    p.add_argument("--history", action="store_true", help="include finished jobs")
+    p.add_argument("--limit", type=int, metavar="N", help="at most N jobs")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--watch", action="store_true", help="redraw on every change until Ctrl-C")
+
+    p = _command(sub, "show", "everything about a job",
+                 "Show a job: what it asked for, where it runs (GPU indices and UUIDs), why it waits.",
+                 "  labq show 12\n  labq show 12 --json", _show, c)
+    p.add_argument("id", type=int, metavar="ID")
+    p.add_argument("--json", action="store_true", help="print {job, pending} as JSON")
+
+    p = _command(sub, "why", "why a job is not running yet",
+                 "Say why a job waits (the scheduler's reason) and when it should start.",
+                 "  labq why 12", _why, c)
+    p.add_argument("id", type=int, metavar="ID")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = _command(sub, "logs", "print a job's output",
+                 "Print what a job wrote to stdout and stderr. -f keeps printing as it grows, across "
+                 "preemptions, until the job ends.",
+                 "  labq logs 12\n  labq logs -f 12\n  labq logs 12 --attempt 1     the run before a preemption",
+                 _logs, c)
+    p.add_argument("id", type=int, metavar="ID")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends (Ctrl-C stops)")
+    p.add_argument("--attempt", type=int, metavar="K", help="this attempt (default: the latest)")
+
+    for name, summary, description in (
+            ("cancel", "cancel jobs", "Cancel jobs; a running job is asked to stop (its checkpoint signal, "
+             "then TERM after the grace time)."),
+            ("hold", "keep queued jobs from starting", "Hold queued jobs: they keep their place but do not start."),
+            ("release", "let held jobs start", "Release held jobs back into the queue.")):
+        p = _command(sub, name, summary, description, f"  labq {name} 12\n  labq {name} 12 13 14", _action(name), c)
+        p.add_argument("ids", nargs="+", metavar="ID")
+
+    p = _command(sub, "prio", "change jobs' priority",
+                 "Change the priority of jobs: a class (low, normal, high, urgent) or an integer 0-1000.",
+                 "  labq prio 12 high\n  labq prio 12 13 250", _action("prio"), c)
+    p.add_argument("ids", nargs="+", metavar="ID")
+    p.add_argument("priority", metavar="CLASS|INT")
+
+    p = _command(sub, "nodes", "list the workstations",
+                 "List the nodes: health, free GPUs, GPU models and when each last reported.",
+                 "  labq nodes\n  labq nodes --json", _nodes, c)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = _command(sub, "gpus", "list every GPU and who uses it",
+                 "One line per GPU of the lab: its model and memory and the job on it, or busy outside labq.",
+                 "  labq gpus\n  labq gpus --json", _gpus, c)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    _command(sub, "whoami", "who the leader thinks you are", "Check your credentials: your labq user and "
+             "the leader you talk to.", "  labq whoami\n  LABQ_LEADER=http://gpu1:7733 labq whoami", _whoami, c)
+
+    admin = _command(sub, "admin", "manage users (admins)", "Commands for labq admins.",
+                     "  labq admin user add alice\n  labq admin user ls", None, [])
+    admin_sub = admin.add_subparsers(title="admin commands", metavar="COMMAND")
+    users = _command(admin_sub, "user", "add, list and remove users", "Manage who may use the queue.",
+                     "  labq admin user add alice\n  labq admin user rm alice", None, [])
+    users_sub = users.add_subparsers(title="user commands", metavar="COMMAND")
+    admin.set_defaults(run=lambda args: (admin.print_help(), 0)[1])
+    users.set_defaults(run=lambda args: (users.print_help(), 0)[1])
+    p = _command(users_sub, "add", "add a user, or give one a new token",
+                 "Make a token for NAME (replacing any old one). If NAME is you, it is saved to your credentials "
+                 "file; run as root, it is saved into NAME's home; otherwise it is printed for you to pass on.",
+                 "  labq admin user add alice\n  labq admin user add bob --admin\n"
+                 "  labq admin user add carol --print      print, do not save", _user_add, c)
+    p.add_argument("name", metavar="NAME", help="the user's Unix login name")
+    p.add_argument("--admin", action="store_true", help="may act on everyone's jobs and manage users")
+    p.add_argument("--print", action="store_true", help="print the token instead of saving it")
+    p = _command(users_sub, "ls", "list users", "List labq's users.", "  labq admin user ls --json", _user_ls, c)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = _command(users_sub, "rm", "remove a user", "Remove a user; their token stops working at once.",
+                 "  labq admin user rm alice", _user_rm, c)
+    p.add_argument("name", metavar="NAME")

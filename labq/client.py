@@ -1,0 +1,316 @@
+"""The one HTTP client of the leader's API (``labq/protocol/API.md``), for the CLI and the TUI.
+
+Only ``http.client``, ``json`` and ``urllib.parse``: ``labq ls`` must start fast, so
+nothing here pulls in a third-party HTTP stack. Every failure is an ``ApiError``:
+the leader's own error body when it answered, code ``unreachable`` when it did not.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from urllib.parse import quote, urlencode, urlsplit
+
+from labq.protocol.errors import ApiError
+
+DEFAULT_LEADER = "http://127.0.0.1:7733"
+#: the event stream sends a keepalive every 15 s; a read that waits longer than this means a dead leader
+EVENTS_READ_TIMEOUT = 45.0
+
+
+def normalize_url(url: str) -> str:
+    """``host:7733`` -> ``http://host:7733``; no trailing slash. People type addresses both ways."""
+    url = url.strip()
+    return (url if "://" in url else "http://" + url).rstrip("/")
+
+
+class Client:
+    """A user's view of the leader: one method per API call, JSON in, plain dicts out."""
+
+    def __init__(self, url: str, token: str, timeout: float = 30) -> None:
+        self.url = normalize_url(url)
+        try:
+            parts = urlsplit(self.url)
+            self._host, self._port, self._prefix = parts.hostname, parts.port, parts.path
+        except ValueError:
+            self._host = None
+        if self._host is None or parts.scheme not in ("http", "https"):
+            raise ApiError(0, "bad_credentials", f"{url!r} is not a leader address: use http://HOST:PORT")
+        self._https = parts.scheme == "https"
+        self.token = token.strip()
+        if not self.token.isprintable() or " " in self.token:
+            raise ApiError(0, "bad_credentials", "the labq token has spaces or control characters in it")
+        self.timeout = timeout
+
+    @classmethod
+    def from_environment(cls, leader: str | None = None, timeout: float = 30) -> Client:
+        """``$LABQ_LEADER``/``$LABQ_TOKEN``, else the credentials file; ``leader`` (``--leader``) wins."""
+        env_token, env_leader = os.environ.get("LABQ_TOKEN"), os.environ.get("LABQ_LEADER")
+        saved = {} if env_token and (leader or env_leader) else load_credentials()
+        token = env_token or saved.get("token")
+        if not token:
+            raise ApiError(0, "no_credentials", (
+                f"no labq token: set $LABQ_TOKEN or put `leader = ...` and `token = ...` in {credentials_path()}. "
+                "Ask an admin to run `labq admin user add YOUR_NAME`, or run `labq up` on your own workstation."))
+        url = leader or env_leader or saved.get("leader") or DEFAULT_LEADER
+        return cls(str(url), str(token), timeout)
+
+    # -- the API ----------------------------------------------------------------------------------
+
+    def whoami(self) -> dict:
+        return self._json("GET", "/v1/whoami")
+
+    def submit(self, body: dict) -> dict:
+        return self._json("POST", "/v1/jobs", body=body)["job"]
+
+    def jobs(self, user: str | None = None, states: Iterable[str] = (), all: bool = False,
+             history: bool = False, limit: int | None = None) -> list[dict]:
+        query: list[tuple[str, object]] = [("user", user)] if user else []
+        query += [("state", s) for s in states]
+        query += [("all", 1)] * all + [("history", 1)] * history
+        query += [("limit", limit)] if limit is not None else []
+        return self._json("GET", "/v1/jobs", query)["jobs"]
+
+    def job(self, job_id: int) -> tuple[dict, dict | None]:
+        answer = self._json("GET", f"/v1/jobs/{int(job_id)}")
+        return answer["job"], answer.get("pending")
+
+    def action(self, job_id: int, action: str, priority: int | str | None = None) -> dict:
+        body: dict = {"action": action}
+        if priority is not None:
+            body["priority"] = priority
+        return self._json("POST", f"/v1/jobs/{int(job_id)}/actions", body=body)["job"]
+
+    def logs(self, job_id: int, attempt: int | None = None, offset: int = 0) -> tuple[bytes, int, bool]:
+        """Bytes from ``offset`` of an attempt's log, the offset to ask for next, and whether it has ended."""
+        query = [("offset", offset)] + ([("attempt", attempt)] if attempt is not None else [])
+        conn, resp = self._send("GET", f"/v1/jobs/{int(job_id)}/logs", query)
+        try:
+            data = self._read(resp)
+            header = resp.getheader("X-Labq-Offset") or ""
+            next_offset = int(header) if header.isdigit() else offset + len(data)
+            return data, next_offset, resp.getheader("X-Labq-Done") == "1"
+        finally:
+            conn.close()
+
+    def nodes(self) -> list[dict]:
+        return self._json("GET", "/v1/nodes")["nodes"]
+
+    def users(self) -> list[dict]:
+        return self._json("GET", "/v1/users")["users"]
+
+    def add_user(self, name: str, admin: bool = False) -> tuple[dict, str]:
+        answer = self._json("POST", "/v1/users", body={"name": name, "admin": admin})
+        return answer["user"], answer["token"]
+
+    def remove_user(self, name: str) -> dict:
+        return self._json("DELETE", f"/v1/users/{quote(name, safe='')}")["user"]
+
+    def events(self, after: int | str | None = None) -> Iterator[dict]:
+        """Events as ``{"id", "event", "data"}`` until the leader closes the stream.
+
+        A caller that wants to go on reconnects with ``after=`` the last id it saw.
+        """
+        conn, resp = self._send("GET", "/v1/events", [("after", after)] if after is not None else [],
+                                timeout=max(self.timeout, EVENTS_READ_TIMEOUT))
+        try:
+            if resp.status >= 400:
+                self._read(resp)  # raises the leader's error
+            yield from parse_event_stream(self._lines(resp))
+        finally:
+            conn.close()
+
+    # -- the wire ---------------------------------------------------------------------------------
+
+    def _json(self, method: str, path: str, query: list | None = None, body: dict | None = None) -> dict:
+        conn, resp = self._send(method, path, query or [], body)
+        try:
+            data = self._read(resp)
+        finally:
+            conn.close()
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            raise ApiError(resp.status, "bad_response", f"the leader at {self.url} answered {method} {path} "
+                           "with something that is not JSON") from None
+        if not isinstance(answer, dict):
+            raise ApiError(resp.status, "bad_response", f"the leader answered {method} {path} with {answer!r}")
+        return answer
+
+    def _send(self, method: str, path: str, query: list, body: dict | None = None,
+              timeout: float | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        target = self._prefix + path + ("?" + urlencode(query) if query else "")
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = kind(self._host, self._port, timeout=timeout or self.timeout)
+        try:
+            conn.request(method, target, body=payload, headers=headers)
+            return conn, conn.getresponse()
+        except (OSError, http.client.HTTPException) as err:
+            conn.close()
+            raise self._unreachable(err) from None
+
+    def _read(self, resp: http.client.HTTPResponse) -> bytes:
+        """The whole body; an error status becomes the leader's ``ApiError``."""
+        try:
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as err:
+            raise self._unreachable(err) from None
+        if resp.status >= 400:
+            try:
+                body = json.loads(data)
+            except ValueError:
+                body = None
+            raise ApiError.from_json(resp.status, body)
+        return data
+
+    def _lines(self, resp: http.client.HTTPResponse) -> Iterator[bytes]:
+        try:
+            while line := resp.readline():
+                yield line
+        except (OSError, http.client.HTTPException) as err:
+            raise self._unreachable(err) from None
+
+    def _unreachable(self, err: BaseException) -> ApiError:
+        reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        if isinstance(err, TimeoutError):
+            reason = "it stopped answering (timed out)"
+        return ApiError(0, "unreachable", f"cannot reach the leader at {self.url}: {reason}. "
+                        "Is `labq leader` (or `labq up`) running?")
+
+
+def parse_event_stream(lines: Iterable[bytes | str]) -> Iterator[dict]:
+    """``text/event-stream`` lines to events, as the HTML spec reads them.
+
+    A blank line ends an event; ``:`` lines are comments (keepalives); ``data`` lines join
+    with newlines and are decoded as JSON when they are JSON. ``id`` is an int when it is one.
+    """
+    event_id: int | str | None = None
+    kind, data = "", []
+    for raw in lines:
+        line = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw).rstrip("\r\n")
+        if not line:
+            if data:
+                text = "\n".join(data)
+                try:
+                    payload = json.loads(text)
+                except ValueError:
+                    payload = text
+                yield {"id": event_id, "event": kind or "message", "data": payload}
+            kind, data = "", []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            kind = value
+        elif name == "id" and "\x00" not in value:
+            event_id = int(value) if value.isdigit() else value
+
+
+# -- credentials ----------------------------------------------------------------------------------
+
+def credentials_path(home: str | Path | None = None) -> Path:
+    """Our file: ``$XDG_CONFIG_HOME/labq/credentials`` or ``~/.config/...``; with ``home``, that user's."""
+    if home is not None:
+        return Path(home) / ".config" / "labq" / "credentials"
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(Path.home(), ".config")
+    return Path(base) / "labq" / "credentials"
+
+
+def load_credentials(path: Path | None = None) -> dict:
+    """``{"leader", "token"}`` from the TOML file; ``{}`` when there is none."""
+    import tomllib
+
+    path = path or credentials_path()
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ApiError(0, "bad_credentials", f"cannot read {path}: {err}") from None
+    return {k: v for k, v in doc.items() if k in ("leader", "token") and isinstance(v, str)}
+
+
+def _toml_string(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(c if c >= " " and c != "\x7f" else f"\\u{ord(c):04x}" for c in escaped) + '"'
+
+
+def credentials_text(leader: str, token: str) -> str:
+    """The two lines a user puts in their credentials file."""
+    return f"leader = {_toml_string(normalize_url(leader))}\ntoken = {_toml_string(token)}\n"
+
+
+def save_credentials(leader: str, token: str, path: Path | None = None,
+                     owner_uid: int | None = None, owner_gid: int | None = None) -> Path:
+    """Writes the file atomically, 0600 in a 0700 folder.
+
+    For another user (root saving ``labq admin user add bob`` into bob's home), a child
+    process writes as that user: the file and folders are theirs, and a symlink they
+    planted cannot make root write anywhere they could not write themselves.
+    """
+    import tempfile  # noqa: F401 - before a fork, not in the child
+
+    path = Path(path or credentials_path())
+    text = credentials_text(leader, token)
+    if owner_uid is None or owner_uid == os.geteuid():
+        _write_private(path, text)
+        return path
+    if owner_gid is None:
+        import pwd
+
+        owner_gid = pwd.getpwuid(owner_uid).pw_gid
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: become the user, write, report
+        os.close(read_end)
+        code = 0
+        try:
+            os.setgroups([])
+            os.setgid(owner_gid)
+            os.setuid(owner_uid)
+            _write_private(path, text)
+        except BaseException as err:  # noqa: BLE001 - everything goes back to the parent as text
+            os.write(write_end, str(err).encode()[:2000])
+            code = 1
+        os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as report:
+        message = report.read().decode(errors="replace")
+    if os.waitpid(pid, 0)[1] != 0:
+        raise ApiError(0, "bad_credentials", f"could not write {path} as uid {owner_uid}: {message or 'failed'}")
+    return path
+
+
+def _write_private(path: Path, text: str) -> None:
+    import tempfile
+
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".credentials.")  # created 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,259 @@
+"""Jobs, nodes and GPUs as text for people: tables, durations, sentences.
+
+Pure functions of API dicts (``labq.protocol.codec`` shapes) and ``now``, so every
+output is testable without a leader. Tables are plain aligned text, colored with
+ANSI codes only on a terminal: no table library, so ``labq ls`` starts fast.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from labq.models.priority import priority_name
+
+_COLORS = {"running": "32", "starting": "32", "queued": "33", "held": "35", "preempting": "35",
+           "failed": "31", "timeout": "31", "cancelled": "2", "succeeded": "34",
+           "up": "32", "draining": "33", "down": "2", "lost": "31"}
+_FINISHED = frozenset({"succeeded", "failed", "cancelled", "timeout"})
+
+
+def format_duration(seconds: float) -> str:
+    """``45s``, ``12m``, ``1h05m``, ``3d04h``: short and exact enough for a table."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def format_clock(t: float, now: float) -> str:
+    """``14:05`` today, ``Tue 14:05`` within a week, else ``2024-05-03 14:05``."""
+    when, today = time.localtime(t), time.localtime(now)
+    if when[:3] == today[:3]:
+        return time.strftime("%H:%M", when)
+    if abs(t - now) < 6 * 86400:
+        return time.strftime("%a %H:%M", when)
+    return time.strftime("%Y-%m-%d %H:%M", when)
+
+
+def format_mib(mib: int | float | None) -> str:
+    if not mib:
+        return "-"
+    return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib:g} MiB"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, color: bool = False,
+          color_column: str | None = None, max_width: Mapping[str, int] | None = None) -> str:
+    """Left-aligned columns two spaces apart; ``color`` paints ``color_column``'s state words."""
+    limits = max_width or {}
+    cells = [[_clip(str(v) if v is not None else "-", limits.get(h)) for h, v in zip(headers, row)] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    painted = headers.index(color_column) if color and color_column in headers else -1
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    for row in cells:
+        parts = [v.ljust(w) for v, w in zip(row, widths)]
+        if painted >= 0 and row[painted] in _COLORS:
+            parts[painted] = f"\x1b[{_COLORS[row[painted]]}m{parts[painted]}\x1b[0m"
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _clip(text: str, limit: int | None) -> str:
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+# -- jobs -----------------------------------------------------------------------------------------
+
+JOB_HEADERS = ("ID", "NAME", "USER", "STATE", "CLASS", "GPUS", "NODE:GPUS", "AGE/RUNTIME", "REASON")
+JOB_WIDTHS = {"NAME": 24, "NODE:GPUS": 24, "REASON": 40}
+
+
+def placement_text(job: Mapping) -> str:
+    """``ws1:0,1`` per node the job holds, or ``-``."""
+    allocations = (job.get("placement") or {}).get("allocations") or []
+    return " ".join(f"{a['node']}:{','.join(map(str, a['gpu_indices']))}" for a in allocations) or "-"
+
+
+def job_name(job: Mapping) -> str:
+    spec = job["spec"]
+    return spec.get("name") or " ".join(spec.get("command") or [])
+
+
+def age_or_runtime(job: Mapping, now: float) -> str:
+    """How long it has waited (queued, held) or run (running, finished)."""
+    if job.get("started_at") and job["state"] not in ("queued", "held"):
+        return format_duration((job.get("ended_at") or now) - job["started_at"])
+    return format_duration(now - job["submitted_at"])
+
+
+def job_note(job: Mapping) -> str:
+    """What ``ls`` can say about a job from the job alone (the pending reason needs ``labq why``)."""
+    state = job["state"]
+    if job.get("stop_requested") and state not in _FINISHED:
+        return f"stopping: {job['stop_requested']}"
+    if state == "preempting" and job.get("preempted_for"):
+        return f"making room for job {job['preempted_for']}"
+    if state in _FINISHED and job.get("exit_code") is not None:
+        return f"exit {job['exit_code']}"
+    if state == "queued" and job.get("preemptions"):
+        return f"requeued after {job['preemptions']} preemption(s)"
+    if state == "queued" and job["spec"].get("depends_on"):
+        return "after " + ",".join(map(str, job["spec"]["depends_on"]))
+    return ""
+
+
+def job_row(job: Mapping, now: float) -> list[object]:
+    spec = job["spec"]
+    return [job["id"], job_name(job), spec.get("user"), job["state"], priority_name(spec.get("priority", 200)),
+            spec.get("gpus", 1), placement_text(job), age_or_runtime(job, now), job_note(job)]
+
+
+def jobs_table(jobs: Sequence[Mapping], now: float, color: bool = False) -> str:
+    if not jobs:
+        return "no jobs"
+    return table(JOB_HEADERS, [job_row(j, now) for j in jobs], color=color, color_column="STATE",
+                 max_width=JOB_WIDTHS)
+
+
+def estimate_text(estimated_start: float | None, now: float) -> str:
+    """``starts in about 40m (est. 14:05)``, or ``""`` when the scheduler cannot tell."""
+    if estimated_start is None:
+        return ""
+    if estimated_start <= now + 30:
+        return "should start at the next scheduling pass"
+    return f"starts in about {format_duration(estimated_start - now)} (est. {format_clock(estimated_start, now)})"
+
+
+def why_text(job: Mapping, pending: Mapping | None, now: float) -> str:
+    """The answer to "why is my job not running?" in a sentence or two."""
+    state, where = job["state"], placement_text(job)
+    if pending:
+        lines = [f"job {job['id']} waits: {pending['reason']}: {pending['detail']}"]
+        if pending.get("waiting_for"):
+            lines.append(f"  waiting for job {pending['waiting_for']}")
+        if estimate := estimate_text(pending.get("estimated_start"), now):
+            lines.append(f"  {estimate}")
+        return "\n".join(lines)
+    if state == "queued":
+        return f"job {job['id']} is queued; the scheduler has not placed it yet"
+    if state == "held":
+        return f"job {job['id']} is held: `labq release {job['id']}` lets it run"
+    if state in _FINISHED:
+        code = f" (exit {job['exit_code']})" if job.get("exit_code") is not None else ""
+        return f"job {job['id']} {state}{code}"
+    return f"job {job['id']} is {state} on {where}"
+
+
+def _when(t: float | None, now: float) -> str:
+    if not t:
+        return "-"
+    rel = f"{format_duration(now - t)} ago" if t <= now else f"in {format_duration(t - now)}"
+    return f"{format_clock(t, now)} ({rel})"
+
+
+def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
+    """Everything about one job, one fact a line."""
+    spec = job["spec"]
+    want = [f"{spec.get('gpus', 1)} GPU(s)"]
+    if spec.get("nodes", 1) > 1:
+        want.append(f"over {spec['nodes']} nodes")
+    if spec.get("min_gpu_memory_mib"):
+        want.append(f"at least {format_mib(spec['min_gpu_memory_mib'])} each")
+    if spec.get("gpu_model"):
+        want.append(f"model {spec['gpu_model']}")
+    if spec.get("node"):
+        want.append(f"only on {spec['node']}")
+    prio = spec.get("priority", 200)
+    policy = [f"{priority_name(prio)} ({prio})", "preemptible" if spec.get("preemptible", True) else "not preemptible",
+              f"checkpoint signal {spec.get('checkpoint_signal', 'SIGUSR1')}",
+              f"grace {format_duration(spec.get('grace_s', 60))}"]
+    facts = [("user", spec.get("user")), ("command", " ".join(spec.get("command") or [])),
+             ("runtime", spec.get("runtime", "process") + (f" {spec['image']}" if spec.get("image") else "")),
+             ("workdir", spec.get("workdir") or "-"), ("wants", ", ".join(want)), ("priority", ", ".join(policy)),
+             ("time limit", format_duration(spec["time_limit_s"]) if spec.get("time_limit_s") else "none"),
+             ("submitted", _when(job.get("submitted_at"), now))]
+    facts += [(k, _when(job[k + "_at"], now)) for k in ("started", "ended") if job.get(k + "_at")]
+    if spec.get("time_limit_s") and job.get("started_at") and job["state"] not in _FINISHED:
+        facts.append(("stops at", _when(job["started_at"] + spec["time_limit_s"], now)))
+    if job.get("exit_code") is not None:
+        facts.append(("exit code", job["exit_code"]))
+    if spec.get("depends_on"):
+        facts.append(("after jobs", ", ".join(map(str, spec["depends_on"]))))
+    if spec.get("reservation"):
+        facts.append(("reservation", spec["reservation"]))
+    if job.get("preemptions"):
+        lost = format_duration(job.get("work_lost_s") or 0)
+        facts.append(("preemptions", f"{job['preemptions']} (work lost {lost})"))
+    if job.get("stop_requested"):
+        facts.append(("stopping", job["stop_requested"]))
+    for a in (job.get("placement") or {}).get("allocations") or []:
+        gpus = ", ".join(f"{i} {u}" for i, u in zip(a["gpu_indices"], a["gpu_uuids"]))
+        facts.append(("placement", f"{a['node']}: GPU {gpus} (score {a.get('score', 0)})"))
+    if pending:
+        facts.append(("pending", f"{pending['reason']}: {pending['detail']}"))
+        if estimate := estimate_text(pending.get("estimated_start"), now):
+            facts.append(("estimate", estimate))
+    for key, value in sorted((spec.get("env") or {}).items()):
+        facts.append(("env", f"{key}={value}"))
+    title = f"job {job['id']}" + (f" ({spec['name']})" if spec.get("name") else "")
+    title += f": {job['state']}, attempt {job.get('attempt', 1)}"
+    return "\n".join([title] + [f"  {k:<12}{v}" for k, v in facts])
+
+
+# -- nodes and GPUs -------------------------------------------------------------------------------
+
+def _in_use(node: Mapping) -> dict[int, int]:
+    """``gpus_in_use`` with int keys: JSON object keys arrive as strings."""
+    return {int(k): v for k, v in (node.get("gpus_in_use") or {}).items()}
+
+
+def models_text(gpus: Sequence[Mapping]) -> str:
+    """``8x A100-SXM4-80GB`` or ``2x RTX 3090, 1x A6000``; the ``NVIDIA`` prefix says nothing."""
+    counts: dict[str, int] = {}
+    for g in gpus:
+        model = g["model"].removeprefix("NVIDIA ")
+        counts[model] = counts.get(model, 0) + 1
+    return ", ".join(f"{n}x {m}" for m, n in counts.items()) or "-"
+
+
+def nodes_table(nodes: Sequence[Mapping], now: float, color: bool = False) -> str:
+    if not nodes:
+        return "no nodes: start `labq agent` on a workstation (or `labq up`)"
+    rows = []
+    for n in nodes:
+        busy = set(_in_use(n)) | set(n.get("unmanaged_busy") or ())
+        seen = f"{format_duration(now - n['last_seen'])} ago" if n.get("last_seen") else "never"
+        rows.append([n["name"], n["health"], f"{len(n['gpus']) - len(busy)}/{len(n['gpus'])}",
+                     models_text(n["gpus"]), seen])
+    return table(("NODE", "HEALTH", "GPUS FREE", "MODEL", "LAST SEEN"), rows, color=color, color_column="HEALTH")
+
+
+def gpu_rows(nodes: Sequence[Mapping], users: Mapping[int, str]) -> list[dict]:
+    """One dict per GPU of every node, with the job on it and that job's user where known."""
+    out = []
+    for n in nodes:
+        in_use, unmanaged = _in_use(n), set(n.get("unmanaged_busy") or ())
+        for g in n["gpus"]:
+            job = in_use.get(g["index"])
+            out.append({"node": n["name"], "index": g["index"], "uuid": g["uuid"], "model": g["model"],
+                        "memory_mib": g["memory_mib"], "job": job, "user": users.get(job) if job else None,
+                        "busy_outside_labq": g["index"] in unmanaged and job is None})
+    return out
+
+
+def gpus_table(rows: Sequence[Mapping]) -> str:
+    if not rows:
+        return "no GPUs: no node has registered yet"
+
+    def using(r: Mapping) -> str:
+        if r["job"] is not None:
+            return f"job {r['job']}" + (f" ({r['user']})" if r["user"] else "")
+        return "busy (not labq)" if r["busy_outside_labq"] else "free"
+
+    return table(("NODE", "IDX", "MODEL", "MEM", "JOB/USER"),
+                 [[r["node"], r["index"], r["model"].removeprefix("NVIDIA "), format_mib(r["memory_mib"]), using(r)]
+                  for r in rows])

@@ -1,0 +1,593 @@
+"""The job commands and the HTTP client, tested without a leader.
+
+Parsing is tested as tables; the client and the CLI as real code against real sockets:
+a closed port on 127.0.0.1 for "unreachable", and a tiny ``http.server`` on 127.0.0.1
+that answers canned responses (the API's shapes, built with ``labq.protocol.codec``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from labq.cli import _parser
+from labq.cli_jobs import (
+    FINISHED,
+    STATES,
+    UsageError,
+    build_submit_body,
+    exit_code,
+    parse_duration,
+    parse_ids,
+    parse_size_mib,
+)
+from labq.client import Client, credentials_path, load_credentials, parse_event_stream, save_credentials
+from labq.models import JobState, Node
+from labq.protocol.codec import encode_job, encode_node
+from labq.protocol.errors import ApiError
+from labq.protocol.requests import parse_submit
+from labq.render import estimate_text, jobs_table, show_text, why_text
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = 1_000_000.0
+
+
+# -- durations and sizes --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("90m", 5400), ("2h", 7200), ("1d", 86400), ("45s", 45), ("1h30m", 5400), ("1:30:00", 5400),
+    ("36:00:00", 129600), ("1.5h", 5400), ("2H", 7200), (" 10m ", 600), ("1d 2h", 93600),
+])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["3 hours", "90", "", "h", "1:30", "1:60:00", "2x", "-5m", "1h-30m"])
+def test_a_bad_duration_says_what_works(text):
+    with pytest.raises(UsageError, match=r"--time: .* is not a duration: use 90m, 2h, 1d or H:MM:SS"):
+        parse_duration(text)
+
+
+def test_grace_takes_bare_seconds_but_time_does_not():
+    assert parse_duration("60", "--grace", bare_seconds=True) == 60
+    assert parse_duration("2m", "--grace", bare_seconds=True) == 120
+    with pytest.raises(UsageError, match="--grace: 'soon'"):
+        parse_duration("soon", "--grace", bare_seconds=True)
+
+
+@pytest.mark.parametrize(("text", "mib"), [
+    ("40G", 40960), ("40", 40960), ("24GiB", 24576), ("24gb", 24576), ("8000M", 8000), ("8000MiB", 8000),
+    ("7.5G", 7680), ("1T", 1048576), ("512m", 512),
+])
+def test_sizes_in_mib(text, mib):
+    assert parse_size_mib(text) == mib
+
+
+@pytest.mark.parametrize("text", ["forty", "40X", "G", "", "-1G", "40 gigs"])
+def test_a_bad_size_says_what_works(text):
+    with pytest.raises(UsageError, match="--gpu-mem: .* is not a size: use 40G, 24GiB or 8000M"):
+        parse_size_mib(text)
+
+
+def test_job_ids_take_spaces_and_commas():
+    assert parse_ids(["12", "13,14"]) == [12, 13, 14]
+    with pytest.raises(UsageError, match="'x' is not a job id"):
+        parse_ids(["12,x"])
+
+
+# -- labq submit: arguments to the request body ---------------------------------------------------
+
+def submit_body(*argv: str, environ: dict | None = None) -> dict:
+    args = _parser().parse_args(["submit", *argv])
+    return build_submit_body(args, environ=environ or {}, cwd="/home/alice/proj")
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--", "python", "train.py"], {"command": ["python", "train.py"], "gpus": 1, "workdir": "/home/alice/proj"}),
+    (["python", "train.py", "--gpus", "3"], {"command": ["python", "train.py", "--gpus", "3"], "gpus": 1,
+                                             "workdir": "/home/alice/proj"}),
+    (["--gpus", "2", "--gpu-mem", "40G", "--gpu-model", "A100", "--", "x"],
+     {"gpus": 2, "min_gpu_memory_mib": 40960, "gpu_model": "A100"}),
+    (["--class", "high", "--", "x"], {"priority": "high"}),
+    (["--priority", "250", "--", "x"], {"priority": 250}),
+    (["--priority", "Urgent", "--", "x"], {"priority": "urgent"}),
+    (["--time", "1:30:00", "--grace", "90s", "--", "x"], {"time_limit_s": 5400, "grace_s": 90}),
+    (["--name", "bert", "--no-preempt", "--", "x"], {"name": "bert", "preemptible": False}),
+    (["--env", "A=1", "--env", "B=x=y", "--env", "HOME", "--", "x"],
+     {"env": {"A": "1", "B": "x=y", "HOME": "/home/alice"}}),
+    (["--workdir", "data", "--", "x"], {"workdir": "/home/alice/proj/data"}),
+    (["--workdir", "/scratch/run", "--", "x"], {"workdir": "/scratch/run"}),
+    (["--after", "3,4", "--after", "7", "--", "x"], {"depends_on": [3, 4, 7]}),
+    (["--gpus", "4", "--nodes", "2", "--node", "ws1", "--", "x"], {"gpus": 4, "nodes": 2, "node": "ws1"}),
+    (["--checkpoint-signal", "usr2", "--", "x"], {"checkpoint_signal": "SIGUSR2"}),
+    (["--", "--weird-program", "-v"], {"command": ["--weird-program", "-v"]}),
+])
+def test_submit_arguments_become_the_request_body(argv, expected):
+    body = submit_body(*argv, environ={"HOME": "/home/alice"})
+    assert {k: body[k] for k in expected} == expected
+    parse_submit(body).spec_for("alice")  # the leader's own validator takes it
+
+
+def test_submit_sends_only_what_was_chosen():
+    assert submit_body("--", "x") == {"command": ["x"], "gpus": 1, "workdir": "/home/alice/proj"}
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    ([], "name the command to run after --"),
+    (["--"], "name the command to run after --"),
+    (["--gpus", "0", "--", "x"], "--gpus must be 1 or more"),
+    (["--time", "3 hours", "--", "x"], "--time: '3 hours' is not a duration"),
+    (["--time", "0m", "--", "x"], "--time must be longer than 0"),
+    (["--gpu-mem", "lots", "--", "x"], "--gpu-mem: 'lots' is not a size"),
+    (["--priority", "9000", "--", "x"], "out of range 0-1000"),
+    (["--env", "NOPE", "--", "x"], "--env NOPE: NOPE is not set in this shell"),
+    (["--after", "a", "--", "x"], "'a' is not a job id"),
+    (["--gpus", "3", "--nodes", "2", "--", "x"], "must split evenly"),
+    (["--nodes", "0", "--", "x"], "must split evenly"),
+    (["--checkpoint-signal", "KILL", "--", "x"], "not a signal a job can catch"),
+])
+def test_bad_submit_arguments_are_refused_before_any_request(argv, words):
+    with pytest.raises(UsageError, match=words):
+        submit_body(*argv)
+
+
+def test_the_cli_knows_every_job_state():
+    assert tuple(s.value for s in JobState) == STATES
+    assert {s.value for s in JobState if s.finished} == FINISHED
+
+
+def test_class_and_priority_are_exclusive():
+    out = labq("submit", "--class", "high", "--priority", "3", "--", "x")
+    assert out.returncode == 2 and "not allowed with argument" in out.stderr
+
+
+# -- credentials ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    for name in ("LABQ_LEADER", "LABQ_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "home").mkdir()
+    return tmp_path / "home"
+
+
+def test_credentials_round_trip_with_private_permissions(home):
+    path = save_credentials("gpu1:7733", 'tok"en\\with\nodd', owner_uid=None)
+    assert path == home / ".config" / "labq" / "credentials" == credentials_path()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert load_credentials() == {"leader": "http://gpu1:7733", "token": 'tok"en\\with\nodd'}
+    save_credentials("http://gpu2:7733/", "second")
+    assert load_credentials() == {"leader": "http://gpu2:7733", "token": "second"}
+    assert [p.name for p in path.parent.iterdir()] == ["credentials"]  # no temp file left behind
+    client = Client.from_environment()
+    assert (client.url, client.token) == ("http://gpu2:7733", "second")
+
+
+def test_xdg_config_home_and_environment_win(home, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    save_credentials("http://gpu1:7733", "from-file")
+    assert (tmp_path / "xdg" / "labq" / "credentials").is_file()
+    monkeypatch.setenv("LABQ_TOKEN", "from-env")
+    client = Client.from_environment()
+    assert (client.url, client.token) == ("http://gpu1:7733", "from-env")
+    monkeypatch.setenv("LABQ_LEADER", "http://gpu9:1")
+    assert Client.from_environment().url == "http://gpu9:1"
+    assert Client.from_environment(leader="gpu3:7733").url == "http://gpu3:7733"
+
+
+@pytest.fixture
+def nobody_home():
+    """A home folder in /tmp owned by ``nobody``, as root would find another user's."""
+    if os.geteuid() != 0:
+        pytest.skip("writing credentials for another user needs root")
+    folder = Path(tempfile.mkdtemp(prefix="labq-nobody-", dir="/tmp"))
+    os.chown(folder, 65534, 65534)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_root_writes_another_users_credentials_as_that_user(nobody_home):
+    path = save_credentials("http://gpu1:7733", "bobs", nobody_home / ".config/labq/credentials", 65534, 65534)
+    for p, mode in ((path, 0o600), (path.parent, 0o700)):
+        st = p.stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, 65534, mode)
+    assert stat.S_IMODE((nobody_home / ".config").stat().st_mode) & 0o022 == 0
+    assert load_credentials(path) == {"leader": "http://gpu1:7733", "token": "bobs"}
+
+
+def test_a_planted_symlink_cannot_aim_roots_write(nobody_home, tmp_path):
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700)
+    (nobody_home / ".config").symlink_to(secret)
+    with pytest.raises(ApiError, match="could not write .* as uid 65534: .*Permission denied"):
+        save_credentials("http://gpu1:7733", "t", nobody_home / ".config/labq/credentials", 65534, 65534)
+    assert list(secret.iterdir()) == []
+
+
+def test_credentials_for_another_home_ignore_our_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    assert credentials_path("/home/bob") == Path("/home/bob/.config/labq/credentials")
+
+
+def test_no_credentials_says_how_to_get_them(home):
+    with pytest.raises(ApiError) as caught:
+        Client.from_environment()
+    assert caught.value.code == "no_credentials" and exit_code(caught.value) == 3
+    assert "labq admin user add" in str(caught.value) and "labq up" in str(caught.value)
+
+
+def test_a_broken_credentials_file_is_named(home):
+    path = credentials_path()
+    path.parent.mkdir(parents=True)
+    path.write_text("leader = \n")
+    with pytest.raises(ApiError, match=f"cannot read {path}"):
+        Client.from_environment()
+
+
+# -- the wire: a closed port and a tiny real server -----------------------------------------------
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def labq(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("LABQ_")} | (env or {})
+    return subprocess.run([sys.executable, "-m", "labq.cli", *args], capture_output=True, text=True, timeout=60,
+                          env=full, cwd=ROOT)
+
+
+def test_a_closed_port_is_unreachable():
+    port = closed_port()
+    with pytest.raises(ApiError) as caught:
+        Client(f"http://127.0.0.1:{port}", "t").whoami()
+    assert (caught.value.status, caught.value.code) == (0, "unreachable")
+    assert f"cannot reach the leader at http://127.0.0.1:{port}" in str(caught.value)
+    out = labq("ls", env={"LABQ_LEADER": f"http://127.0.0.1:{port}", "LABQ_TOKEN": "t"})
+    assert out.returncode == 4
+    assert out.stderr.startswith("labq: error: cannot reach the leader") and "Traceback" not in out.stderr
+
+
+class FakeLeader:
+    """Canned answers by (method, path); records every request it gets."""
+
+    def __init__(self) -> None:
+        #: an answer, or a function of the query that returns one
+        self.routes: dict[tuple[str, str], tuple[int, dict, bytes] | Callable] = {}
+        self.requests: list[dict] = []
+        leader = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                url = urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                leader.requests.append({"method": self.command, "path": url.path, "query": parse_qs(url.query),
+                                        "auth": self.headers.get("Authorization"),
+                                        "body": json.loads(self.rfile.read(length)) if length else None})
+                route = leader.routes.get(
+                    (self.command, url.path), (404, {}, b'{"error": {"code": "not_found", "message": "no route"}}'))
+                status, headers, body = route(parse_qs(url.query)) if callable(route) else route
+                self.send_response(status)
+                headers = {"Content-Type": "application/json", "Content-Length": str(len(body))} | headers
+                for key, value in headers.items():
+                    if value is not None:
+                        self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_DELETE = _answer
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def json(self, method: str, path: str, answer: object, status: int = 200) -> None:
+        self.routes[(method, path)] = (status, {}, json.dumps(answer).encode())
+
+    def error(self, method: str, path: str, status: int, code: str, message: str) -> None:
+        self.json(method, path, {"error": {"code": code, "message": message}}, status)
+
+    def env(self) -> dict:
+        return {"LABQ_LEADER": self.url, "LABQ_TOKEN": "secret"}
+
+
+@pytest.fixture
+def leader():
+    fake = FakeLeader()
+    fake.thread.start()
+    yield fake
+    fake.server.shutdown()
+    fake.server.server_close()
+    fake.thread.join(5)
+    assert not fake.thread.is_alive()
+
+
+STREAM = (b": connected\n\n"
+          b"id: 7\nevent: job\ndata: {\"job_id\": 12, \"state\": \"running\"}\n\n"
+          b": keepalive\n\n"
+          b"id: 8\r\nevent: node\r\ndata: {\"node\":\r\ndata:  \"ws1\"}\r\n\r\n"
+          b"id: 9\ndata: not json\n\n"
+          b"event: job\n")  # an unfinished event at the end is dropped
+
+
+def test_events_parse_a_real_event_stream(leader):
+    leader.routes[("GET", "/v1/events")] = (200, {"Content-Type": "text/event-stream", "Content-Length": None},
+                                            STREAM)
+    events = list(Client(leader.url, "secret").events(after=6))
+    assert events == [{"id": 7, "event": "job", "data": {"job_id": 12, "state": "running"}},
+                      {"id": 8, "event": "node", "data": {"node": "ws1"}},
+                      {"id": 9, "event": "message", "data": "not json"}]
+    assert leader.requests[0]["query"] == {"after": ["6"]} and leader.requests[0]["auth"] == "Bearer secret"
+
+
+def test_event_stream_parser_follows_the_spec():
+    lines = ["data:a", "data: b", ":comment", "", "id", "data", "", "retry: 5", "event:x", "data:{}", ""]
+    assert list(parse_event_stream(lines)) == [{"id": None, "event": "message", "data": "a\nb"},
+                                               {"id": "", "event": "message", "data": ""},
+                                               {"id": "", "event": "x", "data": {}}]
+
+
+def test_a_4xx_answer_becomes_the_leaders_api_error(leader):
+    leader.json("POST", "/v1/jobs/5/actions", {"error": {"code": "conflict", "message": "job 5 already ended",
+                                                         "field": "action"}}, 409)
+    with pytest.raises(ApiError) as caught:
+        Client(leader.url, "secret").action(5, "hold")
+    assert caught.value == ApiError(409, "conflict", "job 5 already ended", "action")
+    assert leader.requests[0]["body"] == {"action": "hold"}
+
+
+def test_an_answer_without_an_error_body_still_fails_clearly(leader):
+    leader.routes[("GET", "/v1/whoami")] = (502, {"Content-Type": "text/html"}, b"<h1>Bad Gateway</h1>")
+    with pytest.raises(ApiError) as caught:
+        Client(leader.url, "secret").whoami()
+    assert (caught.value.status, caught.value.code) == (502, "bad_response")
+
+
+def test_queries_and_log_offsets(leader):
+    leader.json("GET", "/v1/jobs", {"jobs": []})
+    leader.routes[("GET", "/v1/jobs/3/logs")] = (200, {"Content-Type": "text/plain", "X-Labq-Offset": "105",
+                                                       "X-Labq-Done": "1"}, b"epoch 1\n")
+    client = Client(leader.url + "/", "secret")
+    assert client.jobs(user="bob", states=("queued", "held"), all=True, history=True, limit=5) == []
+    assert leader.requests[0]["query"] == {"user": ["bob"], "state": ["queued", "held"], "all": ["1"],
+                                           "history": ["1"], "limit": ["5"]}
+    assert client.logs(3, attempt=2, offset=97) == (b"epoch 1\n", 105, True)
+    assert leader.requests[1]["query"] == {"offset": ["97"], "attempt": ["2"]}
+
+
+# -- the CLI against the tiny server --------------------------------------------------------------
+
+def sample_jobs(jobs, node: Node) -> list[dict]:
+    running = jobs.running(node, (0, 1), user="bob", name="bert", priority=300, started_at=NOW - 3700)
+    queued = jobs.queued(2, user="alice", submitted_at=NOW - 300, depends_on=(running.id,))
+    failed = jobs.queued(1, user="alice", state=JobState.FAILED).evolve(exit_code=3, started_at=NOW - 50,
+                                                                        ended_at=NOW - 20)
+    return [encode_job(j) for j in (running, queued, failed)]
+
+
+@pytest.fixture
+def node() -> Node:
+    from tests.conftest import make_node
+
+    return make_node("ws1", "sim:ws-4x3090")
+
+
+def test_ls_table_and_json(leader, jobs, node):
+    docs = sample_jobs(jobs, node)
+    leader.json("GET", "/v1/jobs", {"jobs": docs})
+    table = jobs_table(docs, NOW).splitlines()
+    assert table[0].split() == ["ID", "NAME", "USER", "STATE", "CLASS", "GPUS", "NODE:GPUS", "AGE/RUNTIME", "REASON"]
+    assert table[1].split() == ["1", "bert", "bob", "running", "high", "2", "ws1:0,1", "1h01m"]
+    assert table[2].split() == ["2", "train", "alice", "queued", "normal", "2", "-", "5m", "after", "1"]
+    assert table[3].split()[3:] == ["failed", "normal", "1", "-", "30s", "exit", "3"]
+    out = labq("ls", "--all", "--json", env=leader.env())
+    assert out.returncode == 0 and json.loads(out.stdout) == docs
+    assert leader.requests[0]["query"] == {"all": ["1"]}
+    out = labq("ls", "--state", "running,queued", env=leader.env())
+    assert out.returncode == 0 and "ws1:0,1" in out.stdout
+    assert leader.requests[1]["query"] == {"state": ["running", "queued"]}
+
+
+def test_actions_report_per_job_and_exit_1_on_partial_failure(leader, jobs):
+    held = encode_job(jobs.queued(state=JobState.HELD))
+    leader.json("POST", "/v1/jobs/1/actions", {"job": held})
+    leader.error("POST", "/v1/jobs/2/actions", 409, "conflict", "job 2 has already ended")
+    out = labq("hold", "1", "2", env=leader.env())
+    assert out.returncode == 1
+    assert out.stdout == "job 1: held\n"
+    assert out.stderr == "labq: error: job 2: job 2 has already ended\n"
+    out = labq("hold", "2", env=leader.env())
+    assert out.returncode == 1
+
+
+@pytest.mark.parametrize(("status", "code", "exit_status"), [
+    (400, "bad_request", 2), (422, "unprocessable", 2), (401, "unauthorized", 3), (403, "forbidden", 3),
+    (503, "unavailable", 1), (500, "internal", 1),
+])
+def test_submit_exit_codes(leader, status, code, exit_status):
+    leader.error("POST", "/v1/jobs", status, code, f"the leader says {code}")
+    out = labq("submit", "--gpus", "2", "--", "python", "train.py", env=leader.env())
+    assert out.returncode == exit_status
+    assert out.stderr == f"labq: error: the leader says {code}\n"
+    assert leader.requests[0]["body"]["command"] == ["python", "train.py"]
+
+
+def test_submit_prints_the_new_job(leader, jobs):
+    job = encode_job(jobs.queued(name="bert"))
+    leader.json("POST", "/v1/jobs", {"job": job}, 201)
+    out = labq("submit", "--name", "bert", "--", "x", env=leader.env())
+    assert (out.returncode, out.stdout) == (0, "submitted job 1 (bert)\n")
+
+
+def test_admin_user_add_saves_your_own_token_and_prints_anyone_elses(leader, tmp_path):
+    leader.json("POST", "/v1/users", {"user": {"name": "someone", "admin": False}, "token": "tok-1"}, 201)
+    env = leader.env() | {"HOME": str(tmp_path), "XDG_CONFIG_HOME": ""}
+    me = pwd.getpwuid(os.getuid()).pw_name
+    path = tmp_path / ".config/labq/credentials"
+    out = labq("admin", "user", "add", me, env=env)
+    assert out.returncode == 0 and f"saved the token to {path}" in out.stdout
+    assert load_credentials(path) == {"leader": leader.url, "token": "tok-1"}
+    assert leader.requests[-1]["body"] == {"name": me, "admin": False}
+    path.unlink()
+    for argv in ([me, "--print"], ["no-such-account-here", "--admin"]):
+        out = labq("admin", "user", "add", *argv, env=env)
+        assert out.returncode == 0 and f'leader = "{leader.url}"\ntoken = "tok-1"\n' in out.stdout
+        assert not path.exists()
+    assert leader.requests[-1]["body"] == {"name": "no-such-account-here", "admin": True}
+    if os.geteuid() == 0:  # nobody's home, /nonexistent, cannot be made: the token is printed, not lost
+        out = labq("admin", "user", "add", "nobody", env=env)
+        assert out.returncode == 0 and "could not save the token" in out.stderr and "tok-1" in out.stdout
+
+
+def test_why_says_the_reason_and_the_estimate(jobs):
+    job = encode_job(jobs.queued())
+    pending = {"reason": "Resources", "detail": "2 GPUs asked, 1 free", "waiting_for": None,
+               "estimated_start": NOW + 2400}
+    text = why_text(job, pending, NOW)
+    assert text.startswith("job 1 waits: Resources: 2 GPUs asked, 1 free\n  starts in about 40m (est. ")
+    assert estimate_text(None, NOW) == ""
+    assert why_text(job, None, NOW) == "job 1 is queued; the scheduler has not placed it yet"
+
+
+def test_show_names_the_gpus_by_uuid_and_the_estimate(jobs, node):
+    running = encode_job(jobs.running(node, (2, 3), name="bert", time_limit_s=7200, started_at=NOW - 600))
+    text = show_text(running, None, NOW)
+    assert text.startswith("job 1 (bert): running, attempt 1\n")
+    assert "  placement   ws1: GPU 2 SIM-ws1-ws-4x3090-2, 3 SIM-ws1-ws-4x3090-3" in text
+    assert "  stops at    " in text and "(in 1h50m)" in text and "ended" not in text
+    queued = encode_job(jobs.queued(min_gpu_memory_mib=40960, gpu_model="A100", env=(("K", "v"),)))
+    pending = {"reason": "Resources", "detail": "no A100 is free", "waiting_for": None, "estimated_start": NOW + 90}
+    text = show_text(queued, pending, NOW)
+    assert "  wants       1 GPU(s), at least 40 GiB each, model A100\n" in text
+    assert "  pending     Resources: no A100 is free\n  estimate    starts in about 1m (est. " in text
+    assert text.endswith("  env         K=v")
+
+
+def test_nodes_and_gpus_say_who_is_on_each_gpu(leader, jobs, node):
+    doc = encode_node(node) | {"gpus_in_use": {"0": 1, "1": 1}, "last_seen": 0}
+    doc["unmanaged_busy"] = [3]
+    running = jobs.running(node, (0, 1), user="bob")
+    leader.json("GET", "/v1/nodes", {"nodes": [doc]})
+    leader.json("GET", "/v1/jobs", {"jobs": [encode_job(running)]})
+    out = labq("gpus", env=leader.env())
+    assert out.returncode == 0
+    using = [line.split(None, 5)[-1] for line in out.stdout.splitlines()[1:]]
+    assert [u.split("GiB")[-1].strip() for u in using] == ["job 1 (bob)", "job 1 (bob)", "free", "busy (not labq)"]
+    out = labq("nodes", env=leader.env())
+    assert out.stdout.splitlines()[1].split()[:3] == ["ws1", "up", "1/4"]
+
+
+def run_until(leader: FakeLeader, path: str, count: int, *args: str) -> subprocess.Popen:
+    """Starts ``labq ARGS`` and returns once the leader has had ``count`` requests for ``path``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LABQ_")} | leader.env()
+    proc = subprocess.Popen([sys.executable, "-m", "labq.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    deadline = time.monotonic() + 20
+    while sum(r["path"] == path for r in leader.requests) < count:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    return proc
+
+
+def test_ls_watch_redraws_on_events_and_ctrl_c_exits_0(leader, jobs):
+    leader.json("GET", "/v1/jobs", {"jobs": [encode_job(jobs.queued())]})
+    leader.routes[("GET", "/v1/events")] = (200, {"Content-Type": "text/event-stream", "Content-Length": None},
+                                            b"id: 4\nevent: job\ndata: {\"job_id\": 1}\n\n")
+    proc = run_until(leader, "/v1/jobs", 2, "ls", "--watch")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert (proc.returncode, err) == (0, "")
+    assert out.count("\x1b[H\x1b[2J") >= 2 and "queued" in out
+
+
+def test_logs_follow_prints_new_bytes_once_and_ctrl_c_exits_0(leader):
+    text = b"epoch 1\nepoch 2\n"
+
+    def logs(query: dict) -> tuple[int, dict, bytes]:
+        offset = int(query["offset"][0])
+        return 200, {"Content-Type": "text/plain", "X-Labq-Offset": str(len(text))}, text[offset:]
+
+    leader.routes[("GET", "/v1/jobs/7/logs")] = logs
+    proc = run_until(leader, "/v1/jobs/7/logs", 3, "logs", "-f", "7", "--attempt", "2")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert (proc.returncode, out, err) == (0, "epoch 1\nepoch 2\n", "")
+    assert [r["query"]["offset"] for r in leader.requests[:2]] == [["0"], ["16"]]
+
+
+def test_logs_follow_goes_on_to_the_next_attempt_and_ends_with_the_job(leader, jobs, node):
+    """Attempt 1 ends (preempted), attempt 2 runs and ends, the job succeeds: -f prints both and exits 0."""
+    job = jobs.running(node, (0,))
+    states = iter([job.evolve(attempt=1), job.evolve(attempt=2), job.evolve(attempt=2, state=JobState.SUCCEEDED)])
+    current = {"job": None}
+
+    def show(query: dict) -> tuple[int, dict, bytes]:
+        current["job"] = next(states, current["job"])
+        return 200, {}, json.dumps({"job": encode_job(current["job"]), "pending": None}).encode()
+
+    def logs(query: dict) -> tuple[int, dict, bytes]:
+        text = f"attempt {query['attempt'][0]}\n".encode()[int(query["offset"][0]):]
+        return 200, {"Content-Type": "text/plain", "X-Labq-Offset": str(10), "X-Labq-Done": "1"}, text
+
+    leader.routes[("GET", f"/v1/jobs/{job.id}")] = show
+    leader.routes[("GET", f"/v1/jobs/{job.id}/logs")] = logs
+    out = labq("logs", "-f", str(job.id), env=leader.env())
+    assert (out.returncode, out.stdout) == (0, "attempt 1\nattempt 2\n")
+    assert out.stderr == "labq: following attempt 2\n"
+
+
+# -- starting fast --------------------------------------------------------------------------------
+
+PROBE = """
+import contextlib, io, json, sys
+{code}
+print(json.dumps(sorted(m for m in ("textual", "rich", "http.client", "socket") if m in sys.modules)))
+"""
+
+
+def loaded_after(code: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", PROBE.format(code=code)], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_importing_the_job_commands_loads_no_network_or_ui_library():
+    assert loaded_after("import labq.cli_jobs") == []
+
+
+def test_submit_help_loads_neither_textual_nor_rich():
+    code = ("from labq.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        main(['submit', '--help'])\n    except SystemExit:\n        pass")
+    assert loaded_after(code) == []
+
+
+def test_ls_json_loads_neither_textual_nor_rich(leader):
+    code = (f"import os\nos.environ.update({leader.env()!r})\nfrom labq.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    assert main(['ls', '--json']) == 0")
+    leader.json("GET", "/v1/jobs", {"jobs": []})
+    assert loaded_after(code) == ["http.client", "socket"]
