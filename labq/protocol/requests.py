@@ -159,9 +159,9 @@ class SubmitRequest:
 
     fields: dict
 
-    def spec_for(self, user: str) -> JobSpec:
+    def spec_for(self, user: str, *, default_grace_s: float = 60.0) -> JobSpec:
         try:
-            return JobSpec(user=user, **self.fields)
+            return JobSpec(user=user, **{"grace_s": default_grace_s, **self.fields})
         except ValueError as err:
             raise bad_request(str(err)) from None
 
@@ -185,7 +185,7 @@ def parse_submit(body: object) -> SubmitRequest:
             raise bad_request(str(err), "priority") from None
     out["preemptible"] = f.boolean("preemptible", default=True)
     out["time_limit_s"] = f.number("time_limit_s", low=1, high=MAX_TIME_LIMIT_S)
-    out["grace_s"] = f.number("grace_s", low=0, high=3600) if f.raw("grace_s") is not None else 60.0
+    out["grace_s"] = f.number("grace_s", low=0, high=3600)
     out["checkpoint_signal"] = _signal_name(f.string("checkpoint_signal", max_len=16))
     out["env"] = _env(f.raw("env"))
     workdir = f.string("workdir", max_len=4096)

@@ -1,0 +1,317 @@
+"""The workstation daemon: makes this machine run what the leader says, and nothing else.
+
+Level-triggered, like a kubelet: each sync reports every attempt the runtime
+knows and receives the attempts that should run here and those to stop. The
+agent launches what is missing, stops what it is told to and anything the
+leader does not expect (an attempt requeued elsewhere while this agent was
+away), and forgets exits the leader has recorded.
+
+If the leader cannot be reached the jobs keep running: a leader restart must
+never kill work. Only after ``fence_after`` without the leader does the agent
+ask its jobs to checkpoint and stop them, so that the leader, which requeues
+only after a longer time, never has a job running twice.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from labq import __version__
+from labq.agent.inventory import GpuInventory, Inventory
+from labq.agent.process_runtime import AttemptState, Launch, ProcessRuntime
+from labq.models.node import Node
+from labq.protocol.agents import (
+    AttemptReport, Registration, RunOrder, StopOrder, SyncReport, decode_reply, encode_registration, encode_sync,
+)
+from labq.protocol.errors import ApiError
+
+log = logging.getLogger("labq.agent")
+LONG_POLL_S = 20.0
+KILL_AFTER_S = 10.0  #: after the grace, TERM; this long after TERM, KILL
+LOG_CHUNK = 1 << 20
+
+
+@dataclass
+class AgentConfig:
+    leader: str  #: http://host:port
+    join_token: str
+    name: str
+    state_dir: Path
+    logs_host: str = "127.0.0.1"
+    run_as_job_user: bool = field(default_factory=lambda: os.geteuid() == 0)
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, inventory: GpuInventory) -> None:
+        self.config = config
+        self.inventory = inventory
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.runtime = ProcessRuntime(config.state_dir / "runtime")
+        self.checkpoints = config.state_dir / "checkpoints"
+        self.token: str | None = None
+        self.logs_token: str | None = None
+        self.fence_after_s = 600.0
+        self.last_contact = time.monotonic()
+        self._apply_lock = threading.Lock()
+        self._stopping: set[tuple[int, int]] = set()
+        self._fenced = False
+        self._stop = threading.Event()
+        self._kick = threading.Event()
+        self._logs = _LogServer(self, (config.logs_host, 0))
+        self._threads: list[threading.Thread] = []
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._threads = [threading.Thread(target=self._logs.serve_forever, name="labq-agent-logs", daemon=True),
+                         threading.Thread(target=self._sync_loop, name="labq-agent-sync", daemon=True),
+                         threading.Thread(target=self._watch_exits, name="labq-agent-exits", daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        """Stop the daemon; the jobs keep running and are re-adopted by the next agent."""
+        self._stop.set()
+        self._kick.set()
+        self._logs.shutdown()
+        self._logs.server_close()
+        for thread in self._threads:
+            thread.join(timeout=LONG_POLL_S + 5)
+
+    @property
+    def logs_url(self) -> str:
+        host, port = self._logs.server_address[:2]
+        return f"http://{host}:{port}"
+
+    # -- talking to the leader -------------------------------------------------------------
+
+    def _request(self, path: str, body: dict, token: str, timeout: float) -> dict:
+        parts = urllib.parse.urlsplit(self.config.leader)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+        payload = json.dumps(body).encode()
+        try:
+            conn.request("POST", path, body=payload, headers={
+                "Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                "Content-Length": str(len(payload))})
+            response = conn.getresponse()
+            data = json.loads(response.read() or b"null")
+        finally:
+            conn.close()
+        if response.status != 200:
+            raise ApiError.from_json(response.status, data)
+        return data
+
+    def register(self) -> None:
+        inv = self.inventory.read(self._managed_pids())
+        node = Node(self.config.name, inv.gpus, inv.topology, unmanaged_busy=inv.unmanaged_busy,
+                    simulated=inv.simulated)
+        reply = self._request("/v1/agents/register",
+                              encode_registration(Registration(node, self.logs_url, __version__)),
+                              self.config.join_token, timeout=30)
+        self.token, self.logs_token = reply["agent_token"], reply["logs_token"]
+        self.fence_after_s = reply["fence_after_s"]
+        log.info("registered %s with %d GPU(s) (%s)", self.config.name, len(inv.gpus), inv.source)
+
+    def sync_once(self, wait_s: float) -> None:
+        if self.token is None:
+            self.register()
+        statuses = self.runtime.attempts()
+        report = SyncReport(tuple(
+            AttemptReport(s.job_id, s.attempt, s.state is AttemptState.RUNNING, s.exit_code, s.signal, s.started_at,
+                          s.ended_at) for s in statuses), self._unmanaged_busy(), wait_s)
+        try:
+            doc = self._request(f"/v1/agents/{self.config.name}/sync", encode_sync(report), self.token,
+                                timeout=wait_s + 30)
+        except ApiError as err:
+            if err.status == 401:  # the leader forgot us (a recovered database): join again
+                self.token = None
+            raise
+        self.last_contact = time.monotonic()
+        self._fenced = False
+        self.apply(decode_reply(doc))
+
+    def _sync_loop(self) -> None:
+        wait_s, backoff = 0.0, 1.0  # the first sync after a start gets every order at once
+        while not self._stop.is_set():
+            try:
+                self.sync_once(wait_s)
+                wait_s, backoff = LONG_POLL_S, 1.0
+            except (OSError, ApiError, ValueError) as err:
+                log.warning("cannot sync with the leader at %s: %s", self.config.leader, err)
+                if time.monotonic() - self.last_contact > self.fence_after_s:
+                    self._fence()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 15.0)
+                wait_s = 0.0
+
+    def _watch_exits(self) -> None:
+        """Report an exit at once instead of at the end of the current long poll."""
+        running = {(s.job_id, s.attempt) for s in self.runtime.attempts() if s.state is AttemptState.RUNNING}
+        while not self._stop.wait(0.25):
+            now = {(s.job_id, s.attempt) for s in self.runtime.attempts() if s.state is AttemptState.RUNNING}
+            if running - now and self.token is not None:
+                try:
+                    self.sync_once(0.0)
+                except (OSError, ApiError, ValueError) as err:
+                    log.warning("cannot report an exit: %s", err)
+            running = now
+
+    # -- doing what the leader says --------------------------------------------------------
+
+    def apply(self, reply) -> None:
+        with self._apply_lock:
+            known = {(s.job_id, s.attempt): s for s in self.runtime.attempts()}
+            wanted = {(r.job_id, r.attempt): r for r in reply.run}
+            for key, order in wanted.items():
+                if key not in known:
+                    self._launch(order)
+            for order in reply.stop:
+                status = known.get((order.job_id, order.attempt))
+                if status is not None and status.state is AttemptState.RUNNING:
+                    self._stop_attempt(order)
+            for key, status in known.items():
+                if key in wanted:
+                    continue
+                if status.state is AttemptState.RUNNING:  # not expected here: requeued while we were away
+                    self._stop_attempt(StopOrder(key[0], key[1], "SIGTERM", 0.0, "not expected on this node"))
+                else:
+                    self.runtime.forget(*key)
+                    self._stopping.discard(key)
+
+    def _launch(self, order: RunOrder) -> None:
+        folder = self.checkpoints / str(order.job_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        env = dict(order.env, LABQ_CHECKPOINT_DIR=str(folder))
+        gpu_env = {k: env.pop(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES") if k in env}
+        user = order.user if self.config.run_as_job_user else None
+        if user is not None:
+            _give_to(folder, user)
+        log.info("starting job %d attempt %d on GPUs %s", order.job_id, order.attempt, order.gpu_indices)
+        try:
+            self.runtime.launch(Launch(order.job_id, order.attempt, order.command, env, order.workdir, user, gpu_env))
+        except ValueError as err:  # e.g. no Unix account for the job's user here: the attempt fails, not the agent
+            log.warning("job %d attempt %d cannot start: %s", order.job_id, order.attempt, err)
+            self.runtime.refuse(order.job_id, order.attempt, f"cannot start on {self.config.name}: {err}")
+
+    def _stop_attempt(self, order: StopOrder) -> None:
+        key = (order.job_id, order.attempt)
+        if key in self._stopping:
+            return
+        self._stopping.add(key)
+        log.info("stopping job %d attempt %d (%s)", order.job_id, order.attempt, order.reason)
+        sig = getattr(signal, order.signal, signal.SIGTERM)
+        self.runtime.signal(order.job_id, order.attempt, sig)
+        if sig == signal.SIGTERM and order.grace_s == 0:
+            self.runtime.stop(order.job_id, order.attempt, KILL_AFTER_S)
+            return
+        timer = threading.Timer(order.grace_s, self.runtime.stop, (order.job_id, order.attempt, KILL_AFTER_S))
+        timer.daemon = True
+        timer.start()
+
+    def _fence(self) -> None:
+        """Too long without the leader: checkpoint and stop everything, so nothing runs twice."""
+        if self._fenced:
+            return
+        self._fenced = True
+        log.warning("no contact with the leader for %.0f s: stopping all jobs", self.fence_after_s)
+        with self._apply_lock:
+            for s in self.runtime.attempts():
+                if s.state is AttemptState.RUNNING:
+                    self._stop_attempt(StopOrder(s.job_id, s.attempt, "SIGUSR1", 30.0, "fenced"))
+
+    def _managed_pids(self) -> frozenset[int]:
+        """Every process of every running job: its whole process group, dataloader workers and all."""
+        groups = {s.pid for s in self.runtime.attempts() if s.pid and s.state is AttemptState.RUNNING}
+        return frozenset(processes_in_groups(groups)) if groups else frozenset()
+
+    def _unmanaged_busy(self) -> frozenset[int] | None:
+        try:
+            inv: Inventory = self.inventory.read(self._managed_pids())
+        except Exception as err:  # an inventory hiccup must not stop the sync
+            log.warning("cannot read the GPU inventory: %s", err)
+            return None
+        return inv.unmanaged_busy
+
+
+def processes_in_groups(groups: set[int]) -> set[int]:
+    """Pids whose process group is one of ``groups`` (field 5 of /proc/PID/stat)."""
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) in groups:
+            found.add(int(entry.name))
+    return found
+
+
+def _give_to(folder: Path, user: str) -> None:
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return
+    os.chown(folder, entry.pw_uid, entry.pw_gid)
+
+
+class _LogServer(ThreadingHTTPServer):
+    """Serves job logs to the leader, which passes them on to people."""
+
+    daemon_threads = True
+
+    def __init__(self, agent: Agent, address: tuple[str, int]) -> None:
+        self.agent = agent
+        super().__init__(address, _LogHandler)
+
+
+class _LogHandler(BaseHTTPRequestHandler):
+    server: _LogServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args) -> None:
+        log.debug(fmt, *args)
+
+    def do_GET(self) -> None:
+        agent = self.server.agent
+        url = urllib.parse.urlsplit(self.path)
+        parts = url.path.strip("/").split("/")
+        token = self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not agent.logs_token or token != agent.logs_token:
+            return self._answer(401, b"unknown token")
+        if len(parts) != 4 or parts[:2] != ["v1", "logs"] or not parts[2].isdigit() or not parts[3].isdigit():
+            return self._answer(404, b"no such path")
+        job_id, attempt = int(parts[2]), int(parts[3])
+        query = urllib.parse.parse_qs(url.query)
+        offset = int(query.get("offset", ["0"])[0] or 0)
+        running = any(s.job_id == job_id and s.attempt == attempt and s.state is AttemptState.RUNNING
+                      for s in agent.runtime.attempts())
+        try:
+            data = agent.runtime.read_log(job_id, attempt, offset, LOG_CHUNK)
+        except KeyError:
+            return self._answer(404, b"no such log")
+        done = not running and len(data) < LOG_CHUNK  # checked before reading: nothing written after
+        self._answer(200, data, {"X-Labq-Offset": str(offset + len(data)), "X-Labq-Done": "1" if done else "0"})
+
+    def _answer(self, status: int, body: bytes, headers: dict | None = None) -> None:
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)

@@ -1,0 +1,217 @@
+"""``labq leader``, ``labq agent`` and ``labq up``: the long-running parts of labq."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+LEADER_EPILOG = """\
+examples:
+  labq leader                              serve on 127.0.0.1:7733, data in ~/.local/share/labq
+  labq leader --listen 0.0.0.0:7733        serve the other workstations too
+  labq leader --print-config > leader.toml the settings and their defaults
+  labq leader --recover                    after a damaged database: back to the last good copy
+"""
+
+AGENT_EPILOG = """\
+examples:
+  labq agent --gpus sim:ws-4x3090          a simulated workstation on this machine's leader
+  labq agent --leader http://gpu1:7733 --join-token-file join-token
+"""
+
+UP_EPILOG = """\
+examples:
+  labq up                                  this workstation's GPUs, one-machine lab
+  labq up --gpus sim:dgx1                  simulated GPUs: try labq anywhere
+"""
+
+
+def add_commands(sub) -> None:
+    leader = sub.add_parser("leader", help="run the leader: the lab's queue and API", epilog=LEADER_EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            description="Run the leader: it keeps the queue, schedules jobs onto the agents' GPUs "
+                            "and serves the API. On a new lab it makes you the first admin and saves your token.")
+    _leader_options(leader)
+    leader.add_argument("--recover", action="store_true",
+                        help="the database is damaged: go back to the last good copy (says what is lost first)")
+    leader.add_argument("--yes", action="store_true", help="with --recover: do not ask")
+    leader.add_argument("--print-config", action="store_true", help="print the settings file with its defaults")
+    leader.set_defaults(run=_leader)
+
+    agent = sub.add_parser("agent", help="run an agent: offer this machine's GPUs to the leader",
+                           epilog=AGENT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description="Run an agent: it offers this machine's GPUs to the leader and runs the "
+                           "jobs placed here. Jobs survive an agent restart.")
+    _agent_options(agent)
+    agent.add_argument("--leader", default=os.environ.get("LABQ_LEADER", "http://127.0.0.1:7733"),
+                       help="the leader's URL (default: $LABQ_LEADER or http://127.0.0.1:7733)")
+    agent.add_argument("--join-token-file", type=Path, default=None,
+                       help="file with the cluster's join token (default: $LABQ_JOIN_TOKEN, else the "
+                       "leader's data folder on this machine)")
+    agent.add_argument("--data-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    agent.set_defaults(run=_agent)
+
+    up = sub.add_parser("up", help="leader and agent in one process: a one-workstation lab", epilog=UP_EPILOG,
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description="Run the leader and an agent for this machine in one process: the simplest "
+                        "lab. Submit from another shell with labq submit.")
+    _leader_options(up)
+    _agent_options(up)
+    up.set_defaults(run=_up)
+
+
+def _leader_options(parser) -> None:
+    parser.add_argument("--config", type=Path, default=None, help="settings file (TOML); see --print-config")
+    parser.add_argument("--listen", default=None, metavar="HOST:PORT", help="address to serve the API on")
+    parser.add_argument("--data-dir", type=Path, default=None, help="where the database lives")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _agent_options(parser) -> None:
+    parser.add_argument("--gpus", default=None, metavar="SPEC",
+                        help="the GPUs to offer: NVML when omitted, or sim:NAME (see labq topo --list)")
+    parser.add_argument("--name", default=None, help="this node's name (default: the host name)")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="where the agent keeps logs and job state (default: in the data folder)")
+    if not any(a.dest == "log_level" for a in parser._actions):
+        parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _config(args):
+    from labq.cli import CliError
+    from labq.leader.config import ConfigError, load_config
+
+    overrides = {}
+    if args.listen:
+        host, _, port = args.listen.rpartition(":")
+        if not port.isdigit():
+            raise CliError(f"--listen {args.listen!r}: use HOST:PORT, e.g. 127.0.0.1:7733")
+        overrides.update(host=host or "127.0.0.1", port=int(port))
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir.expanduser()
+    try:
+        return load_config(args.config, **overrides)
+    except ConfigError as err:
+        raise CliError(str(err)) from None
+
+
+def _start(args):
+    """Start the leader for ``leader`` and ``up``; save the first admin's credentials."""
+    from labq.cli import CliError
+    from labq.client import save_credentials
+    from labq.leader.main import StartError, configure_logging, recover_first, start_leader
+
+    configure_logging(args.log_level)
+    config = _config(args)
+    try:
+        if getattr(args, "recover", False):
+            recover_first(config.data_dir, lambda text: _confirm(text, args.yes))
+        running, token = start_leader(config)
+    except StartError as err:
+        raise CliError(str(err)) from None
+    print(f"labq leader serving {running.url} (data in {config.data_dir})", file=sys.stderr)
+    if token is not None:
+        path = save_credentials(running.url, token)
+        print(f"a new lab: you are its first admin; your token is saved in {path}", file=sys.stderr)
+    return config, running
+
+
+def _confirm(text: str, yes: bool) -> bool:
+    from labq.cli import CliError
+
+    print(text, file=sys.stderr)
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise CliError("not recovering without a yes: run it in a terminal, or add --yes")
+    return input("Recover? [y/N] ").strip().lower() in ("y", "yes")
+
+
+def _leader(args) -> int:
+    if args.print_config:
+        from labq.leader.config import DEFAULT_TOML
+
+        print(DEFAULT_TOML, end="")
+        return 0
+    from labq.leader.main import wait_for_signal
+
+    config, running = _start(args)
+    print(f"agents join with the token in {config.data_dir / 'join-token'}", file=sys.stderr)
+    wait_for_signal(running)
+    return 0
+
+
+def _open_agent(args, leader_url: str, join_token: str, data_dir: Path):
+    import socket
+
+    from labq.agent.daemon import Agent, AgentConfig
+    from labq.agent.inventory import NoGpuFound, open_inventory
+    from labq.cli import CliError
+
+    args.name = args.name or socket.gethostname().split(".")[0]
+    try:
+        inventory = open_inventory(args.gpus, args.name)
+        inventory.read()
+    except NoGpuFound as err:
+        raise CliError(str(err)) from None
+    except ValueError as err:
+        raise CliError(f"--gpus: {err}") from None
+    state_dir = args.state_dir or data_dir / "agents" / args.name
+    return Agent(AgentConfig(leader_url, join_token, args.name, state_dir.expanduser()), inventory)
+
+
+def _agent(args) -> int:
+    from labq.cli import CliError
+    from labq.leader.main import configure_logging
+    from labq.paths import default_data_dir
+
+    configure_logging(args.log_level)
+    data_dir = args.data_dir or default_data_dir()
+    token = os.environ.get("LABQ_JOIN_TOKEN")
+    token_file = args.join_token_file or data_dir / "join-token"
+    if not token:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as err:
+            raise CliError(f"no join token: cannot read {token_file} ({err.strerror}); copy the file "
+                           "from the leader's data folder and pass --join-token-file, or set $LABQ_JOIN_TOKEN"
+                           ) from None
+    agent = _open_agent(args, args.leader, token, data_dir)
+    try:
+        agent.register()
+    except Exception as err:
+        raise CliError(f"cannot register with the leader at {args.leader}: {err}") from None
+    agent.start()
+    print(f"labq agent {args.name} serving the leader at {args.leader}", file=sys.stderr)
+    _wait(agent.stop)
+    return 0
+
+
+def _up(args) -> int:
+    from labq.cli import CliError
+    from labq.leader.main import join_token_path, wait_for_signal
+
+    config, running = _start(args)
+    try:
+        agent = _open_agent(args, running.url, join_token_path(config).read_text().strip(), config.data_dir)
+        agent.register()
+    except (CliError, Exception):
+        running.stop()
+        raise
+    agent.start()
+    print(f"labq up: node {args.name} is ready; submit with: labq submit -- COMMAND", file=sys.stderr)
+    wait_for_signal(running, also_stop=agent.stop)
+    return 0
+
+
+def _wait(stop) -> None:
+    import signal
+    import threading
+
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    stop()

@@ -1,0 +1,102 @@
+"""The first end-to-end labq: real leader and agent processes on loopback, driven by the CLI."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_submit_runs_and_records_exit_code_and_logs(running_lab):
+    lab = running_lab
+    ok = lab.submit("sh", "-c", "echo hello from $LABQ_JOB_ID on $CUDA_VISIBLE_DEVICES", gpus=2)
+    bad = lab.submit("sh", "-c", "echo oops >&2; exit 7")
+    assert lab.wait_state(ok, "succeeded")["exit_code"] == 0
+    failed = lab.wait_state(bad, "failed")
+    assert failed["exit_code"] == 7
+    assert lab.labq("logs", str(ok)).stdout == f"hello from {ok} on 0,1\n"
+    assert "oops" in lab.labq("logs", str(bad)).stdout
+    history = lab.api("ls", "--history")
+    assert {j["id"]: j["state"] for j in history} .get(ok) == "succeeded"
+
+
+def test_cancel_hold_release(running_lab):
+    lab = running_lab
+    long = lab.submit("sleep", "300", gpus=4)  # takes the whole workstation
+    lab.wait_state(long, "running")
+    waiting = lab.submit("true", gpus=1)
+    lab.labq("hold", str(waiting))
+    assert lab.job(waiting)["state"] == "held"
+    lab.labq("release", str(waiting))
+    assert lab.job(waiting)["state"] == "queued"
+    lab.labq("cancel", str(long))
+    assert lab.wait_state(long, "cancelled")["exit_code"] is not None
+    lab.wait_state(waiting, "succeeded")
+    lab.labq("cancel", str(waiting), check=False)  # finished: refused, nothing changes
+    assert lab.job(waiting)["state"] == "succeeded"
+
+
+def test_higher_priority_runs_first(running_lab):
+    lab = running_lab
+    blocker = lab.submit("sleep", "2", gpus=4, no_preempt=True)
+    lab.wait_state(blocker, "running")
+    low = lab.submit("sh", "-c", "date +%s.%N", gpus=4, **{"class": "low"})
+    high = lab.submit("sh", "-c", "date +%s.%N", gpus=4, **{"class": "high"})
+    lab.wait_state(low, "succeeded", timeout=60)
+    lab.wait_state(high, "succeeded", timeout=60)
+    assert lab.job(high)["started_at"] < lab.job(low)["started_at"]
+
+
+def test_quota_keeps_a_user_waiting(lab):
+    lab.config.write_text(lab.config.read_text() + "[quotas]\nmax_gpus_per_user = 2\n")
+    lab.start_leader()
+    lab.start_agent()
+    first = lab.submit("sleep", "300", gpus=2)
+    lab.wait_state(first, "running")
+    second = lab.submit("true", gpus=1)
+    time.sleep(1.5)
+    why = lab.api("why", str(second))
+    assert "Quota" in json.dumps(why)
+    lab.labq("cancel", str(first))
+    lab.wait_state(second, "succeeded")
+
+
+def test_leader_killed_while_jobs_run_loses_and_duplicates_nothing(running_lab):
+    lab = running_lab
+    job = lab.submit("sh", "-c", "echo start; sleep 4; echo end")
+    lab.wait_state(job, "running")
+    lab.kill(lab.leader, signal.SIGKILL)
+    time.sleep(1)
+    lab.start_leader()  # same port, same data
+    done = lab.wait_state(job, "succeeded", timeout=60)
+    assert done["attempt"] == 1
+    assert lab.labq("logs", str(job)).stdout == "start\nend\n"  # one run, not two
+
+
+def test_agent_killed_while_jobs_run_readopts_them(running_lab):
+    lab = running_lab
+    job = lab.submit("sh", "-c", "echo start; sleep 4; echo end")
+    lab.wait_state(job, "running")
+    lab.kill(lab.agents["ws1"], signal.SIGKILL)
+    time.sleep(0.5)
+    lab.start_agent()
+    done = lab.wait_state(job, "succeeded", timeout=60)
+    assert done["attempt"] == 1 and done["exit_code"] == 0
+    assert lab.labq("logs", str(job)).stdout == "start\nend\n"
+
+
+def test_other_users_cannot_touch_my_job_and_bad_tokens_get_401(running_lab):
+    lab = running_lab
+    added = lab.labq("admin", "user", "add", "mallory", "--print")
+    token = next(word.strip('"') for word in added.stdout.split() if word.strip('"').startswith("lqu_"))
+    mine = lab.submit("sleep", "300")
+    refused = lab.labq("cancel", str(mine), token=token, check=False)
+    assert refused.returncode == 3 and "belongs to" in refused.stderr
+    assert lab.job(mine)["state"] in ("starting", "running")
+    bad = lab.labq("ls", token="lqu_not-a-token", check=False)
+    assert bad.returncode == 3 and "unknown token" in bad.stderr
+    lab.labq("cancel", str(mine))

@@ -1,0 +1,74 @@
+"""Malformed requests get a 4xx with a clear message and change nothing on disk."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.parse
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _token(lab) -> str:
+    import tomllib
+
+    return tomllib.loads((lab.home / ".config" / "labq" / "credentials").read_text())["token"]
+
+
+def _raw(lab, method: str, path: str, body: bytes | None, token: str | None, headers: dict | None = None):
+    parts = urllib.parse.urlsplit(lab.url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    sent = {"Authorization": f"Bearer {token}"} if token else {}
+    if body is not None:
+        sent["Content-Length"] = str(len(body))
+    sent.update(headers or {})
+    conn.request(method, path, body=body, headers=sent)
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    return response.status, json.loads(data) if data else None
+
+
+BIG = ["x" * (10 * 1024 * 1024)]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b"{not json", 400, "not JSON"),
+        (b"[1, 2]", 400, "must be a JSON object"),
+        (json.dumps({"command": "sleep 1"}).encode(), 400, "list of strings"),
+        (json.dumps({"command": ["true"], "gpus": -1}).encode(), 400, "between 1 and 64"),
+        (json.dumps({"command": ["true"], "gpus": 10**9}).encode(), 400, "between 1 and 64"),
+        (json.dumps({"command": ["true"], "gpus": "2"}).encode(), 400, "must be an integer"),
+        (json.dumps({"command": ["true"], "gpu": 2}).encode(), 400, "unknown field gpu"),
+        (json.dumps({"command": ["true\u0000"]}).encode(), 400, "NUL byte"),
+        (json.dumps({"command": ["true"], "env": {"A": "b\u0000"}}).encode(), 400, "NUL byte"),
+        (json.dumps({"command": BIG}).encode(), 413, "limit is"),
+        (json.dumps({"command": ["true"], "gpus": 8}).encode(), 422, "can never run here"),
+        (json.dumps({"command": ["true"], "priority": "urgentest"}).encode(), 400, "unknown priority"),
+    ],
+)
+def test_bad_submits_are_refused_and_nothing_is_stored(running_lab, body, status, words):
+    lab = running_lab
+    before = (lab.data / "labq.json").read_bytes()
+    got, doc = _raw(lab, "POST", "/v1/jobs", body, _token(lab))
+    assert got == status, doc
+    assert words in doc["error"]["message"]
+    assert (lab.data / "labq.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("token", [None, "", "lqu_wrong"])
+def test_missing_or_wrong_tokens_get_401(running_lab, token):
+    got, doc = _raw(running_lab, "GET", "/v1/jobs", None, token)
+    assert got == 401 and doc["error"]["code"] == "unauthorized"
+
+
+def test_unknown_paths_methods_and_missing_length(running_lab):
+    token = _token(running_lab)
+    assert _raw(running_lab, "GET", "/v1/nope", None, token)[0] == 404
+    assert _raw(running_lab, "DELETE", "/v1/jobs", None, token)[0] == 405
+    got, doc = _raw(running_lab, "POST", "/v1/jobs/1/actions", json.dumps({"action": "explode"}).encode(), token)
+    assert got == 400 and "action must be one of" in doc["error"]["message"]
