@@ -7,9 +7,10 @@ leader does not expect (an attempt requeued elsewhere while this agent was
 away), and forgets exits the leader has recorded.
 
 If the leader cannot be reached the jobs keep running: a leader restart must
-never kill work. Only after ``fence_after`` without the leader does the agent
-ask its jobs to checkpoint and stop them, so that the leader, which requeues
-only after a longer time, never has a job running twice.
+never kill work. The agent touches a heartbeat after every sync; each job's
+shim stops its job (checkpoint signal, grace, TERM, KILL) once the heartbeat is
+older than ``fence_after``, even if the agent itself is gone, so that the
+leader, which requeues only after a longer time, never has a job running twice.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import logging
 import os
 import signal
 import threading
-import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,10 +61,8 @@ class Agent:
         self.token: str | None = None
         self.logs_token: str | None = None
         self.fence_after_s = 600.0
-        self.last_contact = time.monotonic()
         self._apply_lock = threading.Lock()
         self._stopping: set[tuple[int, int]] = set()
-        self._fenced = False
         self._stop = threading.Event()
         self._kick = threading.Event()
         self._logs = _LogServer(self, (config.logs_host, 0))
@@ -128,7 +126,7 @@ class Agent:
         statuses = self.runtime.attempts()
         report = SyncReport(tuple(
             AttemptReport(s.job_id, s.attempt, s.state is AttemptState.RUNNING, s.exit_code, s.signal, s.started_at,
-                          s.ended_at) for s in statuses), self._unmanaged_busy(), wait_s)
+                          s.ended_at, s.fenced) for s in statuses), self._unmanaged_busy(), wait_s)
         try:
             doc = self._request(f"/v1/agents/{self.config.name}/sync", encode_sync(report), self.token,
                                 timeout=wait_s + 30)
@@ -136,8 +134,8 @@ class Agent:
             if err.status == 401:  # the leader forgot us (a recovered database): join again
                 self.token = None
             raise
-        self.last_contact = time.monotonic()
-        self._fenced = False
+        self.runtime.heartbeat()
+        self.fence_after_s = doc["fence_after_s"]
         self.apply(decode_reply(doc))
 
     def _sync_loop(self) -> None:
@@ -148,8 +146,6 @@ class Agent:
                 wait_s, backoff = LONG_POLL_S, 1.0
             except (OSError, ApiError, ValueError) as err:
                 log.warning("cannot sync with the leader at %s: %s", self.config.leader, err)
-                if time.monotonic() - self.last_contact > self.fence_after_s:
-                    self._fence()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 15.0)
                 wait_s = 0.0
@@ -198,7 +194,8 @@ class Agent:
             _give_to(folder, user)
         log.info("starting job %d attempt %d on GPUs %s", order.job_id, order.attempt, order.gpu_indices)
         try:
-            self.runtime.launch(Launch(order.job_id, order.attempt, order.command, env, order.workdir, user, gpu_env))
+            self.runtime.launch(Launch(order.job_id, order.attempt, order.command, env, order.workdir, user, gpu_env,
+                                       self.fence_after_s, order.checkpoint_signal, order.grace_s))
         except ValueError as err:  # e.g. no Unix account for the job's user here: the attempt fails, not the agent
             log.warning("job %d attempt %d cannot start: %s", order.job_id, order.attempt, err)
             self.runtime.refuse(order.job_id, order.attempt, f"cannot start on {self.config.name}: {err}")
@@ -217,17 +214,6 @@ class Agent:
         timer = threading.Timer(order.grace_s, self.runtime.stop, (order.job_id, order.attempt, KILL_AFTER_S))
         timer.daemon = True
         timer.start()
-
-    def _fence(self) -> None:
-        """Too long without the leader: checkpoint and stop everything, so nothing runs twice."""
-        if self._fenced:
-            return
-        self._fenced = True
-        log.warning("no contact with the leader for %.0f s: stopping all jobs", self.fence_after_s)
-        with self._apply_lock:
-            for s in self.runtime.attempts():
-                if s.state is AttemptState.RUNNING:
-                    self._stop_attempt(StopOrder(s.job_id, s.attempt, "SIGUSR1", 30.0, "fenced"))
 
     def _managed_pids(self) -> frozenset[int]:
         """Every process of every running job: its whole process group, dataloader workers and all."""

@@ -59,7 +59,11 @@ class Launch:
     env: dict[str, str]  #: on top of PATH, HOME, USER, LOGNAME, LANG, LABQ_JOB_ID, LABQ_ATTEMPT
     workdir: str | None = None  #: default: the run-as user's home, else /
     user: str | None = None  #: another user only when the agent runs as root
-    gpu_env: dict[str, str] = field(default_factory=dict)  #: e.g. CUDA_VISIBLE_DEVICES; merged last
+    gpu_env: dict[str, str] = field(default_factory=dict)
+    #: the shim stops the job itself when the agent's heartbeat is older than this (None: never)
+    fence_after_s: float | None = None
+    checkpoint_signal: str = "SIGUSR1"
+    grace_s: float = 30.0  #: e.g. CUDA_VISIBLE_DEVICES; merged last
 
 
 class AttemptState(str, Enum):
@@ -78,6 +82,7 @@ class AttemptStatus:
     started_at: float
     ended_at: float | None
     log_path: str  #: where the log is now (it moves on ``forget``)
+    fenced: bool = False  #: stopped by its shim because the agent lost the leader
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,9 @@ class ProcessRuntime:
             write_json_atomically(staging / "spec.json", {
                 "job_id": spec.job_id, "attempt": spec.attempt, "command": list(spec.command), "env": env,
                 "workdir": workdir, "user": run_as.name, "uid": run_as.uid, "gid": run_as.gid,
-                "groups": None if run_as.groups is None else list(run_as.groups), "created_at": time.time()})
+                "groups": None if run_as.groups is None else list(run_as.groups), "created_at": time.time(),
+                "fence_after_s": spec.fence_after_s, "checkpoint_signal": spec.checkpoint_signal,
+                "grace_s": spec.grace_s})
             try:
                 os.rename(staging, folder)  # fails on a non-empty folder: an attempt never starts twice
             except OSError:
@@ -204,6 +211,12 @@ class ProcessRuntime:
         status = self._status(folder)
         assert status is not None
         return status
+
+    def heartbeat(self) -> None:
+        """The agent reached its leader just now: the shims' fences wait on from here."""
+        path = self.root / "heartbeat"
+        path.touch()
+        os.utime(path)
 
     def attempts(self) -> list[AttemptStatus]:
         """Every attempt not yet forgotten, running or exited, read from disk."""
@@ -305,7 +318,7 @@ class ProcessRuntime:
             return AttemptStatus(key[0], key[1], AttemptState.RUNNING, started.get("pid"), None, None,
                                  started.get("started_at", spec["created_at"]), None, log_path)
         return AttemptStatus(key[0], key[1], AttemptState.EXITED, ended["pid"], ended["exit_code"], ended["signal"],
-                             ended["started_at"], ended["ended_at"], log_path)
+                             ended["started_at"], ended["ended_at"], log_path, ended.get("fenced", False))
 
     def _end_if_shim_gone(self, folder: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
         """None while the shim lives (or its orphaned job does); else the end, recorded as lost if need be."""

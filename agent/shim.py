@@ -26,6 +26,8 @@ from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
 LEFTOVER_GRACE_S = 5.0
+KILL_AFTER_TERM_S = 10.0
+WATCH_EVERY_S = 1.0
 _job: list[int] = []  # the job's pid (= its group) once it runs
 _pending: list[int] = []  # signals that came before it did
 
@@ -114,6 +116,41 @@ def _start(spec: dict[str, Any]) -> subprocess.Popen[bytes]:
         user=spec["uid"], group=spec["gid"], extra_groups=spec["groups"])
 
 
+def _heartbeat_age(path: Path) -> float | None:
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _wait_or_fence(job: subprocess.Popen[bytes], spec: dict[str, Any], heartbeat: Path) -> tuple[int, bool]:
+    """Wait for the job; if the agent has not reached its leader for ``fence_after_s``, stop it.
+
+    This fence lives in the shim, not the agent, so it holds even when the agent
+    process is gone: the leader requeues a lost node's jobs only after a longer time,
+    and must never find the old attempt still running.
+    """
+    fence_after = spec.get("fence_after_s")
+    while True:
+        try:
+            return job.wait(timeout=WATCH_EVERY_S), False
+        except subprocess.TimeoutExpired:
+            pass
+        age = _heartbeat_age(heartbeat) if fence_after else None
+        if age is None or age < fence_after:
+            continue
+        print(f"labq: no contact with the leader for {age:.0f} s: stopping the job (fenced)", file=sys.stderr,
+              flush=True)
+        steps = ((getattr(signal, spec.get("checkpoint_signal", "SIGUSR1"), signal.SIGUSR1),
+                  spec.get("grace_s", 30.0)), (signal.SIGTERM, KILL_AFTER_TERM_S), (signal.SIGKILL, None))
+        for signum, wait_s in steps:
+            _killpg(job.pid, signum)
+            try:
+                return job.wait(timeout=wait_s), True
+            except subprocess.TimeoutExpired:
+                continue
+
+
 def main(argv: list[str]) -> int:
     folder, ready_fd = Path(argv[1]), int(argv[2]) if len(argv) > 2 else None
     spec = json.loads((folder / "spec.json").read_text())
@@ -136,7 +173,7 @@ def main(argv: list[str]) -> int:
         _job.append(job.pid)
         for signum in _pending:
             _killpg(job.pid, signum)
-        returncode = job.wait()
+        returncode, ended["fenced"] = _wait_or_fence(job, spec, folder.parent.parent / "heartbeat")
         _kill_leftovers(job.pid)
         ended["pid"], ended["signal"] = job.pid, -returncode if returncode < 0 else None
         ended["exit_code"] = 128 - returncode if returncode < 0 else returncode

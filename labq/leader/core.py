@@ -293,6 +293,8 @@ class Leader:
                 continue
             if a.running and job.state is JobState.STARTING:
                 updates.append(t.running(job, a.started_at or now))
+            elif not a.running and a.fenced:  # stopped on its node while the agent could not reach us
+                updates.append(t.requeued(job, a.ended_at or now, preempted=False))
             elif not a.running:  # it may have ended before any report saw it running
                 started = job if job.started_at is not None else t.running(job, a.started_at or now)
                 updates.append(t.exited(started, a.exit_code, a.ended_at or now))

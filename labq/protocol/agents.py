@@ -54,6 +54,7 @@ class AttemptReport:
     signal: int | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    fenced: bool = False  #: stopped on the node because its agent lost the leader
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class SyncReport:
 def encode_sync(report: SyncReport) -> dict:
     return {
         "attempts": [{"job_id": a.job_id, "attempt": a.attempt, "running": a.running, "exit_code": a.exit_code,
-                      "signal": a.signal, "started_at": a.started_at, "ended_at": a.ended_at}
+                      "signal": a.signal, "started_at": a.started_at, "ended_at": a.ended_at, "fenced": a.fenced}
                      for a in report.attempts],
         "unmanaged_busy": sorted(report.unmanaged_busy) if report.unmanaged_busy is not None else None,
         "wait_s": report.wait_s,
@@ -87,7 +88,8 @@ def parse_sync(body: object) -> SyncReport:
         attempts.append(AttemptReport(
             a.integer("job_id", required=True, low=1), a.integer("attempt", required=True, low=1),
             a.boolean("running", default=False), a.integer("exit_code", low=-1, high=1 << 16),
-            a.integer("signal", low=1, high=128), a.number("started_at"), a.number("ended_at")))
+            a.integer("signal", low=1, high=128), a.number("started_at"), a.number("ended_at"),
+            a.boolean("fenced", default=False)))
         a.done()
     if busy is not None and (not isinstance(busy, list) or not all(isinstance(i, int) for i in busy)):
         raise bad_request("unmanaged_busy must be a list of GPU indices", "unmanaged_busy")

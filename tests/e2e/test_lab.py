@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
@@ -58,9 +59,8 @@ def test_quota_keeps_a_user_waiting(lab):
     first = lab.submit("sleep", "300", gpus=2)
     lab.wait_state(first, "running")
     second = lab.submit("true", gpus=1)
-    time.sleep(1.5)
-    why = lab.api("why", str(second))
-    assert "Quota" in json.dumps(why)
+    lab.wait(lambda: "Quota" in json.dumps(lab.api("why", str(second))), "the quota to keep job 2 waiting")
+    assert lab.job(second)["state"] == "queued"
     lab.labq("cancel", str(first))
     lab.wait_state(second, "succeeded")
 
@@ -100,3 +100,38 @@ def test_other_users_cannot_touch_my_job_and_bad_tokens_get_401(running_lab):
     bad = lab.labq("ls", token="lqu_not-a-token", check=False)
     assert bad.returncode == 3 and "unknown token" in bad.stderr
     lab.labq("cancel", str(mine))
+
+
+def test_an_agent_cut_off_from_the_leader_fences_its_jobs_and_they_are_requeued(running_lab):
+    lab = running_lab
+    job = lab.submit("sh", "-c", "echo attempt $LABQ_ATTEMPT; sleep 300")
+    lab.wait_state(job, "running")
+    lab.leader.send_signal(signal.SIGSTOP)  # the leader is unreachable; the agent's heartbeat ages
+    try:
+        time.sleep(8)  # past fence_after (6 s): the job's shim stops it
+    finally:
+        lab.leader.send_signal(signal.SIGCONT)
+    back = lab.wait_state(job, "running", timeout=60)
+    lab.wait(lambda: lab.job(job)["attempt"] == 2, "the fenced job to run again as attempt 2")
+    assert "attempt 2" in lab.labq("logs", str(job)).stdout
+    assert back["preemptions"] == 0
+    lab.labq("cancel", str(job))
+
+
+def test_a_lost_agents_jobs_move_only_after_requeue_after(lab):
+    lab.start_leader()
+    lab.start_agent("ws1")
+    job = lab.submit("sleep", "300", node="ws1")
+    lab.wait_state(job, "running")
+    lab.kill(lab.agents["ws1"], signal.SIGKILL)  # gone for good; its shim fences the job at 6 s
+    lab.wait(lambda: any(n["name"] == "ws1" and n["health"] == "lost" for n in lab.api("nodes")),
+             "ws1 to be marked lost")
+    assert lab.job(job)["attempt"] == 1  # not yet: the job may still be running there
+    requeued = lab.wait_state(job, "queued", timeout=60)  # after requeue_after (15 s)
+    assert requeued["attempt"] == 2
+    # and by then the first attempt's process on ws1 is gone: the job never runs twice
+    pid_files = list(lab.data.glob(f"agents/ws1/runtime/attempts/{job}.1/pid.json"))
+    assert pid_files, "attempt 1 left no pid.json"
+    pid = json.loads(pid_files[0].read_text())["pid"]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
