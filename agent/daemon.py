@@ -83,8 +83,8 @@ class Agent:
         self._kick.set()
         self._logs.shutdown()
         self._logs.server_close()
-        for thread in self._threads:
-            thread.join(timeout=LONG_POLL_S + 5)
+        for thread in self._threads:  # daemons: a sync blocked in a long poll is not waited for
+            thread.join(timeout=1.0)
 
     @property
     def logs_url(self) -> str:

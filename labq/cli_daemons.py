@@ -61,6 +61,12 @@ def add_commands(sub) -> None:
     _agent_options(up)
     up.set_defaults(run=_up)
 
+    demo = sub.add_parser("demo", help="a two-minute tour of labq on simulated GPUs",
+                          description="Start a throwaway leader and a simulated 4-GPU workstation, submit a few "
+                          "jobs and narrate what the queue does. Runs anywhere; leaves nothing behind.")
+    demo.add_argument("--keep", action="store_true", help="keep the temporary folder for a look afterwards")
+    demo.set_defaults(run=_demo)
+
 
 def _leader_options(parser) -> None:
     parser.add_argument("--config", type=Path, default=None, help="settings file (TOML); see --print-config")
@@ -204,6 +210,12 @@ def _up(args) -> int:
     print(f"labq up: node {args.name} is ready; submit with: labq submit -- COMMAND", file=sys.stderr)
     wait_for_signal(running, also_stop=agent.stop)
     return 0
+
+
+def _demo(args) -> int:
+    from labq.demo import run_demo
+
+    return run_demo(keep=args.keep)
 
 
 def _wait(stop) -> None:

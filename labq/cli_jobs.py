@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, BinaryIO
 
+from labq import units
 from labq.protocol.errors import ApiError
 
 if TYPE_CHECKING:
@@ -35,37 +36,19 @@ class UsageError(Exception):
 
 # -- pure input parsing ---------------------------------------------------------------------------
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)", re.IGNORECASE)
-_CLOCK = re.compile(r"^(\d+):([0-5]\d):([0-5]\d)$")
-_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([mgt]?)(?:i?b)?$", re.IGNORECASE)
-_UNIT_MIB = {"m": 1, "g": 1024, "t": 1024 * 1024, "": 1024}
-
-
 def parse_duration(text: str, option: str = "--time", bare_seconds: bool = False) -> float:
-    """``90m``, ``2h``, ``1d``, ``1h30m``, ``1:30:00`` -> seconds.
-
-    A bare number is refused unless ``bare_seconds``: for a time limit, ``90`` means
-    minutes to a Slurm user and seconds to everyone else, so labq asks for a unit.
-    """
-    raw = text.strip()
-    if bare_seconds and re.fullmatch(r"\d+(\.\d+)?", raw):
-        return float(raw)
-    if m := _CLOCK.match(raw):
-        return float(int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3]))
-    parts = _DURATION_PART.findall(raw)
-    if raw and parts and _DURATION_PART.sub("", raw).strip() == "":
-        return float(sum(float(n) * _UNIT_S[u.lower()] for n, u in parts))
-    hint = "60s, 2m" if bare_seconds else "90m, 2h, 1d or H:MM:SS"
-    raise UsageError(f"{option}: {text!r} is not a duration: use {hint}")
+    """Seconds in ``text`` (see ``labq.units.parse_duration``); a mistake names the option."""
+    try:
+        return units.parse_duration(text, bare_seconds=bare_seconds)
+    except ValueError as err:
+        raise UsageError(f"{option}: {err}") from None
 
 
 def parse_size_mib(text: str, option: str = "--gpu-mem") -> int:
-    """``40G``, ``24GiB``, ``8000M``, ``40`` (GiB) -> MiB. GB means GiB, as GPU memory is sold."""
-    m = _SIZE.match(text.strip())
-    if not m:
-        raise UsageError(f"{option}: {text!r} is not a size: use 40G, 24GiB or 8000M (a plain number is GiB)")
-    return round(float(m[1]) * _UNIT_MIB[m[2].lower()])
+    try:
+        return units.parse_size_mib(text)
+    except ValueError as err:
+        raise UsageError(f"{option}: {err}") from None
 
 
 def parse_priority_arg(text: str, option: str = "--priority") -> int | str:

@@ -1,47 +1,37 @@
-"""Durations and sizes as people write them: ``90m``, ``2h``, ``1d``, ``1:30:00``; ``40G``, ``512M``."""
+"""Durations and sizes as people write them: ``90m``, ``2h``, ``1h30m``, ``1:30:00``; ``40G``, ``512M``."""
 
 from __future__ import annotations
 
 import re
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
-_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(m|mb|mib|g|gb|gib|t|tb|tib)?\s*$", re.IGNORECASE)
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)", re.IGNORECASE)
+_CLOCK = re.compile(r"^(\d+):([0-5]\d):([0-5]\d)$")
+_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([mgt]?)(?:i?b)?$", re.IGNORECASE)
+_UNIT_MIB = {"m": 1, "g": 1024, "t": 1024 * 1024, "": 1024}
 
 
-def parse_duration(text: str, *, default_unit: str = "s") -> float:
-    """Seconds in ``text``: ``45s``, ``90m``, ``2h``, ``1.5d``, ``1:30:00`` or ``30:00``."""
-    text = str(text).strip()
-    if ":" in text:
-        parts = text.split(":")
-        if len(parts) in (2, 3) and all(p.isdigit() for p in parts):
-            seconds = 0
-            for part in parts:
-                seconds = seconds * 60 + int(part)
-            return float(seconds)
-    match = _DURATION.match(text)
-    if not match:
-        raise ValueError(f"{text!r} is not a duration: use 90s, 30m, 2h, 1d or H:MM:SS")
-    return float(match.group(1)) * _UNITS[(match.group(2) or default_unit).lower()]
+def parse_duration(text: str, *, bare_seconds: bool = False) -> float:
+    """``90m``, ``2h``, ``1d``, ``1h30m``, ``1:30:00`` -> seconds.
+
+    A bare number is refused unless ``bare_seconds``: for a time limit, ``90`` means
+    minutes to a Slurm user and seconds to everyone else, so labq asks for a unit.
+    """
+    raw = str(text).strip()
+    if bare_seconds and re.fullmatch(r"\d+(\.\d+)?", raw):
+        return float(raw)
+    if m := _CLOCK.match(raw):
+        return float(int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3]))
+    parts = _DURATION_PART.findall(raw)
+    if raw and parts and _DURATION_PART.sub("", raw).strip() == "":
+        return float(sum(float(n) * _UNIT_S[u.lower()] for n, u in parts))
+    hint = "60s, 2m" if bare_seconds else "90m, 2h, 1d or H:MM:SS"
+    raise ValueError(f"{text!r} is not a duration: use {hint}")
 
 
 def parse_size_mib(text: str) -> int:
-    """MiB in ``text``: ``40G`` (GiB), ``512M`` (MiB), ``1T``; a plain number is GiB."""
-    match = _SIZE.match(str(text))
-    if not match:
-        raise ValueError(f"{text!r} is not a size: use 40G, 512M or 80GiB")
-    unit = (match.group(2) or "g")[0].lower()
-    return int(float(match.group(1)) * {"m": 1, "g": 1024, "t": 1024 * 1024}[unit])
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    if seconds < 90:
-        return f"{seconds}s"
-    minutes = seconds // 60
-    if minutes < 90:
-        return f"{minutes}m"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h{minutes:02d}m"
-    return f"{hours // 24}d{hours % 24:02d}h"
+    """``40G``, ``24GiB``, ``8000M``, ``40`` (GiB) -> MiB. GB means GiB, as GPU memory is sold."""
+    m = _SIZE.match(str(text).strip())
+    if not m:
+        raise ValueError(f"{text!r} is not a size: use 40G, 24GiB or 8000M (a plain number is GiB)")
+    return round(float(m[1]) * _UNIT_MIB[m[2].lower()])

@@ -104,23 +104,23 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         "listen": lambda v: _listen(v, values), "data_dir": lambda v: values.update(data_dir=Path(v).expanduser())})
     _take(doc.get("scheduling", {}), where, "scheduling", values, {
         "preemption": lambda v: values.update(preemption=_bool(v)),
-        "min_runtime": lambda v: values.update(min_runtime_s=parse_duration(v)),
-        "fair_share_half_life": lambda v: values.update(fair_share_half_life_s=parse_duration(v)),
+        "min_runtime": lambda v: values.update(min_runtime_s=parse_duration(v, bare_seconds=True)),
+        "fair_share_half_life": lambda v: values.update(fair_share_half_life_s=parse_duration(v, bare_seconds=True)),
         "hold_depth": lambda v: values.update(hold_depth=int(v)),
         "user_max_priority": lambda v: values.update(user_max_priority=parse_priority(v))})
     _take(doc.get("quotas", {}), where, "quotas", values, {
         "max_gpus_per_user": lambda v: values.update(max_gpus_per_user=int(v) or None),
         "users": lambda v: values.update(user_gpu_quota={str(k): int(n) for k, n in dict(v).items()})})
     _take(doc.get("jobs", {}), where, "jobs", values, {
-        "default_grace": lambda v: values.update(default_grace_s=parse_duration(v)),
-        "max_grace": lambda v: values.update(max_grace_s=parse_duration(v)),
-        "max_time_limit": lambda v: values.update(max_time_limit_s=parse_duration(v) or None),
+        "default_grace": lambda v: values.update(default_grace_s=parse_duration(v, bare_seconds=True)),
+        "max_grace": lambda v: values.update(max_grace_s=parse_duration(v, bare_seconds=True)),
+        "max_time_limit": lambda v: values.update(max_time_limit_s=parse_duration(v, bare_seconds=True) or None),
         "allowed_mount_roots": lambda v: values.update(allowed_mount_roots=tuple(map(str, v))),
         "allowed_images": lambda v: values.update(allowed_images=tuple(map(str, v)))})
     _take(doc.get("agents", {}), where, "agents", values, {
-        "lease": lambda v: values.update(lease_s=parse_duration(v)),
-        "fence_after": lambda v: values.update(fence_after_s=parse_duration(v)),
-        "requeue_after": lambda v: values.update(requeue_after_s=parse_duration(v)),
+        "lease": lambda v: values.update(lease_s=parse_duration(v, bare_seconds=True)),
+        "fence_after": lambda v: values.update(fence_after_s=parse_duration(v, bare_seconds=True)),
+        "requeue_after": lambda v: values.update(requeue_after_s=parse_duration(v, bare_seconds=True)),
         "auto_requeue": lambda v: values.update(auto_requeue=_bool(v))})
     values.update({k: v for k, v in overrides.items() if v is not None})
     return LeaderConfig(**values)
