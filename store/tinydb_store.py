@@ -51,9 +51,10 @@ ARCHIVE_DIR = "archive"
 
 
 def recover_hint(data_dir: Path) -> str:
-    return (f"Nothing was changed. To go back to the last good copy ({PREVIOUS_NAME}), run:\n"
-            f"    labq store recover --data-dir {data_dir}\n"
-            f"It says what will be lost before it does anything.")
+    return (f"Nothing was changed. To go back to the last good copy ({PREVIOUS_NAME}) and start, run:\n"
+            f"    labq leader --recover --data-dir {data_dir}\n"
+            f"(or labq store recover --data-dir {data_dir} to recover without starting). "
+            f"Both say what will be lost before they do anything.")
 
 
 def _dumps(data: dict) -> bytes:
@@ -89,7 +90,7 @@ def decode(raw: bytes, path: Path) -> dict:
     try:
         data = json.loads(text)
     except ValueError as err:
-        raise CorruptDatabase(f"{path} is not valid JSON ({err.msg} at character {err.pos} of {len(text)}): "
+        raise CorruptDatabase(f"{path} is not valid JSON ({err.msg}; character {err.pos} of {len(text)}): "
                               f"it is truncated or damaged", hint) from None
     try:
         meta = data[META]["1"]

@@ -61,7 +61,7 @@ def test_damaged_databases_are_refused_and_left_byte_identical(data, damage, err
         TinyDBStore(data)
     assert {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()} == before
     if error is CorruptDatabase:
-        assert "labq store recover --data-dir" in str(refused.value)
+        assert "labq leader --recover --data-dir" in str(refused.value)
 
 
 def test_recovery_says_what_it_loses_then_restores_the_previous_copy(data):
