@@ -57,7 +57,7 @@ def run_demo(keep: bool = False) -> int:
         agent.register()
         agent.start()
         client = Client(running.url, token)
-        _say(f"A lab of one simulated workstation, ws1: four RTX 3090s, NVLink pairs 0+1 and 2+3.")
+        _say("A lab of one simulated workstation, ws1: four RTX 3090s, NVLink pairs 0+1 and 2+3.")
         _say(f"The leader serves {running.url}; everything lives in {folder}.\n")
 
         _say("1. Two people submit. A 2-GPU job gets an NVLink pair; a 1-GPU job leaves the other pair whole.")

@@ -72,15 +72,14 @@ class _Handler(BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         self.query = urllib.parse.parse_qs(url.query)
         try:
-            allowed = [m for m, pattern, _ in ROUTES if pattern.match(url.path)]
-            for m, pattern, handler in ROUTES:
-                match = pattern.match(url.path)
-                if match and m == method:
-                    break
-            else:
-                if allowed:
-                    raise ApiError(405, "method_not_allowed", f"{url.path} takes {', '.join(sorted(set(allowed)))}")
+            matches = [(m, handler, match) for m, pattern, handler in ROUTES if (match := pattern.match(url.path))]
+            chosen = [(handler, match) for m, handler, match in matches if m == method]
+            if not chosen:
+                if matches:
+                    allowed = ", ".join(sorted({m for m, _, _ in matches}))
+                    raise ApiError(405, "method_not_allowed", f"{url.path} takes {allowed}")
                 raise errors.not_found(f"no such API path: {url.path} (see labq/protocol/API.md)")
+            handler, match = chosen[0]
             body = self._body() if method in ("POST", "PUT") else None
             who = self.server.leader.authenticate(self._token())
             args = (self, who, *match.groups())

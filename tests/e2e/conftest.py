@@ -51,9 +51,9 @@ class Lab:
         return env
 
     def _spawn(self, args: list[str], log: str, **env) -> subprocess.Popen:
-        out = open(self.root / log, "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "labq.cli", *args], stdout=out, stderr=subprocess.STDOUT,
-                                env=self.env(**env), start_new_session=True)
+        with open(self.root / log, "ab") as out:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen([sys.executable, "-m", "labq.cli", *args], stdout=out, stderr=subprocess.STDOUT,
+                                    env=self.env(**env), start_new_session=True)
         self.procs.append(proc)
         return proc
 
