@@ -64,6 +64,7 @@ class Agent:
         self._apply_lock = threading.Lock()
         self._stopping: set[tuple[int, int]] = set()
         self._stop = threading.Event()
+        self._reported_running: set[tuple[int, int]] = set()  #: as the leader last heard it
         self._kick = threading.Event()
         self._logs = _LogServer(self, (config.logs_host, 0))
         self._threads: list[threading.Thread] = []
@@ -124,6 +125,7 @@ class Agent:
         if self.token is None:
             self.register()
         statuses = self.runtime.attempts()
+        self._reported_running = {(s.job_id, s.attempt) for s in statuses if s.state is AttemptState.RUNNING}
         report = SyncReport(tuple(
             AttemptReport(s.job_id, s.attempt, s.state is AttemptState.RUNNING, s.exit_code, s.signal, s.started_at,
                           s.ended_at, s.fenced) for s in statuses), self._unmanaged_busy(), wait_s)
@@ -151,16 +153,18 @@ class Agent:
                 wait_s = 0.0
 
     def _watch_exits(self) -> None:
-        """Report an exit at once instead of at the end of the current long poll."""
-        running = {(s.job_id, s.attempt) for s in self.runtime.attempts() if s.state is AttemptState.RUNNING}
+        """Report an exit at once instead of at the end of the current long poll.
+
+        Compared with what the leader last heard, not with the last look: a job that
+        starts and ends between two looks must be reported too.
+        """
         while not self._stop.wait(0.25):
             now = {(s.job_id, s.attempt) for s in self.runtime.attempts() if s.state is AttemptState.RUNNING}
-            if running - now and self.token is not None:
+            if self._reported_running - now and self.token is not None:
                 try:
                     self.sync_once(0.0)
                 except (OSError, ApiError, ValueError) as err:
                     log.warning("cannot report an exit: %s", err)
-            running = now
 
     # -- doing what the leader says --------------------------------------------------------
 

@@ -1,13 +1,12 @@
 """The one HTTP client of the leader's API (``labq/protocol/API.md``), for the CLI and the TUI.
 
-Only ``http.client``, ``json`` and ``urllib.parse``: ``labq ls`` must start fast, so
-nothing here pulls in a third-party HTTP stack. Every failure is an ``ApiError``:
+Only ``labq.wire`` (a socket-level HTTP/1.1 connection), ``json`` and ``urllib.parse``:
+``labq ls`` must start fast, so nothing here pulls in an HTTP stack. Every failure is an ``ApiError``:
 the leader's own error body when it answered, code ``unreachable`` when it did not.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -15,6 +14,7 @@ from pathlib import Path
 from urllib.parse import quote, urlencode, urlsplit
 
 from labq.protocol.errors import ApiError
+from labq.wire import Connection, Response, WireError
 
 DEFAULT_LEADER = "http://127.0.0.1:7733"
 #: the event stream sends a keepalive every 15 s; a read that waits longer than this means a dead leader
@@ -141,27 +141,26 @@ class Client:
         return answer
 
     def _send(self, method: str, path: str, query: list, body: dict | None = None,
-              timeout: float | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+              timeout: float | None = None) -> tuple[Connection, Response]:
         target = self._prefix + path + ("?" + urlencode(query) if query else "")
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = kind(self._host, self._port, timeout=timeout or self.timeout)
+        conn = Connection(self._host, self._port, timeout or self.timeout, https=self._https)
         try:
             conn.request(method, target, body=payload, headers=headers)
             return conn, conn.getresponse()
-        except (OSError, http.client.HTTPException) as err:
+        except (OSError, WireError) as err:
             conn.close()
             raise self._unreachable(err) from None
 
-    def _read(self, resp: http.client.HTTPResponse) -> bytes:
+    def _read(self, resp: Response) -> bytes:
         """The whole body; an error status becomes the leader's ``ApiError``."""
         try:
             data = resp.read()
-        except (OSError, http.client.HTTPException) as err:
+        except (OSError, WireError) as err:
             raise self._unreachable(err) from None
         if resp.status >= 400:
             try:
@@ -171,11 +170,11 @@ class Client:
             raise ApiError.from_json(resp.status, body)
         return data
 
-    def _lines(self, resp: http.client.HTTPResponse) -> Iterator[bytes]:
+    def _lines(self, resp: Response) -> Iterator[bytes]:
         try:
             while line := resp.readline():
                 yield line
-        except (OSError, http.client.HTTPException) as err:
+        except (OSError, WireError) as err:
             raise self._unreachable(err) from None
 
     def _unreachable(self, err: BaseException) -> ApiError:

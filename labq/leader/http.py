@@ -31,6 +31,7 @@ DRAIN_LIMIT = 16 << 20  #: an oversized body up to this is read and dropped befo
 class LeaderServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  #: the default listen backlog of 5 drops connections when many submit at once
 
     def __init__(self, leader: Leader, address: tuple[str, int]) -> None:
         self.leader = leader

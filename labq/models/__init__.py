@@ -1,16 +1,41 @@
-"""The lab's vocabulary as typed, immutable data. Pure: no I/O, no clock."""
+"""The lab's vocabulary as typed, immutable data. Pure: no I/O, no clock.
 
-from labq.models.decisions import Decisions, Pending, PendingReason, Preempt, Start
-from labq.models.job import Job, JobSpec, JobState, Mount, Runtime
-from labq.models.node import Gpu, Node, NodeHealth
-from labq.models.placement import NodeAllocation, Placement
-from labq.models.priority import PriorityClass, parse_priority, priority_name
-from labq.models.reservation import Reservation
-from labq.models.topology import NVLINK_WEIGHT, PcieLevel, Topology
+Names load on first use, so that a command needing only one module (``labq ls``
+renders priority names) does not pay for importing all of them.
+"""
 
-__all__ = [
-    "Decisions", "Gpu", "Job", "JobSpec", "JobState", "Mount", "Node", "NodeAllocation",
-    "NodeHealth", "NVLINK_WEIGHT", "PcieLevel", "Pending", "PendingReason", "Placement",
-    "Preempt", "PriorityClass", "Reservation", "Runtime", "Start", "Topology",
-    "parse_priority", "priority_name",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_WHERE = {
+    "Decisions": "decisions", "Pending": "decisions", "PendingReason": "decisions", "Preempt": "decisions",
+    "Start": "decisions",
+    "Job": "job", "JobSpec": "job", "JobState": "job", "Mount": "job", "Runtime": "job",
+    "Gpu": "node", "Node": "node", "NodeHealth": "node",
+    "NodeAllocation": "placement", "Placement": "placement",
+    "PriorityClass": "priority", "parse_priority": "priority", "priority_name": "priority",
+    "Reservation": "reservation",
+    "NVLINK_WEIGHT": "topology", "PcieLevel": "topology", "Topology": "topology",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'labq.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"labq.models.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from labq.models.decisions import Decisions, Pending, PendingReason, Preempt, Start
+    from labq.models.job import Job, JobSpec, JobState, Mount, Runtime
+    from labq.models.node import Gpu, Node, NodeHealth
+    from labq.models.placement import NodeAllocation, Placement
+    from labq.models.priority import PriorityClass, parse_priority, priority_name
+    from labq.models.reservation import Reservation
+    from labq.models.topology import NVLINK_WEIGHT, PcieLevel, Topology

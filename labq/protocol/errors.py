@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 API_VERSION = "v1"
 
 
-@dataclass
 class ApiError(Exception):
-    status: int
-    code: str
-    message: str
-    field: str | None = None
+    """An HTTP status, a stable code, a sentence, and the field at fault (a plain class: the CLI
+    imports this on every start, and dataclasses costs more to import than all of it)."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ApiError) and (self.status, self.code, self.message, self.field) == (
+            other.status, other.code, other.message, other.field)
+
+    __hash__ = Exception.__hash__
+
+    def __repr__(self) -> str:
+        return f"ApiError({self.status}, {self.code!r}, {self.message!r}, {self.field!r})"
 
     def __str__(self) -> str:
         return self.message
