@@ -228,6 +228,13 @@ fi
 
 # --- 3. verify ---------------------------------------------------------------
 
+STEP="compile the sources"
+# pip compiles what it installs, but an editable install runs from this tree, and with
+# PYTHONDONTWRITEBYTECODE set Python never caches it: every labq command would recompile
+# (about 45 ms). compileall only rewrites what changed; Python still reads these caches.
+say "compiling labq's sources to bytecode (a faster start for every labq command)"
+"$VENV/bin/python" -m compileall -q -j 0 labq agent store tui >/dev/null
+
 STEP="verify: .venv/bin/labq --version"
 say "checking that .venv/bin/labq --version runs"
 if ! version="$("$VENV/bin/labq" --version 2>&1)"; then

@@ -47,6 +47,7 @@ try:
 except ImportError:  # running from a checkout without an installed labq
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from figures import print_figures
 from labq.client import Client, load_credentials
 from labq.protocol.errors import ApiError
 
@@ -326,17 +327,9 @@ def goals() -> list[tuple[str, str, float]]:
 
 def print_table(fig: dict, imports: list[str]) -> None:
     targets = {name: (shown, fig[name] <= limit) for name, shown, limit in goals()}
-    width = max(map(len, fig))
-    print(f"labq latency benchmark (Python {fig['python']}, {fig['cpus']} CPUs, agent {fig['gpus']}, "
-          f"{fig['wall_s']:.0f} s)\n")
-    print(f"{'figure':<{width}}  {'value':>10}  {'goal':<12}  verdict")
-    for name, value in fig.items():
-        if name in ("python", "cpus", "gpus", "goals_met", "wall_s", "problems"):
-            continue
-        shown, met = targets.get(name, ("", None))
-        text = f"{value:10.1f}" if isinstance(value, float) else f"{value:>10}"
-        verdict = "" if met is None else ("met" if met else "MISSED")
-        print(f"{name:<{width}}  {text}  {shown:<12}  {verdict}".rstrip())
+    print_figures(f"labq latency benchmark (Python {fig['python']}, {fig['cpus']} CPUs, agent {fig['gpus']}, "
+                  f"{fig['wall_s']:.0f} s)", fig, targets,
+                  skip=("python", "cpus", "gpus", "goals_met", "wall_s", "problems"), digits=1)
     print("\nslowest imports of labq.cli_jobs (cumulative, one run; a diagnostic):\n  " + "\n  ".join(imports))
 
 

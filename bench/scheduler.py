@@ -32,6 +32,7 @@ try:
 except ImportError:  # running from a checkout without an installed labq
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from figures import print_figures
 from labq.models import Job, JobSpec, JobState, Node, NodeAllocation, Placement, PriorityClass
 from labq.scheduler import Policy, best_set, schedule
 from labq.scheduler import placement as placement_module
@@ -190,16 +191,8 @@ def goals() -> list[tuple[str, str, float]]:
 
 def print_table(fig: dict) -> None:
     targets = {name: (shown, fig[name] <= limit) for name, shown, limit in goals()}
-    width = max(map(len, fig))
-    print(f"labq scheduler benchmark (seed {fig['seed']}, Python {fig['python']})\n")
-    print(f"{'figure':<{width}}  {'value':>10}  {'goal':<18}  verdict")
-    for name, value in fig.items():
-        if name in ("seed", "python", "goals_met"):
-            continue
-        shown, met = targets.get(name, ("", None))
-        text = f"{value:10.3f}" if isinstance(value, float) else f"{value:>10}"
-        verdict = "" if met is None else ("met" if met else "MISSED")
-        print(f"{name:<{width}}  {text}  {shown:<18}  {verdict}".rstrip())
+    print_figures(f"labq scheduler benchmark (seed {fig['seed']}, Python {fig['python']})", fig, targets,
+                  skip=("seed", "python", "goals_met"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,6 +40,7 @@ try:
 except ImportError:  # running from a checkout without an installed labq
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from figures import print_figures
 from labq.store import PutJob, TinyDBStore
 
 DAY = 86400.0
@@ -253,17 +254,9 @@ def met(value: float, limit: float, higher: bool) -> bool:
 
 def print_table(fig: dict, levels: list[int]) -> None:
     targets = {name: (shown, met(fig[name], limit, higher)) for name, shown, limit, higher in goals(levels)}
-    width = max(map(len, fig))
-    print(f"labq store benchmark (Python {fig['python']}, {fig['hot_running']} running jobs hot, "
-          f"{fig['single_submits']} single / {THREADS}x{fig['concurrent_each']} concurrent submits a level)\n")
-    print(f"{'figure':<{width}}  {'value':>12}  {'goal':<12}  verdict")
-    for name, value in fig.items():
-        if name in ("python", "goals_met", "hot_running", "single_submits", "concurrent_each"):
-            continue
-        shown, ok = targets.get(name, ("", None))
-        text = f"{value:12.3f}" if isinstance(value, float) else f"{value:>12}"
-        verdict = "" if ok is None else ("met" if ok else "MISSED")
-        print(f"{name:<{width}}  {text}  {shown:<12}  {verdict}".rstrip())
+    print_figures(f"labq store benchmark (Python {fig['python']}, {fig['hot_running']} running jobs hot, "
+                  f"{fig['single_submits']} single / {THREADS}x{fig['concurrent_each']} concurrent submits a level)",
+                  fig, targets, skip=("python", "goals_met", "hot_running", "single_submits", "concurrent_each"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
+
+from labq.cli_paths import path_arg
 from collections.abc import Sequence
 
 EPILOG = """\
@@ -91,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Make the previous good copy the database, after saying what will be lost. "
         "The damaged file is kept beside it, renamed.")
     for p in (check, recover):
-        p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+        p.add_argument("--data-dir", type=path_arg, default=None, metavar="DIR",
                        help="the leader's data folder (default: $LABQ_DATA_DIR or ~/.local/share/labq)")
     check.add_argument("--json", action="store_true", help="print JSON")
     check.set_defaults(run=_store_check)
@@ -185,7 +186,7 @@ def _place(args: argparse.Namespace) -> int:
     return 0
 
 
-def _data_dir(args: argparse.Namespace) -> Path:
+def _data_dir(args: argparse.Namespace):
     from labq.paths import default_data_dir
 
     return args.data_dir or default_data_dir()

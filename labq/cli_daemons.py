@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+from labq.cli_paths import path_arg
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 LEADER_EPILOG = """\
 examples:
@@ -47,10 +52,10 @@ def add_commands(sub) -> None:
     _agent_options(agent)
     agent.add_argument("--leader", default=os.environ.get("LABQ_LEADER", "http://127.0.0.1:7733"),
                        help="the leader's URL (default: $LABQ_LEADER or http://127.0.0.1:7733)")
-    agent.add_argument("--join-token-file", type=Path, default=None,
+    agent.add_argument("--join-token-file", type=path_arg, default=None,
                        help="file with the cluster's join token (default: $LABQ_JOIN_TOKEN, else the "
                        "leader's data folder on this machine)")
-    agent.add_argument("--data-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    agent.add_argument("--data-dir", type=path_arg, default=None, help=argparse.SUPPRESS)
     agent.set_defaults(run=_agent)
 
     up = sub.add_parser("up", help="leader and agent in one process: a one-workstation lab", epilog=UP_EPILOG,
@@ -69,9 +74,9 @@ def add_commands(sub) -> None:
 
 
 def _leader_options(parser) -> None:
-    parser.add_argument("--config", type=Path, default=None, help="settings file (TOML); see --print-config")
+    parser.add_argument("--config", type=path_arg, default=None, help="settings file (TOML); see --print-config")
     parser.add_argument("--listen", default=None, metavar="HOST:PORT", help="address to serve the API on")
-    parser.add_argument("--data-dir", type=Path, default=None, help="where the database lives")
+    parser.add_argument("--data-dir", type=path_arg, default=None, help="where the database lives")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -79,7 +84,7 @@ def _agent_options(parser) -> None:
     parser.add_argument("--gpus", default=None, metavar="SPEC",
                         help="the GPUs to offer: NVML when omitted, or sim:NAME (see labq topo --list)")
     parser.add_argument("--name", default=None, help="this node's name (default: the host name)")
-    parser.add_argument("--state-dir", type=Path, default=None,
+    parser.add_argument("--state-dir", type=path_arg, default=None,
                         help="where the agent keeps logs and job state (default: in the data folder)")
     if not any(a.dest == "log_level" for a in parser._actions):
         parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator
-from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlencode, urlsplit
 
 from labq.protocol.errors import ApiError
 from labq.wire import Connection, Response, WireError
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 DEFAULT_LEADER = "http://127.0.0.1:7733"
 #: the event stream sends a keepalive every 15 s; a read that waits longer than this means a dead leader
@@ -220,6 +223,8 @@ def parse_event_stream(lines: Iterable[bytes | str]) -> Iterator[dict]:
 # -- credentials ----------------------------------------------------------------------------------
 
 def credentials_path(home: str | Path | None = None) -> Path:
+    from pathlib import Path
+
     """Our file: ``$XDG_CONFIG_HOME/labq/credentials`` or ``~/.config/...``; with ``home``, that user's."""
     if home is not None:
         return Path(home) / ".config" / "labq" / "credentials"
@@ -261,6 +266,8 @@ def save_credentials(leader: str, token: str, path: Path | None = None,
     planted cannot make root write anywhere they could not write themselves.
     """
     import tempfile  # noqa: F401 - before a fork, not in the child
+
+    from pathlib import Path
 
     path = Path(path or credentials_path())
     text = credentials_text(leader, token)
