@@ -32,7 +32,7 @@ from labq.protocol.agents import AttemptReport, Registration, RunOrder, StopOrde
 from labq.protocol.codec import decode_job, decode_node, encode_job, encode_node
 from labq.protocol.requests import ActionRequest, SubmitRequest, UserRequest
 from labq.scheduler import Policy, decay_usage, schedule, why_never_fits
-from labq.store import Change, CommitFailed, InvalidChange, PutJob, PutRecord, Store
+from labq.store import Change, CommitFailed, DeleteRecord, InvalidChange, PutJob, PutRecord, Store
 
 log = logging.getLogger("labq.leader")
 
@@ -133,8 +133,6 @@ class Leader:
                 raise errors.not_found(f"there is no user {name!r}")
             if name == who.name:
                 raise errors.conflict("you cannot remove yourself; ask another admin")
-            from labq.store import DeleteRecord
-
             self._commit([DeleteRecord("users", name)])
             user = self.users.pop(name)
             return {"name": name, "admin": user.get("admin", False)}
