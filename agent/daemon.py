@@ -126,9 +126,13 @@ class Agent:
             self.register()
         statuses = self.runtime.attempts()
         self._reported_running = {(s.job_id, s.attempt) for s in statuses if s.state is AttemptState.RUNNING}
+        reading = self._read_inventory()
         report = SyncReport(tuple(
             AttemptReport(s.job_id, s.attempt, s.state is AttemptState.RUNNING, s.exit_code, s.signal, s.started_at,
-                          s.ended_at, s.fenced) for s in statuses), self._unmanaged_busy(), wait_s)
+                          s.ended_at, s.fenced) for s in statuses),
+            reading.unmanaged_busy if reading else None, wait_s,
+            {u.index: {"memory_free_mib": u.memory_free_mib, "utilization_pct": u.utilization_pct}
+             for u in reading.usage} if reading and reading.usage else None)
         try:
             doc = self._request(f"/v1/agents/{self.config.name}/sync", encode_sync(report), self.token,
                                 timeout=wait_s + 30)
@@ -224,13 +228,12 @@ class Agent:
         groups = {s.pid for s in self.runtime.attempts() if s.pid and s.state is AttemptState.RUNNING}
         return frozenset(processes_in_groups(groups)) if groups else frozenset()
 
-    def _unmanaged_busy(self) -> frozenset[int] | None:
+    def _read_inventory(self) -> Inventory | None:
         try:
-            inv: Inventory = self.inventory.read(self._managed_pids())
+            return self.inventory.read(self._managed_pids())
         except Exception as err:  # an inventory hiccup must not stop the sync
             log.warning("cannot read the GPU inventory: %s", err)
             return None
-        return inv.unmanaged_busy
 
 
 def processes_in_groups(groups: set[int]) -> set[int]:

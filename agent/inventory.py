@@ -38,6 +38,15 @@ NVLINK_UNSUPPORTED = "NVLink query unsupported: topology from PCIe only"
 
 
 @dataclass(frozen=True)
+class GpuUsage:
+    """How busy one GPU is right now (real GPUs only)."""
+
+    index: int
+    memory_free_mib: int | None
+    utilization_pct: int | None
+
+
+@dataclass(frozen=True)
 class Inventory:
     """One reading of a node's GPUs, as the agent reports it to the leader."""
 
@@ -47,6 +56,7 @@ class Inventory:
     unmanaged_busy: frozenset[int]  #: GPU indices with compute processes labq did not start
     source: str  #: ``sim:dgx1`` or ``NVML 12.535.104, driver 535.104.05``
     notes: tuple[str, ...] = ()  #: what could not be read, and what was assumed instead
+    usage: tuple[GpuUsage, ...] = ()  #: free memory and utilization per GPU, when known
 
     def as_node(self, name: str, labels: tuple[str, ...] = ()) -> Node:
         """The node as the leader models it (which also checks the tables fit the GPUs)."""
@@ -106,6 +116,7 @@ class NvmlInventory:
             unmanaged_busy=frozenset(d.index for d in devices if d.pids and d.pids - managed_pids),
             source=self._source,
             notes=(*self._nvml.take_notes(), *topology_notes),
+            usage=tuple(GpuUsage(d.index, d.memory_free_mib, d.utilization_pct) for d in devices),
         )
 
     def close(self) -> None:

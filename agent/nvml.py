@@ -155,6 +155,8 @@ class DeviceFacts:
     numa: int | None
     pids: frozenset[int] | None  #: compute processes; None when NVML cannot list them
     nvlinks: tuple[NvLinkRemote, ...] | None  #: active links; None when NVLink queries are unsupported
+    memory_free_mib: int | None = None  #: None when NVML would not say
+    utilization_pct: int | None = None  #: GPU busy time over the last sample period; None when unsupported
 
 
 def normalize_bus_id(bus_id: str | bytes) -> str:
@@ -189,12 +191,16 @@ def read_devices(nvml: NvmlSession) -> list[DeviceFacts]:
         h = nvml("nvmlDeviceGetHandleByIndex", index)
         pci = nvml("nvmlDeviceGetPciInfo", h, default=None, note=None)
         numa = nvml("nvmlDeviceGetNumaNodeId", h, default=None, note=None)
+        memory = nvml("nvmlDeviceGetMemoryInfo", h)
+        rates = nvml("nvmlDeviceGetUtilizationRates", h, default=None, note="GPU utilization unsupported")
         facts.append(DeviceFacts(
             index=index,
             handle=h,
             uuid=_text(nvml("nvmlDeviceGetUUID", h)),
             model=_text(nvml("nvmlDeviceGetName", h, default="NVIDIA GPU")),
-            memory_mib=int(nvml("nvmlDeviceGetMemoryInfo", h).total) // (1024 * 1024),
+            memory_mib=int(memory.total) // (1024 * 1024),
+            memory_free_mib=int(memory.free) // (1024 * 1024) if getattr(memory, "free", None) is not None else None,
+            utilization_pct=int(rates.gpu) if rates is not None else None,
             bus_id=normalize_bus_id(pci.busId) if pci is not None else None,
             numa=numa if isinstance(numa, int) and numa >= 0 else None,
             pids=_compute_pids(nvml, h, index),

@@ -239,9 +239,12 @@ def gpu_rows(nodes: Sequence[Mapping], users: Mapping[int, str]) -> list[dict]:
         in_use, unmanaged = _in_use(n), set(n.get("unmanaged_busy") or ())
         for g in n["gpus"]:
             job = in_use.get(g["index"])
+            usage = (n.get("gpu_usage") or {}).get(str(g["index"]), {})
             out.append({"node": n["name"], "index": g["index"], "uuid": g["uuid"], "model": g["model"],
                         "memory_mib": g["memory_mib"], "job": job, "user": users.get(job) if job else None,
-                        "busy_outside_labq": g["index"] in unmanaged and job is None})
+                        "busy_outside_labq": g["index"] in unmanaged and job is None,
+                        "memory_free_mib": usage.get("memory_free_mib"),
+                        "utilization_pct": usage.get("utilization_pct")})
     return out
 
 
@@ -254,6 +257,11 @@ def gpus_table(rows: Sequence[Mapping]) -> str:
             return f"job {r['job']}" + (f" ({r['user']})" if r["user"] else "")
         return "busy (not labq)" if r["busy_outside_labq"] else "free"
 
-    return table(("NODE", "IDX", "MODEL", "MEM", "JOB/USER"),
-                 [[r["node"], r["index"], r["model"].removeprefix("NVIDIA "), format_mib(r["memory_mib"]), using(r)]
+    def measured(value, text) -> str:
+        return "-" if value is None else text
+
+    return table(("NODE", "IDX", "MODEL", "MEM", "FREE", "UTIL", "JOB/USER"),
+                 [[r["node"], r["index"], r["model"].removeprefix("NVIDIA "), format_mib(r["memory_mib"]),
+                   measured(r.get("memory_free_mib"), format_mib(r.get("memory_free_mib"))),
+                   measured(r.get("utilization_pct"), f"{r.get('utilization_pct')}%"), using(r)]
                   for r in rows])

@@ -47,6 +47,7 @@ class AgentSession:
     last_seen: float
     version: int = 0  #: bumps whenever what this agent should do changes
     delivered: SyncReply | None = None  #: the orders last sent
+    gpu_usage: dict[int, dict] | None = None  #: as the agent last measured it
 
     def record(self) -> dict:
         return {"node": encode_node(replace(self.node, health=NodeHealth.UP)), "token_sha256": self.token_sha256,
@@ -251,7 +252,8 @@ class Leader:
                     for a in job.placement.allocations:
                         for g in a.gpu_indices:
                             in_use.setdefault(a.node, {})[g] = job.id
-            return [{**encode_node(s.node), "gpus_in_use": in_use.get(name, {}), "last_seen": s.last_seen}
+            return [{**encode_node(s.node), "gpus_in_use": in_use.get(name, {}), "last_seen": s.last_seen,
+                     "gpu_usage": {str(i): u for i, u in (s.gpu_usage or {}).items()}}
                     for name, s in sorted(self.agents.items())]
 
     def sync(self, who: Principal, agent: str, report: SyncReport) -> SyncReply:
@@ -281,6 +283,8 @@ class Leader:
             session.node = replace(session.node, health=NodeHealth.UP)
             self.events.publish("node", {"node": session.name, "health": "up"})
             changed = True
+        if report.gpu_usage is not None:
+            session.gpu_usage = report.gpu_usage
         if report.unmanaged_busy is not None and report.unmanaged_busy != session.node.unmanaged_busy:
             session.node = replace(session.node, unmanaged_busy=report.unmanaged_busy)
             changed = True

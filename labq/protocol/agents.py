@@ -62,6 +62,8 @@ class SyncReport:
     attempts: tuple[AttemptReport, ...]
     unmanaged_busy: frozenset[int] | None
     wait_s: float
+    #: per GPU index: {"memory_free_mib": int|None, "utilization_pct": int|None}, when the node can tell
+    gpu_usage: dict[int, dict] | None = None
 
 
 def encode_sync(report: SyncReport) -> dict:
@@ -71,6 +73,7 @@ def encode_sync(report: SyncReport) -> dict:
                      for a in report.attempts],
         "unmanaged_busy": sorted(report.unmanaged_busy) if report.unmanaged_busy is not None else None,
         "wait_s": report.wait_s,
+        "gpu_usage": ({str(i): u for i, u in report.gpu_usage.items()} if report.gpu_usage is not None else None),
     }
 
 
@@ -79,6 +82,7 @@ def parse_sync(body: object) -> SyncReport:
     raw_attempts = f.raw("attempts", required=True)
     busy = f.raw("unmanaged_busy")
     wait_s = f.number("wait_s", high=MAX_WAIT_S) or 0.0
+    usage = _gpu_usage(f.raw("gpu_usage"))
     f.done()
     if not isinstance(raw_attempts, list):
         raise bad_request("attempts must be a list", "attempts")
@@ -93,7 +97,21 @@ def parse_sync(body: object) -> SyncReport:
         a.done()
     if busy is not None and (not isinstance(busy, list) or not all(isinstance(i, int) for i in busy)):
         raise bad_request("unmanaged_busy must be a list of GPU indices", "unmanaged_busy")
-    return SyncReport(tuple(attempts), frozenset(busy) if busy is not None else None, wait_s)
+    return SyncReport(tuple(attempts), frozenset(busy) if busy is not None else None, wait_s, usage)
+
+
+def _gpu_usage(raw: object) -> dict[int, dict] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and k.isdigit() for k in raw):
+        raise bad_request("gpu_usage must map GPU indices to usage", "gpu_usage")
+    usage = {}
+    for key, item in raw.items():
+        u = Fields(item, "a GPU's usage")
+        usage[int(key)] = {"memory_free_mib": u.integer("memory_free_mib", high=1 << 30),
+                           "utilization_pct": u.integer("utilization_pct", high=100)}
+        u.done()
+    return usage
 
 
 @dataclass(frozen=True)

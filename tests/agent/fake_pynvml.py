@@ -36,6 +36,8 @@ class FakeGpu:
     #: NVLink links the GPU has (active or not); None: as many as ``nvlinks``; 0: no NVLink at all
     link_slots: int | None = None
     pids: tuple[int, ...] = ()
+    used_mib: int = 0
+    utilization_pct: int = 0
 
 
 @dataclass(frozen=True)
@@ -171,9 +173,16 @@ class FakeNvml:
         self._enter("nvmlDeviceGetMemoryInfo", handle)
         mem = real.c_nvmlMemory_t()
         mem.total = self._gpu(handle).memory_mib * MIB
-        mem.used = 0
-        mem.free = mem.total
+        mem.used = self._gpu(handle).used_mib * MIB
+        mem.free = mem.total - mem.used
         return mem
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> real.c_nvmlUtilization_t:
+        self._enter("nvmlDeviceGetUtilizationRates", handle)
+        rates = real.c_nvmlUtilization_t()
+        rates.gpu = self._gpu(handle).utilization_pct
+        rates.memory = 0
+        return rates
 
     def nvmlDeviceGetPciInfo(self, handle: Handle) -> real.nvmlPciInfo_t:
         self._enter("nvmlDeviceGetPciInfo", handle)
@@ -243,7 +252,7 @@ def module(machine: Machine) -> tuple[ModuleType, FakeNvml]:
     mod = ModuleType("pynvml", "fake pynvml for labq tests")
     for name in dir(real):
         if name.startswith(("NVML_", "NVMLError", "NVMLLibraryMismatchError")) or name in (
-                "nvmlFriendlyObject", "nvmlPciInfo_t", "c_nvmlMemory_t"):
+                "nvmlFriendlyObject", "nvmlPciInfo_t", "c_nvmlMemory_t", "c_nvmlUtilization_t"):
             setattr(mod, name, getattr(real, name))
     for name in dir(FakeNvml):
         if name.startswith("nvml") and hasattr(real, name) and name not in machine.binding_lacks:

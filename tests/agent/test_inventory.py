@@ -340,3 +340,20 @@ def test_notes_do_not_pile_up_across_reads(machine, fake):
 ])
 def test_bus_ids_are_spelt_one_way(raw, expected):
     assert normalize_bus_id(raw) == expected
+
+
+
+def test_free_memory_and_utilization_are_read_per_gpu(fake, machine):
+    busy = dataclasses.replace(fake.DGX1.gpus[2], used_mib=10 * 1024, utilization_pct=87)
+    machine(fake.DGX1, gpus=(*fake.DGX1.gpus[:2], busy, *fake.DGX1.gpus[3:]))
+    usage = {u.index: u for u in read().usage}
+    total = fake.DGX1.gpus[2].memory_mib
+    assert (usage[2].utilization_pct, usage[2].memory_free_mib) == (87, total - 10 * 1024)
+    assert (usage[0].utilization_pct, usage[0].memory_free_mib) == (0, fake.DGX1.gpus[0].memory_mib)
+
+
+def test_utilization_unsupported_degrades_to_unknown(fake, machine):
+    machine(fake.DGX1, not_supported=frozenset({"nvmlDeviceGetUtilizationRates"}))
+    reading = read()
+    assert all(u.utilization_pct is None for u in reading.usage)
+    assert any("utilization" in note for note in reading.notes)

@@ -8,6 +8,7 @@ that answers canned responses (the API's shapes, built with ``labq.protocol.code
 from __future__ import annotations
 
 import json
+import re
 import os
 import pwd
 import shutil
@@ -494,8 +495,8 @@ def test_nodes_and_gpus_say_who_is_on_each_gpu(leader, jobs, node):
     leader.json("GET", "/v1/jobs", {"jobs": [encode_job(running)]})
     out = labq("gpus", env=leader.env())
     assert out.returncode == 0
-    using = [line.split(None, 5)[-1] for line in out.stdout.splitlines()[1:]]
-    assert [u.split("GiB")[-1].strip() for u in using] == ["job 1 (bob)", "job 1 (bob)", "free", "busy (not labq)"]
+    using = [re.split(r"\s{2,}", line.strip())[-1] for line in out.stdout.splitlines()[1:]]  # the last column
+    assert using == ["job 1 (bob)", "job 1 (bob)", "free", "busy (not labq)"]
     out = labq("nodes", env=leader.env())
     assert out.stdout.splitlines()[1].split()[:3] == ["ws1", "up", "1/4"]
 
@@ -591,3 +592,17 @@ def test_ls_json_loads_neither_textual_nor_rich(leader):
             "with contextlib.redirect_stdout(io.StringIO()):\n    assert main(['ls', '--json']) == 0")
     leader.json("GET", "/v1/jobs", {"jobs": []})
     assert loaded_after(code) == ["socket"]  # no http.client either: the socket-level client suffices
+
+
+def test_gpus_shows_free_memory_and_utilization_when_the_node_measures_them(leader, node):
+    usage = {"0": {"memory_free_mib": 1024, "utilization_pct": 87}, "1": {"memory_free_mib": None,
+                                                                          "utilization_pct": None}}
+    leader.json("GET", "/v1/nodes", {"nodes": [encode_node(node) | {"gpus_in_use": {}, "last_seen": 0,
+                                                                    "gpu_usage": usage}]})
+    leader.json("GET", "/v1/jobs", {"jobs": []})
+    out = labq("gpus", env=leader.env())
+    assert out.returncode == 0
+    header, first, second = out.stdout.splitlines()[:3]
+    assert "FREE" in header and "UTIL" in header
+    assert "87%" in first and "1 GiB" in first
+    assert re.split(r"\s{2,}", second.strip())[4:6] == ["-", "-"]  # unknown is shown as unknown
