@@ -127,7 +127,29 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
         body["nodes"] = args.nodes
     if args.node:
         body["node"] = args.node
+    if args.image:
+        body["runtime"], body["image"] = "docker", args.image
+        body.pop("workdir")  # a container starts in its image's folder unless asked
+        if args.workdir:
+            body["workdir"] = args.workdir
+    if args.mount:
+        if not args.image:
+            raise UsageError("--mount is for container jobs: add --image IMAGE")
+        body["mounts"] = [parse_mount(m, cwd) for m in args.mount]
+    if args.shm_size:
+        body["shm_size_mib"] = parse_size_mib(args.shm_size, "--shm-size")
     return body
+
+
+def parse_mount(text: str, cwd: str | None = None) -> dict:
+    """``/data/imagenet:/data:ro`` -> a mount; a relative host path is taken from the current folder."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+        raise UsageError(f"--mount {text!r}: use HOST_PATH:CONTAINER_PATH[:ro]")
+    source = os.path.abspath(os.path.join(cwd or os.getcwd(), os.path.expanduser(parts[0])))
+    if not parts[1].startswith("/"):
+        raise UsageError(f"--mount {text!r}: the container path must be absolute")
+    return {"source": source, "target": parts[1], "read_only": len(parts) == 3 and parts[2] == "ro"}
 
 
 def _number(seconds: float) -> int | float:
@@ -480,6 +502,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="set a variable; --env K copies K from this shell (repeatable)")
     p.add_argument("--workdir", metavar="DIR", help="where it runs (default: the current folder)")
     p.add_argument("--no-preempt", action="store_true", help="never stop this job for a higher-priority one")
+    p.add_argument("--image", metavar="IMAGE", help="run in a container from IMAGE (present on the nodes)")
+    p.add_argument("--mount", action="append", metavar="SRC:DST[:ro]",
+                   help="bind a host folder into the container (under the admin's allowed roots); repeatable")
+    p.add_argument("--shm-size", metavar="SIZE", help="the container's /dev/shm (default 1G)")
     p.add_argument("--after", action="append", default=[], metavar="ID[,ID]",
                    help="start only after these jobs have succeeded")
     p.add_argument("--nodes", type=int, metavar="N", help="spread the GPUs evenly over N nodes")

@@ -344,8 +344,11 @@ class Leader:
         env.update({"LABQ_JOB_ID": str(job.id), "LABQ_ATTEMPT": str(job.attempt),
                     "LABQ_RESUMED": "1" if job.attempt > 1 else "0", "LABQ_PREEMPT_SIGNAL": job.spec.checkpoint_signal,
                     "CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible})
-        return RunOrder(job.id, job.attempt, job.user, job.spec.command, env, job.spec.workdir, indices, uuids,
-                        job.spec.grace_s, job.spec.checkpoint_signal)
+        spec = job.spec
+        return RunOrder(job.id, job.attempt, job.user, spec.command, env, spec.workdir, indices, uuids,
+                        spec.grace_s, spec.checkpoint_signal, spec.runtime.value, spec.image,
+                        tuple((m.source, m.target, m.read_only) for m in spec.mounts), spec.shm_size_mib,
+                        node.simulated)
 
     # -- scheduling and timers -----------------------------------------------------------
 

@@ -75,6 +75,7 @@ class JobSpec:
     grace_s: float = 60.0
     reservation: str | None = None
     depends_on: tuple[int, ...] = ()
+    shm_size_mib: int = 1024  #: /dev/shm of a docker job (dataloaders need more than Docker's 64 MiB)
 
     def __post_init__(self) -> None:
         if self.gpus < 1:

@@ -128,6 +128,11 @@ class RunOrder:
     gpu_uuids: tuple[str, ...]
     grace_s: float
     checkpoint_signal: str
+    runtime: str = "process"  #: "process" or "docker"
+    image: str | None = None
+    mounts: tuple[tuple[str, str, bool], ...] = ()  #: (source, target, read_only)
+    shm_size_mib: int = 1024
+    simulated: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,9 @@ def encode_reply(reply: SyncReply) -> dict:
     return {
         "run": [{"job_id": r.job_id, "attempt": r.attempt, "user": r.user, "command": list(r.command),
                  "env": r.env, "workdir": r.workdir, "gpu_indices": list(r.gpu_indices),
-                 "gpu_uuids": list(r.gpu_uuids), "grace_s": r.grace_s, "checkpoint_signal": r.checkpoint_signal}
+                 "gpu_uuids": list(r.gpu_uuids), "grace_s": r.grace_s, "checkpoint_signal": r.checkpoint_signal,
+                 "runtime": r.runtime, "image": r.image, "mounts": [list(m) for m in r.mounts],
+                 "shm_size_mib": r.shm_size_mib, "simulated": r.simulated}
                 for r in reply.run],
         "stop": [{"job_id": s.job_id, "attempt": s.attempt, "signal": s.signal, "grace_s": s.grace_s,
                   "reason": s.reason} for s in reply.stop],
@@ -164,7 +171,10 @@ def encode_reply(reply: SyncReply) -> dict:
 def decode_reply(doc: dict) -> SyncReply:
     return SyncReply(
         tuple(RunOrder(r["job_id"], r["attempt"], r["user"], tuple(r["command"]), dict(r["env"]), r["workdir"],
-                       tuple(r["gpu_indices"]), tuple(r["gpu_uuids"]), r["grace_s"], r["checkpoint_signal"])
+                       tuple(r["gpu_indices"]), tuple(r["gpu_uuids"]), r["grace_s"], r["checkpoint_signal"],
+                       r.get("runtime", "process"), r.get("image"),
+                       tuple((m[0], m[1], bool(m[2])) for m in r.get("mounts", ())), r.get("shm_size_mib", 1024),
+                       r.get("simulated", False))
               for r in doc["run"]),
         tuple(StopOrder(s["job_id"], s["attempt"], s["signal"], s["grace_s"], s["reason"]) for s in doc["stop"]),
         doc["lease_s"], doc["fence_after_s"])

@@ -12,7 +12,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from labq.models.job import JobSpec, Runtime
+from labq.models.job import JobSpec, Mount, Runtime
 from labq.models.priority import parse_priority
 from labq.protocol.errors import ApiError, bad_request
 
@@ -143,6 +143,25 @@ def _env(value: object) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(value.items()))
 
 
+def _mounts(value: object) -> tuple[Mount, ...]:
+    """The shape of bind mounts; where they may point is the leader's policy (labq.isolation)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > 64:
+        raise bad_request("mounts must be a list of {source, target, read_only}", "mounts")
+    mounts = []
+    for item in value:
+        m = Fields(item, "a mount")
+        source = m.string("source", required=True, max_len=4096)
+        target = m.string("target", required=True, max_len=4096)
+        read_only = m.boolean("read_only", default=False)
+        m.done()
+        if not source.startswith("/") or not target.startswith("/"):
+            raise bad_request(f"mount {source}:{target}: both paths must be absolute", "mounts")
+        mounts.append(Mount(source, target, read_only))
+    return tuple(mounts)
+
+
 def _signal_name(value: str | None) -> str:
     if value is None:
         return "SIGUSR1"
@@ -198,6 +217,10 @@ def parse_submit(body: object) -> SubmitRequest:
     except ValueError:
         raise bad_request(f"runtime must be process or docker, not {runtime!r}", "runtime") from None
     out["image"] = f.string("image", max_len=512)
+    out["mounts"] = _mounts(f.raw("mounts"))
+    out["shm_size_mib"] = f.integer("shm_size_mib", low=64, high=1 << 20)
+    if out["mounts"] and out["runtime"] is not Runtime.DOCKER:
+        raise bad_request("mounts are for docker jobs (--image); a process job sees the host's files", "mounts")
     out["reservation"] = f.string("reservation", pattern=NAME, what="a reservation name")
     after = f.raw("depends_on")
     if after is not None:

@@ -606,3 +606,24 @@ def test_gpus_shows_free_memory_and_utilization_when_the_node_measures_them(lead
     assert "FREE" in header and "UTIL" in header
     assert "87%" in first and "1 GiB" in first
     assert re.split(r"\s{2,}", second.strip())[4:6] == ["-", "-"]  # unknown is shown as unknown
+
+
+def test_container_jobs_map_image_mounts_and_shared_memory():
+    body = submit_body("--image", "pytorch/pytorch:2.4", "--mount", "data:/data:ro", "--mount", "/scratch/a:/out",
+                       "--shm-size", "8G", "--", "python", "train.py")
+    assert (body["runtime"], body["image"], body["shm_size_mib"]) == ("docker", "pytorch/pytorch:2.4", 8192)
+    assert body["mounts"] == [{"source": "/home/alice/proj/data", "target": "/data", "read_only": True},
+                              {"source": "/scratch/a", "target": "/out", "read_only": False}]
+    assert "workdir" not in body  # a container starts where its image says, unless asked
+    assert parse_submit(body).spec_for("alice").mounts[0].read_only  # and the leader reads it back
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--mount", "/a:/b", "--", "true"), "--mount is for container jobs"),
+    (("--image", "x", "--mount", "/a", "--", "true"), "use HOST_PATH:CONTAINER_PATH"),
+    (("--image", "x", "--mount", "/a:b", "--", "true"), "container path must be absolute"),
+    (("--image", "x", "--mount", "/a:/b:rx", "--", "true"), "use HOST_PATH:CONTAINER_PATH"),
+])
+def test_bad_container_options_are_named(args, words):
+    with pytest.raises(UsageError, match=words):
+        submit_body(*args)
