@@ -1,0 +1,125 @@
+"""The container policy: which mounts, images and settings a job's container may have.
+
+Pure checks, run twice: by the leader before it stores a job (so a bad job is refused at
+submit, with a message saying why) and by the agent again just before it launches (the
+leader may be older, and paths resolve differently on each machine). Only the agent's
+call means anything for safety: ``check_mounts`` resolves paths on the machine it runs on.
+
+No docker import at module level: the leader imports this module and need not have docker.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import posixpath
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from labq.models.job import Mount
+
+#: never mountable, nor anything that resolves to them
+FORBIDDEN_SOURCES = ("/", "/etc", "/dev", "/proc", "/sys", "/var/run/docker.sock", "/run/docker.sock")
+#: nothing under these either
+FORBIDDEN_TREES = ("/etc", "/dev", "/proc", "/sys")
+#: no mount may contain these (mounting /run would hand out the docker socket)
+DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
+#: set by labq from the placement, never by the job
+GPU_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
+
+
+class IsolationError(ValueError):
+    """A job asks for something its container may not have; the message names what and why."""
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def check_mounts(mounts: Iterable[Mount], allowed_roots: Iterable[str]) -> list[Mount]:
+    """The mounts with their sources resolved (symlinks, ``..``), or IsolationError for the first bad one.
+
+    A source must exist (it is never created) and lie under one of ``allowed_roots``;
+    system paths and the docker socket are refused whatever the roots say.
+    """
+    roots = [os.path.realpath(root) for root in allowed_roots]
+    forbidden = {os.path.realpath(p) for p in FORBIDDEN_SOURCES} | set(FORBIDDEN_SOURCES)
+    trees = {os.path.realpath(p) for p in FORBIDDEN_TREES} | set(FORBIDDEN_TREES)
+    sockets = {os.path.realpath(p) for p in DOCKER_SOCKETS} | set(DOCKER_SOCKETS)
+    checked = []
+    for mount in mounts:
+        name = f"mount {mount.source}:{mount.target}"
+        target = str(mount.target)
+        if not posixpath.isabs(target):
+            raise IsolationError(f"{name}: the target must be an absolute path inside the container")
+        target = "/" + posixpath.normpath(target).lstrip("/")  # normpath keeps a leading //
+        if target == "/":
+            raise IsolationError(f"{name}: the target may not be / (the container's root)")
+        if not mount.source or not os.path.isabs(mount.source):
+            raise IsolationError(f"{name}: the source must be an absolute path on the node")
+        source = os.path.realpath(mount.source)
+        if source in forbidden or any(_under(source, tree) for tree in trees):
+            raise IsolationError(f"{name}: the source resolves to {source}, a system path that is never mounted")
+        if any(_under(socket, source) for socket in sockets):
+            raise IsolationError(f"{name}: the source resolves to {source}, which holds the docker socket")
+        if not any(_under(source, root) for root in roots if root != "/"):
+            allowed = ", ".join(roots) or "none configured"
+            raise IsolationError(f"{name}: the source resolves to {source}, outside the allowed roots ({allowed})")
+        if not os.path.exists(source):
+            raise IsolationError(f"{name}: mount source {mount.source} does not exist on this machine")
+        checked.append(Mount(source, target, bool(mount.read_only)))
+    return checked
+
+
+def check_image(image: str, allowed_images: Sequence[str]) -> None:
+    """Any image when ``allowed_images`` is empty; else it must match one of the fnmatch patterns."""
+    if not image or not image.strip():
+        raise IsolationError("a container job needs an image")
+    if allowed_images and not any(fnmatch.fnmatchcase(image, pattern) for pattern in allowed_images):
+        raise IsolationError(f"image {image} is not allowed here (allowed: {', '.join(allowed_images)})")
+
+
+def check_env(env: Mapping[str, str]) -> None:
+    """Refuse GPU-selecting variables: labq sets them from the job's placement."""
+    taken = sorted(key for key in env if key in GPU_ENV)
+    if taken:
+        raise IsolationError(f"the job may not set {', '.join(taken)}: labq sets them to the GPUs it placed the job on")
+
+
+def container_settings(uid: int, gid: int, gpu_uuids: Sequence[str], simulated: bool, shm_size_mib: int,
+                       mounts: Iterable[Mount], *, allow_root: bool = False,
+                       groups: Sequence[int] = ()) -> dict[str, Any]:
+    """Keyword arguments for docker's ``containers.create``/``run`` that encode the isolation.
+
+    ``mounts`` must have passed ``check_mounts``. ``gpu_uuids`` are the placed GPUs' UUIDs,
+    or their indices on a simulated node (where no device is requested). The returned
+    ``environment`` holds only labq's GPU variables: merge it last over the job's own.
+    """
+    from docker.types import DeviceRequest
+    from docker.types import Mount as DockerMount
+
+    if uid < 0 or gid < 0:
+        raise IsolationError(f"bad uid:gid {uid}:{gid}")
+    if uid == 0 and not allow_root:
+        raise IsolationError("a container job may not run as root (uid 0): give the job a non-root user")
+    if shm_size_mib <= 0:
+        raise IsolationError(f"shm size must be positive, not {shm_size_mib} MiB")
+    gpus = [str(g) for g in gpu_uuids]
+    settings: dict[str, Any] = {
+        "user": f"{uid}:{gid}",
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "privileged": False,
+        "ipc_mode": "private",  # network stays the default bridge; pid mode the container's own
+        "init": True,
+        "shm_size": f"{shm_size_mib}m",
+        "mounts": [DockerMount(m.target, m.source, type="bind", read_only=m.read_only) for m in mounts],
+        # "void": as if unset, so an image that bakes in NVIDIA_VISIBLE_DEVICES=all sees no GPU
+        "environment": {"NVIDIA_VISIBLE_DEVICES": ",".join(gpus) if gpus else "void"},
+    }
+    if groups:
+        settings["group_add"] = [str(g) for g in groups if g != 0 or allow_root]
+    if gpus and not simulated:
+        settings["device_requests"] = [DeviceRequest(device_ids=gpus, capabilities=[["gpu"]])]
+        settings["environment"]["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
+    return settings
