@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,7 +29,9 @@ from pathlib import Path
 
 from labq import __version__
 from labq.agent.inventory import GpuInventory, Inventory
-from labq.agent.process_runtime import AttemptState, Launch, ProcessRuntime
+from labq.agent.process_runtime import AttemptState, Launch
+from labq.agent.runtimes import Runtimes
+from labq.models.job import Mount
 from labq.models.node import Node
 from labq.protocol.agents import (
     AttemptReport, Registration, RunOrder, StopOrder, SyncReport, decode_reply, encode_registration, encode_sync,
@@ -56,11 +59,12 @@ class Agent:
         self.config = config
         self.inventory = inventory
         config.state_dir.mkdir(parents=True, exist_ok=True)
-        self.runtime = ProcessRuntime(config.state_dir / "runtime")
+        self.runtime = Runtimes(config.state_dir, config.name)
         self.checkpoints = config.state_dir / "checkpoints"
         self.token: str | None = None
         self.logs_token: str | None = None
         self.fence_after_s = 600.0
+        self.last_contact = time.monotonic()
         self._apply_lock = threading.Lock()
         self._stopping: set[tuple[int, int]] = set()
         self._stop = threading.Event()
@@ -119,6 +123,7 @@ class Agent:
                               self.config.join_token, timeout=30)
         self.token, self.logs_token = reply["agent_token"], reply["logs_token"]
         self.fence_after_s = reply["fence_after_s"]
+        self.runtime.set_policy(tuple(reply.get("allowed_mount_roots", ())), tuple(reply.get("allowed_images", ())))
         log.info("registered %s with %d GPU(s) (%s)", self.config.name, len(inv.gpus), inv.source)
 
     def sync_once(self, wait_s: float) -> None:
@@ -141,6 +146,7 @@ class Agent:
                 self.token = None
             raise
         self.runtime.heartbeat()
+        self.last_contact = time.monotonic()
         self.fence_after_s = doc["fence_after_s"]
         self.apply(decode_reply(doc))
 
@@ -152,6 +158,8 @@ class Agent:
                 wait_s, backoff = LONG_POLL_S, 1.0
             except (OSError, ApiError, ValueError) as err:
                 log.warning("cannot sync with the leader at %s: %s", self.config.leader, err)
+                if time.monotonic() - self.last_contact > self.fence_after_s:
+                    self._fence_containers()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 15.0)
                 wait_s = 0.0
@@ -202,8 +210,19 @@ class Agent:
             _give_to(folder, user)
         log.info("starting job %d attempt %d on GPUs %s", order.job_id, order.attempt, order.gpu_indices)
         try:
-            self.runtime.launch(Launch(order.job_id, order.attempt, order.command, env, order.workdir, user, gpu_env,
-                                       self.fence_after_s, order.checkpoint_signal, order.grace_s))
+            if order.runtime == "docker":
+                from labq.agent.docker_runtime import DockerLaunch
+
+                mounts = (*(Mount(*m) for m in order.mounts), Mount(str(folder), str(folder)))
+                visible = tuple(map(str, order.gpu_indices)) if order.simulated else order.gpu_uuids
+                launch = DockerLaunch(order.job_id, order.attempt, order.command, env, order.workdir, user, {},
+                                      self.fence_after_s, order.checkpoint_signal, order.grace_s, image=order.image,
+                                      mounts=mounts, shm_size_mib=order.shm_size_mib, simulated=order.simulated,
+                                      gpu_uuids=visible)
+            else:
+                launch = Launch(order.job_id, order.attempt, order.command, env, order.workdir, user, gpu_env,
+                                self.fence_after_s, order.checkpoint_signal, order.grace_s)
+            self.runtime.launch(launch)
         except ValueError as err:  # e.g. no Unix account for the job's user here: the attempt fails, not the agent
             log.warning("job %d attempt %d cannot start: %s", order.job_id, order.attempt, err)
             self.runtime.refuse(order.job_id, order.attempt, f"cannot start on {self.config.name}: {err}")
@@ -222,6 +241,12 @@ class Agent:
         timer = threading.Timer(order.grace_s, self.runtime.stop, (order.job_id, order.attempt, KILL_AFTER_S))
         timer.daemon = True
         timer.start()
+
+    def _fence_containers(self) -> None:
+        """Containers have no shim to fence them: the agent stops them itself, once."""
+        for s in self.runtime.attempts():
+            if s.state is AttemptState.RUNNING and getattr(s, "container", None):
+                self._stop_attempt(StopOrder(s.job_id, s.attempt, "SIGUSR1", 30.0, "fenced"))
 
     def _managed_pids(self) -> frozenset[int]:
         """Every process of every running job: its whole process group, dataloader workers and all."""

@@ -157,8 +157,7 @@ class Leader:
         if limit and (spec.time_limit_s is None or spec.time_limit_s > limit):
             raise errors.bad_request(f"jobs here need a time limit of at most {limit:g} s (--time)", "time_limit_s")
         if spec.runtime is Runtime.DOCKER:
-            raise errors.unprocessable("this lab's agents run process jobs only; the docker runtime is not "
-                                       "available yet", "runtime")
+            _check_container(spec, self.config)
         with self.lock:
             nodes = [s.node for s in self.agents.values()]
             never = why_never_fits(spec, nodes) if nodes else None
@@ -506,6 +505,21 @@ def _acted(job: Job, request: ActionRequest, now: float, who: Principal, config:
         raise errors.forbidden(f"priority {priority_name(request.priority)} is for admins; the highest for users is "
                                f"{priority_name(config.user_max_priority)}")
     return job.evolve(spec=replace(job.spec, priority=request.priority))
+
+
+def _check_container(spec, config: LeaderConfig) -> None:
+    """The leader's look at a container job; the agent looks again on its own machine before launching."""
+    from labq.isolation import IsolationError, check_env, check_image, check_mounts
+
+    try:
+        check_image(spec.image, config.allowed_images)
+        check_env(dict(spec.env))
+        if spec.mounts:
+            if not config.allowed_mount_roots:
+                raise IsolationError("this lab allows no bind mounts (jobs.allowed_mount_roots is empty)")
+            check_mounts(spec.mounts, config.allowed_mount_roots)
+    except IsolationError as err:
+        raise errors.forbidden(f"this container job is not allowed here: {err}") from None
 
 
 def _user_only(who: Principal) -> None:

@@ -31,11 +31,11 @@ def __getattr__(name: str):
     return value
 
 
-if TYPE_CHECKING:
-    from labq.models.decisions import Decisions, Pending, PendingReason, Preempt, Start
-    from labq.models.job import Job, JobSpec, JobState, Mount, Runtime
-    from labq.models.node import Gpu, Node, NodeHealth
-    from labq.models.placement import NodeAllocation, Placement
-    from labq.models.priority import PriorityClass, parse_priority, priority_name
-    from labq.models.reservation import Reservation
-    from labq.models.topology import NVLINK_WEIGHT, PcieLevel, Topology
+if TYPE_CHECKING:  # the same names, for type checkers  # noqa: F401 below: re-exports
+    from labq.models.decisions import Decisions, Pending, PendingReason, Preempt, Start  # noqa: F401
+    from labq.models.job import Job, JobSpec, JobState, Mount, Runtime  # noqa: F401
+    from labq.models.node import Gpu, Node, NodeHealth  # noqa: F401
+    from labq.models.placement import NodeAllocation, Placement  # noqa: F401
+    from labq.models.priority import PriorityClass, parse_priority, priority_name  # noqa: F401
+    from labq.models.reservation import Reservation  # noqa: F401
+    from labq.models.topology import NVLINK_WEIGHT, PcieLevel, Topology  # noqa: F401

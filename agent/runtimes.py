@@ -1,0 +1,93 @@
+"""The agent's runtimes behind one face: attempts from all of them, each attempt's calls to its owner.
+
+Process jobs run under the shim; container jobs in Docker. Docker is opened
+only when a container job arrives, or at start when an earlier agent left
+containers to re-adopt, so a workstation without Docker runs process jobs
+as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from labq.agent.process_runtime import AttemptStatus, Launch, ProcessRuntime
+
+log = logging.getLogger("labq.agent")
+
+
+class Runtimes:
+    def __init__(self, state_dir: Path, node: str) -> None:
+        self.state_dir = state_dir
+        self.node = node
+        self.process = ProcessRuntime(state_dir / "runtime")
+        self.allowed_roots: tuple[str, ...] = ()
+        self.allowed_images: tuple[str, ...] = ()
+        self._docker = None
+        if (state_dir / "docker").exists():
+            try:
+                self.docker()
+            except ValueError as err:
+                log.warning("containers of an earlier agent cannot be re-adopted: %s", err)
+
+    def set_policy(self, allowed_roots: tuple[str, ...], allowed_images: tuple[str, ...]) -> None:
+        """The leader's container policy, checked again here on this machine's resolved paths."""
+        self.allowed_roots = (*allowed_roots, str(self.state_dir / "checkpoints"))
+        self.allowed_images = allowed_images
+        if self._docker is not None:
+            self._docker.allowed_roots, self._docker.allowed_images = self.allowed_roots, allowed_images
+
+    def docker(self):
+        if self._docker is None:
+            try:
+                import docker
+
+                from labq.agent.docker_runtime import DockerRuntime
+
+                self._docker = DockerRuntime(self.state_dir / "docker", self.node, allowed_roots=self.allowed_roots,
+                                             allowed_images=self.allowed_images)
+            except (ImportError, docker.errors.DockerException) as err:
+                raise ValueError(f"docker is not available on node {self.node}: {err}") from None
+        return self._docker
+
+    def launch(self, launch: Launch) -> AttemptStatus:
+        from labq.agent.docker_runtime import DockerLaunch
+
+        return self.docker().launch(launch) if isinstance(launch, DockerLaunch) else self.process.launch(launch)
+
+    def attempts(self) -> list[AttemptStatus]:
+        found = self.process.attempts()
+        if self._docker is not None:
+            found += self._docker.attempts()
+        return found
+
+    def _owner(self, job_id: int, attempt: int):
+        if self._docker is not None and any(s.job_id == job_id and s.attempt == attempt
+                                            for s in self._docker.attempts()):
+            return self._docker
+        return self.process
+
+    def signal(self, job_id: int, attempt: int, sig: int) -> bool:
+        return self._owner(job_id, attempt).signal(job_id, attempt, sig)
+
+    def stop(self, job_id: int, attempt: int, grace_s: float) -> None:
+        self._owner(job_id, attempt).stop(job_id, attempt, grace_s)
+
+    def forget(self, job_id: int, attempt: int) -> None:
+        self._owner(job_id, attempt).forget(job_id, attempt)
+
+    def read_log(self, job_id: int, attempt: int, offset: int = 0, limit: int = 1 << 20) -> bytes:
+        try:
+            return self.process.read_log(job_id, attempt, offset, limit)
+        except KeyError:
+            if self._docker is None:
+                raise
+            return self._docker.read_log(job_id, attempt, offset, limit)
+
+    def refuse(self, job_id: int, attempt: int, reason: str, exit_code: int = 126) -> AttemptStatus:
+        return self.process.refuse(job_id, attempt, reason, exit_code)
+
+    def heartbeat(self) -> None:
+        self.process.heartbeat()
+        if self._docker is not None:
+            self._docker.heartbeat()

@@ -1,0 +1,66 @@
+"""Container jobs end to end: labq submit --image through a real leader and agent onto a real dockerd."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.docker.conftest import IMAGE
+from tests.e2e.conftest import TEST_CONFIG, Lab
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def docker_lab(docker_client, tmp_path):
+    allowed = tmp_path / "datasets"
+    (allowed / "imagenet").mkdir(parents=True)
+    (allowed / "imagenet" / "labels.txt").write_text("cat\ndog\n")
+    config = TEST_CONFIG.replace("[jobs]\n", f'[jobs]\nallowed_mount_roots = ["{allowed}"]\n')
+    lab = Lab(tmp_path / "lab", config)
+    lab.allowed = allowed
+    lab.start_leader()
+    lab.start_agent()
+    # containers never run as root: jobs come from an ordinary user with a Unix account here
+    added = lab.labq("admin", "user", "add", "nobody", "--print").stdout
+    lab.token = next(w.strip('"') for w in added.split() if w.strip('"').startswith("lqu_"))
+    yield lab
+    lab.close()
+    for container in docker_client.containers.list(all=True, filters={"label": "labq.agent=ws1"}):
+        container.remove(force=True)
+
+
+def test_a_container_job_runs_with_its_mount_and_exit_code(docker_lab):
+    lab = docker_lab
+    job = lab.submit("sh", "-c", "cat /data/imagenet/labels.txt; echo gpus=$NVIDIA_VISIBLE_DEVICES; id -u; exit 3",
+                     image=IMAGE, mount=f"{lab.allowed}:/data:ro", gpus=2, token=lab.token)
+    done = lab.wait_state(job, "failed", timeout=90)
+    assert done["exit_code"] == 3
+    log = lab.labq("logs", str(job)).stdout
+    assert "cat\ndog\n" in log and "gpus=0,1" in log
+    assert "65534" in log  # nobody's uid, not root
+
+
+@pytest.mark.parametrize(
+    ("mount", "words"),
+    [("/etc:/x", "not allowed here"), ("/var/run/docker.sock:/s", "not allowed here"),
+     ("/:/host", "not allowed here"), ("{allowed}/../..:/x", "not allowed here")],
+)
+def test_hostile_mounts_are_refused_by_the_leader(docker_lab, mount, words):
+    lab = docker_lab
+    out = lab.labq("submit", "--image", IMAGE, "--mount", mount.format(allowed=lab.allowed), "--", "true",
+                   check=False, token=lab.token)
+    assert out.returncode == 3 and words in out.stderr
+    assert lab.api("ls", "--all") == []
+
+
+def test_user_set_gpu_variables_are_refused(docker_lab):
+    out = docker_lab.labq("submit", "--image", IMAGE, "--env", "NVIDIA_VISIBLE_DEVICES=all", "--", "true",
+                          check=False, token=docker_lab.token)
+    assert out.returncode != 0 and "NVIDIA_VISIBLE_DEVICES" in out.stderr
+
+
+def test_an_image_missing_on_the_node_is_a_clear_failure(docker_lab):
+    lab = docker_lab
+    job = lab.submit("true", image="labq-no-such-image:0", token=lab.token)
+    assert lab.wait_state(job, "failed", timeout=60)["exit_code"] == 126
+    assert "not found on node ws1" in lab.labq("logs", str(job)).stdout
