@@ -43,6 +43,7 @@ def add_commands(sub) -> None:
                         help="the database is damaged: go back to the last good copy (says what is lost first)")
     leader.add_argument("--yes", action="store_true", help="with --recover: do not ask")
     leader.add_argument("--print-config", action="store_true", help="print the settings file with its defaults")
+    leader.add_argument("--no-mdns", action="store_true", help="do not announce the leader over mDNS")
     leader.set_defaults(run=_leader)
 
     agent = sub.add_parser("agent", help="run an agent: offer this machine's GPUs to the leader",
@@ -50,8 +51,9 @@ def add_commands(sub) -> None:
                            description="Run an agent: it offers this machine's GPUs to the leader and runs the "
                            "jobs placed here. Jobs survive an agent restart.")
     _agent_options(agent)
-    agent.add_argument("--leader", default=os.environ.get("LABQ_LEADER", "http://127.0.0.1:7733"),
-                       help="the leader's URL (default: $LABQ_LEADER or http://127.0.0.1:7733)")
+    agent.add_argument("--leader", default=os.environ.get("LABQ_LEADER"),
+                       help="the leader's URL (default: $LABQ_LEADER, else found over mDNS)")
+    agent.add_argument("--no-mdns", action="store_true", help="do not announce this agent over mDNS")
     agent.add_argument("--join-token-file", type=path_arg, default=None,
                        help="file with the cluster's join token (default: $LABQ_JOIN_TOKEN, else the "
                        "leader's data folder on this machine)")
@@ -141,6 +143,8 @@ def _confirm(text: str, yes: bool) -> bool:
 
 
 def _leader(args) -> int:
+    import socket
+
     if args.print_config:
         from labq.leader.config import DEFAULT_TOML
 
@@ -150,6 +154,10 @@ def _leader(args) -> int:
 
     config, running = _start(args)
     print(f"agents join with the token in {config.data_dir / 'join-token'}", file=sys.stderr)
+    if not args.no_mdns:
+        from labq.leader.main import advertise
+
+        advertise(running, socket.gethostname().split(".")[0])
     wait_for_signal(running)
     return 0
 
@@ -170,7 +178,12 @@ def _open_agent(args, leader_url: str, join_token: str, data_dir: Path):
     except ValueError as err:
         raise CliError(f"--gpus: {err}") from None
     state_dir = args.state_dir or data_dir / "agents" / args.name
-    return Agent(AgentConfig(leader_url, join_token, args.name, state_dir.expanduser()), inventory)
+    import urllib.parse
+
+    local = urllib.parse.urlsplit(leader_url).hostname in ("127.0.0.1", "localhost", "::1")
+    # the log server is token-protected; a leader on another machine must be able to reach it
+    return Agent(AgentConfig(leader_url, join_token, args.name, state_dir.expanduser(),
+                             logs_host="127.0.0.1" if local else "0.0.0.0"), inventory)
 
 
 def _agent(args) -> int:
@@ -189,15 +202,46 @@ def _agent(args) -> int:
             raise CliError(f"no join token: cannot read {token_file} ({err.strerror}); copy the file "
                            "from the leader's data folder and pass --join-token-file, or set $LABQ_JOIN_TOKEN"
                            ) from None
-    agent = _open_agent(args, args.leader, token, data_dir)
+    leader_url = args.leader or _find_leader(token)
+    agent = _open_agent(args, leader_url, token, data_dir)
     try:
         agent.register()
     except Exception as err:
-        raise CliError(f"cannot register with the leader at {args.leader}: {err}") from None
+        raise CliError(f"cannot register with the leader at {leader_url}: {err}") from None
     agent.start()
-    print(f"labq agent {args.name} serving the leader at {args.leader}", file=sys.stderr)
-    _wait(agent.stop)
+    advertiser = None if args.no_mdns else _advertise_agent(agent, token)
+    print(f"labq agent {args.name} serving the leader at {leader_url}", file=sys.stderr)
+    _wait(lambda: (advertiser.close() if advertiser else None, agent.stop()))
     return 0
+
+
+def _find_leader(join_token: str) -> str:
+    """No --leader: the leader of this lab (the one whose cluster id the join token gives), over mDNS."""
+    from labq.cli import CliError
+    from labq.discovery import DiscoveryError, find_leaders, pick_leader
+    from labq.leader.auth import cluster_id, token_hash
+
+    cluster = cluster_id(token_hash(join_token))
+    try:
+        found = pick_leader(find_leaders(3.0, cluster=cluster), cluster=cluster, waited_s=3.0)
+    except DiscoveryError as err:
+        raise CliError(str(err)) from None
+    print(f"found the leader over mDNS: {found.url}", file=sys.stderr)
+    return found.url
+
+
+def _advertise_agent(agent, join_token: str):
+    from labq.discovery import Advertiser
+    from labq.leader.auth import cluster_id, token_hash
+
+    port = int(agent.logs_url.rsplit(":", 1)[1])
+    props = {"node": agent.config.name, "gpus": len(agent.inventory.read().gpus),
+             "cluster": cluster_id(token_hash(join_token))}
+    try:
+        return Advertiser("agent", agent.config.name, port, props).start()
+    except Exception as err:  # discovery is a hint: an agent without multicast still works
+        print(f"labq agent: cannot advertise over mDNS: {err}", file=sys.stderr)
+        return None
 
 
 def _up(args) -> int:

@@ -48,6 +48,7 @@ class AgentSession:
     version: int = 0  #: bumps whenever what this agent should do changes
     delivered: SyncReply | None = None  #: the orders last sent
     gpu_usage: dict[int, dict] | None = None  #: as the agent last measured it
+    address: str | None = None  #: where its registration came from
 
     def record(self) -> dict:
         return {"node": encode_node(replace(self.node, health=NodeHealth.UP)), "token_sha256": self.token_sha256,
@@ -80,6 +81,8 @@ class Leader:
         self._history_loaded = False
         join = state.records.get("cluster", {}).get("join")
         self.join_hash = join["token_sha256"] if join else self._new_join_token()
+        #: agents advertising over mDNS, by node name (a hint; admission is by join token)
+        self.seen_over_mdns: dict[str, dict] = {}
 
     # -- identity ----------------------------------------------------------------------
 
@@ -219,15 +222,19 @@ class Leader:
 
     # -- nodes and agents ----------------------------------------------------------------
 
-    def register(self, who: Principal, registration: Registration) -> str:
+    def register(self, who: Principal, registration: Registration, address: str | None = None) -> str:
         if who.kind != "join":
             raise errors.forbidden("agents register with the cluster's join token")
         node = registration.node
         token = new_token("agent")
         with self.lock:
             old = self.agents.get(node.name)
-            session = AgentSession(node.name, node, token_hash(token), registration.logs_url,
+            logs_url = registration.logs_url
+            if logs_url and address and "//0.0.0.0:" in logs_url:  # listening everywhere: use where it came from
+                logs_url = logs_url.replace("//0.0.0.0:", f"//{address}:")
+            session = AgentSession(node.name, node, token_hash(token), logs_url,
                                    new_token("logs"), last_seen=self.clock())
+            session.address = address
             if old is not None:
                 session.version = old.version + 1
             self._commit([PutRecord("agents", node.name, session.record())])
@@ -252,8 +259,16 @@ class Leader:
                         for g in a.gpu_indices:
                             in_use.setdefault(a.node, {})[g] = job.id
             return [{**encode_node(s.node), "gpus_in_use": in_use.get(name, {}), "last_seen": s.last_seen,
-                     "gpu_usage": {str(i): u for i, u in (s.gpu_usage or {}).items()}}
+                     "gpu_usage": {str(i): u for i, u in (s.gpu_usage or {}).items()},
+                     "found": "mDNS" if name in self.seen_over_mdns else "join token",
+                     "address": s.address}
                     for name, s in sorted(self.agents.items())]
+
+    def unadmitted(self) -> list[dict]:
+        """Agents advertising this lab over mDNS that have not joined (no or a wrong join token)."""
+        with self.lock:
+            return [dict(seen, node=name) for name, seen in sorted(self.seen_over_mdns.items())
+                    if name not in self.agents]
 
     def sync(self, who: Principal, agent: str, report: SyncReport) -> SyncReply:
         if who.kind != "agent" or who.name != agent:

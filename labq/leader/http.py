@@ -219,7 +219,7 @@ def _fetch_log(url: str, token: str | None, job_id: int, attempt: int, offset: i
 
 @route("GET", "/v1/nodes")
 def _nodes(h: _Handler, who) -> tuple[int, dict]:
-    return 200, {"nodes": h.server.leader.nodes_view(who)}
+    return 200, {"nodes": h.server.leader.nodes_view(who), "unadmitted": h.server.leader.unadmitted()}
 
 
 @route("GET", "/v1/users")
@@ -266,7 +266,7 @@ def _events(h: _Handler, who) -> None:
 @route("POST", "/v1/agents/register")
 def _register(h: _Handler, who, body) -> tuple[int, dict]:
     registration = parse_registration(body)
-    token = h.server.leader.register(who, registration)
+    token = h.server.leader.register(who, registration, h.client_address[0])
     leader = h.server.leader
     return 200, {"agent_token": token, "logs_token": leader.logs_token(registration.node.name),
                  "lease_s": leader.config.lease_s, "fence_after_s": leader.config.fence_after_s,

@@ -27,6 +27,7 @@ class RunningLeader:
     server: LeaderServer
     store: TinyDBStore
     thread: threading.Thread
+    discovery: list = None  #: the mDNS advertiser and agent browser, once started
 
     @property
     def url(self) -> str:
@@ -34,6 +35,8 @@ class RunningLeader:
         return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
 
     def stop(self) -> None:
+        for part in self.discovery or ():
+            part.close()
         self.server.shutdown()
         self.leader.stop()
         self.server.server_close()
@@ -75,6 +78,33 @@ def start_leader(config: LeaderConfig, *, first_admin: str | None = None) -> tup
     thread = threading.Thread(target=server.serve_forever, name="labq-http", daemon=True)
     thread.start()
     return RunningLeader(leader, server, store, thread), created[1] if created else None
+
+
+def advertise(running: RunningLeader, name: str) -> None:
+    """Announce the leader over mDNS and watch for agents, in the background: registering a
+    name takes seconds, and discovery is only a hint, so a network without multicast loses nothing."""
+    from labq.discovery import Advertiser, Browser
+    from labq.leader.auth import cluster_id
+
+    leader = running.leader
+    cluster = cluster_id(leader.join_hash)
+    running.discovery = []
+
+    def seen(snapshot) -> None:
+        with leader.lock:
+            leader.seen_over_mdns = {f.properties.get("node", f.name): {"url": f.url, "addresses": f.addresses,
+                                                                        "cluster": f.cluster}
+                                     for f in snapshot.values() if f.cluster == cluster}
+
+    def start() -> None:
+        try:
+            running.discovery.append(Browser("agent", on_change=seen))
+            port = running.server.server_address[1]
+            running.discovery.append(Advertiser("leader", name, port, {"name": name, "cluster": cluster}).start())
+        except Exception as err:  # no multicast here: agents pass --leader instead
+            logging.getLogger("labq.leader").warning("cannot advertise over mDNS: %s", err)
+
+    threading.Thread(target=start, name="labq-mdns", daemon=True).start()
 
 
 def wait_for_signal(running: RunningLeader, also_stop: Callable[[], None] | None = None) -> None:

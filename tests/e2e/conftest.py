@@ -60,7 +60,7 @@ class Lab:
     def start_leader(self) -> None:
         log = self.root / "leader.log"
         start = log.stat().st_size if log.exists() else 0
-        self.leader = self._spawn(["leader", "--config", str(self.config), "--data-dir", str(self.data),
+        self.leader = self._spawn(["leader", "--no-mdns", "--config", str(self.config), "--data-dir", str(self.data),
                                    *(["--listen", self.url.removeprefix("http://")] if self.url else [])],
                                   "leader.log")
         deadline = time.monotonic() + 30

@@ -23,7 +23,7 @@ def test_leader_refuses_a_damaged_database_then_recovers_it(lab):
     database.write_bytes(database.read_bytes()[:-40])  # torn by something outside labq
     damaged = database.read_bytes()
 
-    refused = subprocess.run([sys.executable, "-m", "labq.cli", "leader", "--config", str(lab.config),
+    refused = subprocess.run([sys.executable, "-m", "labq.cli", "leader", "--no-mdns", "--config", str(lab.config),
                               "--data-dir", str(lab.data)], capture_output=True, text=True, env=lab.env(),
                              timeout=60)
     assert refused.returncode == 2
@@ -31,7 +31,7 @@ def test_leader_refuses_a_damaged_database_then_recovers_it(lab):
     assert database.read_bytes() == damaged
 
     lab.config.write_text(lab.config.read_text())  # same settings
-    proc = lab._spawn(["leader", "--config", str(lab.config), "--data-dir", str(lab.data), "--recover", "--yes",
+    proc = lab._spawn(["leader", "--no-mdns", "--config", str(lab.config), "--data-dir", str(lab.data), "--recover", "--yes",
                        "--listen", lab.url.removeprefix("http://")], "recover.log")
     lab.leader = proc
     lab.wait(lambda: "serving http://" in (lab.root / "recover.log").read_text(), "the recovered leader to serve")
