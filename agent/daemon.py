@@ -64,6 +64,7 @@ class Agent:
         self.token: str | None = None
         self.logs_token: str | None = None
         self.fence_after_s = 600.0
+        self.lease_s = 30.0
         self.last_contact = time.monotonic()
         self._apply_lock = threading.Lock()
         self._stopping: set[tuple[int, int]] = set()
@@ -122,7 +123,7 @@ class Agent:
                               encode_registration(Registration(node, self.logs_url, __version__)),
                               self.config.join_token, timeout=30)
         self.token, self.logs_token = reply["agent_token"], reply["logs_token"]
-        self.fence_after_s = reply["fence_after_s"]
+        self.fence_after_s, self.lease_s = reply["fence_after_s"], reply["lease_s"]
         self.runtime.set_policy(tuple(reply.get("allowed_mount_roots", ())), tuple(reply.get("allowed_images", ())))
         log.info("registered %s with %d GPU(s) (%s)", self.config.name, len(inv.gpus), inv.source)
 
@@ -147,7 +148,7 @@ class Agent:
             raise
         self.runtime.heartbeat()
         self.last_contact = time.monotonic()
-        self.fence_after_s = doc["fence_after_s"]
+        self.fence_after_s, self.lease_s = doc["fence_after_s"], doc["lease_s"]
         self.apply(decode_reply(doc))
 
     def _sync_loop(self) -> None:
@@ -155,7 +156,7 @@ class Agent:
         while not self._stop.is_set():
             try:
                 self.sync_once(wait_s)
-                wait_s, backoff = LONG_POLL_S, 1.0
+                wait_s, backoff = self.poll_s, 1.0
             except (OSError, ApiError, ValueError) as err:
                 log.warning("cannot sync with the leader at %s: %s", self.config.leader, err)
                 if time.monotonic() - self.last_contact > self.fence_after_s:
@@ -163,6 +164,12 @@ class Agent:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 15.0)
                 wait_s = 0.0
+
+    @property
+    def poll_s(self) -> float:
+        """How long a quiet sync may wait: a healthy agent renews its lease and its jobs' heartbeat
+        well inside both the leader's lease and the shims' fence."""
+        return min(LONG_POLL_S, self.lease_s / 2, self.fence_after_s / 3)
 
     def _watch_exits(self) -> None:
         """Report an exit at once instead of at the end of the current long poll.
