@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import pwd
+import re
 import signal as signals
 import threading
 import time
@@ -141,7 +143,7 @@ class DockerRuntime:
             if running:
                 raise ValueError(f"job {spec.job_id} already has a container that has not exited: {running[0]}")
             container = self.client.containers.create(
-                spec.image, list(spec.command), name=self._name(*key), environment=env,
+                spec.image, list(spec.command), name=self.container_name(*key), environment=env,
                 working_dir=spec.workdir or None, labels=self._labels(*key),
                 stop_signal="SIGTERM", detach=True, **settings)
             self._log(*key).touch(mode=0o600)
@@ -288,9 +290,10 @@ class DockerRuntime:
 
     def _container(self, job_id: int, attempt: int) -> Any | None:
         try:
-            return self.client.containers.get(self._name(job_id, attempt))
+            container = self.client.containers.get(self.container_name(job_id, attempt))
         except docker.errors.NotFound:
             return None
+        return container if container.labels.get("labq.agent") == self.node else None
 
     def _exists(self, job_id: int, attempt: int) -> bool:
         """The attempt has a container, a refusal or a log: it may never start (again)."""
@@ -359,8 +362,12 @@ class DockerRuntime:
     def _labels(self, job_id: int, attempt: int) -> dict[str, str]:
         return {"labq.job": str(job_id), "labq.attempt": str(attempt), "labq.agent": self.node, "labq.managed": "1"}
 
-    def _name(self, job_id: int, attempt: int) -> str:
-        return f"labq-{job_id}-{attempt}"
+    def container_name(self, job_id: int, attempt: int) -> str:
+        """Unique on a shared engine: every lab numbers its jobs from 1. The node name (in Docker's
+        alphabet) and a hash of this agent's folder, which stays the same across its restarts."""
+        node = re.sub(r"[^a-zA-Z0-9_.-]", "_", self.node)
+        agent = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:6]
+        return f"labq-{node}-{agent}-{job_id}-{attempt}"
 
     def _log(self, job_id: int, attempt: int) -> Path:
         return self._logs / f"{job_id}.{attempt}.log"

@@ -40,7 +40,8 @@ def test_exit_code_log_and_env(make_runtime, job_ids, job_user) -> None:
     job = next(job_ids)
     started = runtime.launch(launch(job, 'echo hi; echo "seed=$SEED job=$LABQ_JOB_ID"; echo oops >&2; exit 3',
                                     job_user, env={"SEED": "42"}))
-    assert started.container == f"labq-{job}-0"
+    assert started.container == runtime.container_name(job, 0)
+    assert started.container.startswith(f"labq-{runtime.node}-") and started.container.endswith(f"-{job}-0")
     status = wait_for(runtime, job)
     assert (status.exit_code, status.signal, status.oom) == (3, None, False)
     assert status.ended_at >= status.started_at
@@ -165,7 +166,7 @@ def test_the_container_is_isolated(make_runtime, job_ids, job_user, docker_clien
                           mounts=(Mount(str(data), "/data", read_only=True),), shm_size_mib=96,
                           gpu_uuids=("1", "3")))
     wait_for(runtime, job, state=RUNNING)
-    attrs = docker_client.containers.get(f"labq-{job}-0").attrs
+    attrs = docker_client.containers.get(runtime.container_name(job, 0)).attrs
     host = attrs["HostConfig"]
     uid = pwd.getpwnam(job_user).pw_uid if job_user else os.geteuid()
     assert attrs["Config"]["User"].split(":")[0] == str(uid) != "0"
@@ -186,3 +187,15 @@ def test_the_container_is_isolated(make_runtime, job_ids, job_user, docker_clien
     assert not (data / "x").exists()
     runtime.stop(job, 0, 0)
     wait_for(runtime, job)
+
+
+def test_a_same_named_container_of_another_lab_does_not_block_a_job(make_runtime, docker_client, job_ids,
+                                                                     job_user) -> None:
+    runtime = make_runtime()
+    job = next(job_ids)
+    stranger = docker_client.containers.create(IMAGE, "true", name=f"labq-{job}-0")  # what another lab might leave
+    try:
+        runtime.launch(launch(job, "exit 0", job_user))
+        assert wait_for(runtime, job).exit_code == 0
+    finally:
+        stranger.remove(force=True)
