@@ -178,9 +178,9 @@ def bench(lab: DockerLab, dock: docker.DockerClient, user: Client, events: Event
 
     for i in range(WARMUPS + samples):  # take turns, starting with a different one each round
         keep = i >= WARMUPS
-        steps = [lambda: labq_sample(keep), lambda: timed(docker_cli, cli, keep),
-                 lambda: timed(lambda: dock.containers.run(IMAGE, "true", remove=True), sdk, keep),
-                 lambda: sdk_detached(keep)]
+        steps = [lambda keep=keep: labq_sample(keep), lambda keep=keep: timed(docker_cli, cli, keep),
+                 lambda keep=keep: timed(lambda: dock.containers.run(IMAGE, "true", remove=True), sdk, keep),
+                 lambda keep=keep: sdk_detached(keep)]
         for k in range(len(steps)):
             steps[(i + k) % len(steps)]()
         say(f"  round {i + 1}/{WARMUPS + samples}" + ("" if keep else " (warm-up)"))

@@ -109,7 +109,8 @@ class Lab:
             time.sleep(0.02)
 
     def start(self, gpus: str) -> Client:
-        self.spawn("leader.log", "leader", "--no-mdns", "--config", str(self.root / "leader.toml"), "--data-dir", str(self.data))
+        self.spawn("leader.log", "leader", "--no-mdns", "--config", str(self.root / "leader.toml"),
+                   "--data-dir", str(self.data))
         served = re.compile(r"serving (http://127\.0\.0\.1:\d+)")
         self.wait(lambda: served.search(self.log("leader.log")), "the leader to serve")
         self.url = served.search(self.log("leader.log"))[1]

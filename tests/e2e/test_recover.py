@@ -31,7 +31,8 @@ def test_leader_refuses_a_damaged_database_then_recovers_it(lab):
     assert database.read_bytes() == damaged
 
     lab.config.write_text(lab.config.read_text())  # same settings
-    proc = lab._spawn(["leader", "--no-mdns", "--config", str(lab.config), "--data-dir", str(lab.data), "--recover", "--yes",
+    proc = lab._spawn(["leader", "--no-mdns", "--config", str(lab.config), "--data-dir", str(lab.data),
+                       "--recover", "--yes",
                        "--listen", lab.url.removeprefix("http://")], "recover.log")
     lab.leader = proc
     lab.wait(lambda: "serving http://" in (lab.root / "recover.log").read_text(), "the recovered leader to serve")
