@@ -384,7 +384,10 @@ def _state_phrase(job: dict, action: str) -> str:
 def _nodes(args: argparse.Namespace) -> int:
     from labq.render import nodes_table
 
-    nodes = _client(args).nodes()
+    nodes, unadmitted = _client(args).nodes_report()
+    # agents seen over mDNS but not admitted are listed too, as nodes that have not joined
+    nodes += [{"name": u["node"], "health": "not admitted", "gpus": [], "found": "mDNS",
+               "address": ", ".join(u.get("addresses") or ()), "last_seen": None} for u in unadmitted]
     return _emit(args, nodes, lambda: nodes_table(nodes, time.time(), _color()))
 
 

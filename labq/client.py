@@ -102,6 +102,11 @@ class Client:
     def nodes(self) -> list[dict]:
         return self._json("GET", "/v1/nodes")["nodes"]
 
+    def nodes_report(self) -> tuple[list[dict], list[dict]]:
+        """The nodes, and the agents the leader sees over mDNS that have not joined."""
+        answer = self._json("GET", "/v1/nodes")
+        return answer["nodes"], answer.get("unadmitted", [])
+
     def users(self) -> list[dict]:
         return self._json("GET", "/v1/users")["users"]
 

@@ -220,6 +220,17 @@ def models_text(gpus: Sequence[Mapping]) -> str:
     return ", ".join(f"{n}x {m}" for m, n in counts.items()) or "-"
 
 
+def topology_text(topology: Mapping | None) -> str:
+    """``NVSwitch``, ``NVLink: 4 pairs``, or ``PCIe``: what a GPU set on this node can hope for."""
+    if not topology:
+        return "-"
+    if any(topology.get("nvswitch_links") or ()):
+        return "NVSwitch"
+    links = topology.get("nvlinks") or []
+    pairs = sum(1 for i, row in enumerate(links) for j, n in enumerate(row) if j > i and n)
+    return f"NVLink: {pairs} pair{'s' * (pairs != 1)}" if pairs else "PCIe"
+
+
 def nodes_table(nodes: Sequence[Mapping], now: float, color: bool = False) -> str:
     if not nodes:
         return "no nodes: start `labq agent` on a workstation (or `labq up`)"
@@ -227,9 +238,15 @@ def nodes_table(nodes: Sequence[Mapping], now: float, color: bool = False) -> st
     for n in nodes:
         busy = set(_in_use(n)) | set(n.get("unmanaged_busy") or ())
         seen = f"{format_duration(now - n['last_seen'])} ago" if n.get("last_seen") else "never"
-        rows.append([n["name"], n["health"], f"{len(n['gpus']) - len(busy)}/{len(n['gpus'])}",
-                     models_text(n["gpus"]), seen])
-    return table(("NODE", "HEALTH", "GPUS FREE", "MODEL", "LAST SEEN"), rows, color=color, color_column="HEALTH")
+        found = " ".join(x for x in (n.get("found"), n.get("address")) if x) or "-"
+        free = f"{len(n['gpus']) - len(busy)}/{len(n['gpus'])}" if n["gpus"] else "-"
+        rows.append([n["name"], n["health"], free, models_text(n["gpus"]), topology_text(n.get("topology")), seen,
+                     found])
+    text = table(("NODE", "HEALTH", "GPUS FREE", "MODEL", "TOPOLOGY", "LAST SEEN", "FOUND"), rows, color=color,
+                 color_column="HEALTH")
+    if any(n["health"] == "not admitted" for n in nodes):
+        text += "\n(not admitted: they need this lab's join token, e.g. labq agent --join-token-file FILE)"
+    return text
 
 
 def gpu_rows(nodes: Sequence[Mapping], users: Mapping[int, str]) -> list[dict]:

@@ -627,3 +627,17 @@ def test_container_jobs_map_image_mounts_and_shared_memory():
 def test_bad_container_options_are_named(args, words):
     with pytest.raises(UsageError, match=words):
         submit_body(*args)
+
+
+def test_nodes_show_topology_where_found_and_agents_not_admitted(leader, node):
+    doc = encode_node(node) | {"gpus_in_use": {}, "last_seen": 0, "found": "mDNS", "address": "10.0.0.11"}
+    leader.json("GET", "/v1/nodes", {"nodes": [doc], "unadmitted": [
+        {"node": "rogue", "url": "http://10.0.0.66:41000", "addresses": ["10.0.0.66"], "cluster": "c1"}]})
+    out = labq("nodes", env=leader.env())
+    assert out.returncode == 0
+    header, row, stranger = out.stdout.splitlines()[:3]
+    assert "TOPOLOGY" in header and "FOUND" in header
+    assert "mDNS 10.0.0.11" in row
+    assert re.split(r"\s{2,}", stranger.strip())[:2] == ["rogue", "not admitted"]
+    listed = json.loads(labq("nodes", "--json", env=leader.env()).stdout)
+    assert [n["name"] for n in listed] == [node.name, "rogue"]  # one list for scripts, whatever is seen
