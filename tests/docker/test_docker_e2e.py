@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import secrets
+
+import docker
+import docker.errors
 import pytest
 
 from tests.docker.conftest import IMAGE
@@ -19,14 +24,16 @@ def docker_lab(docker_client, tmp_path):
     lab = Lab(tmp_path / "lab", config)
     lab.allowed = allowed
     lab.start_leader()
-    lab.start_agent()
+    lab.node = f"ws-{secrets.token_hex(3)}"  # its own name: tests in parallel must not clean up each other
+    lab.start_agent(lab.node)
     # containers never run as root: jobs come from an ordinary user with a Unix account here
     added = lab.labq("admin", "user", "add", "nobody", "--print").stdout
     lab.token = next(w.strip('"') for w in added.split() if w.strip('"').startswith("lqu_"))
     yield lab
     lab.close()
-    for container in docker_client.containers.list(all=True, filters={"label": "labq.agent=ws1"}):
-        container.remove(force=True)
+    for container in docker_client.containers.list(all=True, filters={"label": f"labq.agent={lab.node}"}):
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # the agent may be removing it
+            container.remove(force=True)
 
 
 def test_a_container_job_runs_with_its_mount_and_exit_code(docker_lab):
@@ -63,4 +70,28 @@ def test_an_image_missing_on_the_node_is_a_clear_failure(docker_lab):
     lab = docker_lab
     job = lab.submit("true", image="labq-no-such-image:0", token=lab.token)
     assert lab.wait_state(job, "failed", timeout=60)["exit_code"] == 126
-    assert "not found on node ws1" in lab.labq("logs", str(job)).stdout
+    assert f"not found on node {lab.node}" in lab.labq("logs", str(job)).stdout
+
+
+@pytest.mark.parametrize("extra", [{"privileged": True}, {"cap_add": ["SYS_ADMIN"]}, {"network_mode": "host"},
+                                   {"pid_mode": "host"}, {"user": "0:0"}, {"devices": ["/dev/nvidia0"]}])
+def test_asking_for_host_powers_is_refused_by_name(docker_lab, extra):
+    import http.client
+    import json
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(docker_lab.url)
+    body = json.dumps({"command": ["true"], "runtime": "docker", "image": IMAGE, **extra}).encode()
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    conn.request("POST", "/v1/jobs", body=body, headers={"Authorization": f"Bearer {docker_lab.token}",
+                                                         "Content-Length": str(len(body))})
+    response = conn.getresponse()
+    doc = json.loads(response.read())
+    assert response.status == 400 and f"unknown field {next(iter(extra))}" in doc["error"]["message"]
+
+
+def test_a_container_job_of_root_is_refused_on_the_node(docker_lab):
+    lab = docker_lab
+    job = lab.submit("id", image=IMAGE)  # the lab's first admin is root here
+    assert lab.wait_state(job, "failed", timeout=60)["exit_code"] == 126
+    assert "may not run as root" in lab.labq("logs", str(job)).stdout
