@@ -59,7 +59,9 @@ class Agent:
         self.config = config
         self.inventory = inventory
         config.state_dir.mkdir(parents=True, exist_ok=True)
-        self.runtime = Runtimes(config.state_dir, config.name)
+        from labq.leader.auth import cluster_id, token_hash
+
+        self.runtime = Runtimes(config.state_dir, config.name, lab=cluster_id(token_hash(config.join_token)))
         self.checkpoints = config.state_dir / "checkpoints"
         self.token: str | None = None
         self.logs_token: str | None = None
@@ -159,8 +161,6 @@ class Agent:
                 wait_s, backoff = self.poll_s, 1.0
             except (OSError, ApiError, ValueError) as err:
                 log.warning("cannot sync with the leader at %s: %s", self.config.leader, err)
-                if time.monotonic() - self.last_contact > self.fence_after_s:
-                    self._fence_containers()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 15.0)
                 wait_s = 0.0
@@ -248,12 +248,6 @@ class Agent:
         timer = threading.Timer(order.grace_s, self.runtime.stop, (order.job_id, order.attempt, KILL_AFTER_S))
         timer.daemon = True
         timer.start()
-
-    def _fence_containers(self) -> None:
-        """Containers have no shim to fence them: the agent stops them itself, once."""
-        for s in self.runtime.attempts():
-            if s.state is AttemptState.RUNNING and getattr(s, "container", None):
-                self._stop_attempt(StopOrder(s.job_id, s.attempt, "SIGUSR1", 30.0, "fenced"))
 
     def _managed_pids(self) -> frozenset[int]:
         """Every process of every running job: its whole process group, dataloader workers and all."""

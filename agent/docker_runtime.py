@@ -27,6 +27,8 @@ import os
 import pwd
 import re
 import signal as signals
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -94,9 +96,13 @@ class DockerRuntime:
     """Starts, watches and stops container attempts of node ``node``; any number may come and go."""
 
     def __init__(self, root: Path, node: str, *, allowed_roots: tuple[str, ...] = (),
-                 allowed_images: tuple[str, ...] = (), client: docker.DockerClient | None = None) -> None:
+                 allowed_images: tuple[str, ...] = (), client: docker.DockerClient | None = None,
+                 lab: str = "") -> None:
         self.root = Path(root)
         self.node = node
+        #: the lab (cluster id): no two attempts of one of its jobs run at once on this engine,
+        #: while another lab's job of the same number is none of our business
+        self.lab = lab
         self.allowed_roots = tuple(allowed_roots)
         self.allowed_images = tuple(allowed_images)
         self._logs = self.root / "logs"
@@ -108,6 +114,7 @@ class DockerRuntime:
         self._streamers: dict[tuple[int, int], threading.Thread] = {}
         self._stopping: set[tuple[int, int]] = set()
         self._sweep()
+        self._rewatch()
         self.attempts()  # starts the log streamers of what an earlier agent left running
 
     # --- the interface --------------------------------------------------------------------------
@@ -138,7 +145,8 @@ class DockerRuntime:
             if self._exists(*key):
                 raise ValueError(f"attempt {spec.job_id}.{spec.attempt} already exists on this agent")
             running = [c.name for c in self.client.containers.list(
-                all=True, ignore_removed=True, filters={"label": [f"labq.job={spec.job_id}", "labq.managed=1"]})
+                all=True, ignore_removed=True,
+                filters={"label": [f"labq.job={spec.job_id}", f"labq.lab={self.lab}", "labq.managed=1"]})
                 if c.status not in ("exited", "dead")]
             if running:
                 raise ValueError(f"job {spec.job_id} already has a container that has not exited: {running[0]}")
@@ -153,6 +161,8 @@ class DockerRuntime:
                 with open(self._log(*key), "ab") as log:
                     log.write(f"labq: cannot start the container: {err.explanation or err}\n".encode())
                 self._done(*key).touch()
+            else:
+                self._watch(container.name, spec)
         status = self._find(*key)
         assert status is not None
         return status
@@ -173,8 +183,36 @@ class DockerRuntime:
         assert status is not None
         return status
 
+    def _watch(self, name: str, spec: Launch) -> None:
+        """Start the container's watchdog, which fences it even when this agent is gone."""
+        if not spec.fence_after_s:
+            return
+        argv = [sys.executable, "-m", "labq.agent.container_watch", str(self.root), name, str(spec.fence_after_s),
+                spec.checkpoint_signal, str(spec.grace_s)]
+        record = {"argv": argv}
+        (self.root / "watch").mkdir(exist_ok=True)
+        (self.root / "watch" / f"{name}.json").write_text(json.dumps(record))
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+
+    def _rewatch(self) -> None:
+        """After an agent restart: a watchdog for every running container of ours that lost its own."""
+        watching = set()
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                with contextlib.suppress(OSError):
+                    cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+                    if b"labq.agent.container_watch" in cmdline and str(self.root).encode() in cmdline:
+                        watching.add(cmdline[cmdline.index(b"labq.agent.container_watch") + 2].decode())
+        for record in (self.root / "watch").glob("*.json") if (self.root / "watch").is_dir() else ():
+            name = record.stem
+            with contextlib.suppress(docker.errors.NotFound, ValueError, OSError):
+                if name not in watching and self.client.containers.get(name).status == "running":
+                    subprocess.Popen(json.loads(record.read_text())["argv"], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
     def heartbeat(self) -> None:
-        """Record the time only: the agent, not the container, fences container jobs."""
+        """The agent reached its leader: the containers' watchdogs wait on from here."""
         (self.root / "heartbeat").touch()
         os.utime(self.root / "heartbeat")
 
@@ -271,9 +309,10 @@ class DockerRuntime:
         code = state.get("ExitCode")
         oom = bool(state.get("OOMKilled"))
         sig = signals.SIGKILL if oom else (code - 128 if isinstance(code, int) and 128 < code < 128 + 65 else None)
+        fenced = (self.root / "fenced" / container.name).exists()
         return DockerAttemptStatus(key[0], key[1], AttemptState.EXITED, None, code, sig, started,
-                                   max(_timestamp(state.get("FinishedAt")) or started, started), log_path, oom=oom,
-                                   container=container.name)
+                                   max(_timestamp(state.get("FinishedAt")) or started, started), log_path,
+                                   fenced=fenced, oom=oom, container=container.name)
 
     def _refused_status(self, record: dict[str, Any]) -> DockerAttemptStatus:
         key = (record["job_id"], record["attempt"])
@@ -360,14 +399,19 @@ class DockerRuntime:
                     self._log(*key).unlink()
 
     def _labels(self, job_id: int, attempt: int) -> dict[str, str]:
-        return {"labq.job": str(job_id), "labq.attempt": str(attempt), "labq.agent": self.node, "labq.managed": "1"}
+        return {"labq.job": str(job_id), "labq.attempt": str(attempt), "labq.agent": self.node,
+                "labq.lab": self.lab, "labq.managed": "1"}
+
+    @property
+    def _instance(self) -> str:
+        """This agent, as opposed to another lab's agent of the same name on a shared engine."""
+        return hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:6]
 
     def container_name(self, job_id: int, attempt: int) -> str:
         """Unique on a shared engine: every lab numbers its jobs from 1. The node name (in Docker's
         alphabet) and a hash of this agent's folder, which stays the same across its restarts."""
         node = re.sub(r"[^a-zA-Z0-9_.-]", "_", self.node)
-        agent = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:6]
-        return f"labq-{node}-{agent}-{job_id}-{attempt}"
+        return f"labq-{node}-{self._instance}-{job_id}-{attempt}"
 
     def _log(self, job_id: int, attempt: int) -> Path:
         return self._logs / f"{job_id}.{attempt}.log"

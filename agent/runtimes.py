@@ -17,9 +17,10 @@ log = logging.getLogger("labq.agent")
 
 
 class Runtimes:
-    def __init__(self, state_dir: Path, node: str) -> None:
+    def __init__(self, state_dir: Path, node: str, lab: str = "") -> None:
         self.state_dir = state_dir
         self.node = node
+        self.lab = lab
         self.process = ProcessRuntime(state_dir / "runtime")
         self.allowed_roots: tuple[str, ...] = ()
         self.allowed_images: tuple[str, ...] = ()
@@ -45,7 +46,7 @@ class Runtimes:
                 from labq.agent.docker_runtime import DockerRuntime
 
                 self._docker = DockerRuntime(self.state_dir / "docker", self.node, allowed_roots=self.allowed_roots,
-                                             allowed_images=self.allowed_images)
+                                             allowed_images=self.allowed_images, lab=self.lab)
             except (ImportError, docker.errors.DockerException) as err:
                 raise ValueError(f"docker is not available on node {self.node}: {err}") from None
         return self._docker

@@ -123,9 +123,12 @@ def test_two_attempts_of_one_job_never_run_at_once(make_runtime, job_ids, job_us
     runtime.launch(launch(job, "sleep 300", job_user))
     with pytest.raises(ValueError, match=f"job {job} already has a container"):
         runtime.launch(launch(job, "true", job_user, attempt=1))
-    other_node = make_runtime(runtime.root.parent / "other")  # not even from another agent on this engine
+    other_node = make_runtime(runtime.root.parent / "other")  # not even from another agent of the lab
     with pytest.raises(ValueError, match=f"job {job} already has a container"):
         other_node.launch(launch(job, "true", job_user, attempt=1))
+    other_lab = make_runtime(runtime.root.parent / "other-lab", lab="another-lab")  # its job numbers are its own
+    other_lab.launch(launch(job, "true", job_user, attempt=1))
+    assert wait_for(other_lab, job, attempt=1).exit_code == 0
     runtime.stop(job, 0, 0)
     wait_for(runtime, job)
     runtime.launch(launch(job, "exit 0", job_user, attempt=1))  # the exited one is no obstacle
@@ -171,7 +174,7 @@ def test_the_container_is_isolated(make_runtime, job_ids, job_user, docker_clien
     uid = pwd.getpwnam(job_user).pw_uid if job_user else os.geteuid()
     assert attrs["Config"]["User"].split(":")[0] == str(uid) != "0"
     assert attrs["Config"]["Labels"] == {"labq.job": str(job), "labq.attempt": "0", "labq.agent": runtime.node,
-                                         "labq.managed": "1"}
+                                         "labq.lab": runtime.lab, "labq.managed": "1"}
     assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
     assert host["Privileged"] is False and host["Init"] is True
     assert host["NetworkMode"] != "host" and host["PidMode"] != "host" and host["IpcMode"] != "host"
@@ -199,3 +202,26 @@ def test_a_same_named_container_of_another_lab_does_not_block_a_job(make_runtime
         assert wait_for(runtime, job).exit_code == 0
     finally:
         stranger.remove(force=True)
+
+
+def test_a_container_is_fenced_by_its_watchdog_when_the_heartbeat_goes_stale(make_runtime, job_ids,
+                                                                             job_user) -> None:
+    runtime = make_runtime()
+    runtime.heartbeat()
+    fresh, stale = next(job_ids), next(job_ids)
+    runtime.launch(launch(stale, "sleep 300", job_user, fence_after_s=2.0, grace_s=1.0))
+    wait_for(runtime, stale, state=RUNNING)
+    # nobody touches the heartbeat: after 2 s the watchdog signals, then stops the container
+    fenced = wait_for(runtime, stale, timeout=30)
+    assert fenced.fenced and fenced.exit_code is not None
+
+    runtime.heartbeat()
+    runtime.launch(launch(fresh, "sleep 300", job_user, fence_after_s=2.0, grace_s=1.0))
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:  # a live heartbeat keeps it running
+        runtime.heartbeat()
+        time.sleep(0.5)
+    status = next(s for s in runtime.attempts() if s.job_id == fresh)
+    assert status.state is RUNNING and not status.fenced
+    runtime.stop(fresh, 0, 1)
+    wait_for(runtime, fresh)
