@@ -18,21 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.conftest import TEST_CONFIG
+
 pytestmark = pytest.mark.timeout(180)
 
-CONFIG = """\
-[leader]
-listen = "0.0.0.0:7733"
-[scheduling]
-min_runtime = "0s"
-[jobs]
-max_grace = "5s"
-default_grace = "2s"
-[agents]
-lease = "2s"
-fence_after = "6s"
-requeue_after = "15s"
-"""
+# the end-to-end tests' short leases, served on the host's address rather than loopback
+CONFIG = TEST_CONFIG.replace('listen = "127.0.0.1:0"', 'listen = "0.0.0.0:7733"')
 
 
 class Hosts:
