@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import TEST_CONFIG
+from tests.e2e.conftest import TEST_CONFIG, kill_job_processes, stop_processes
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -68,19 +67,8 @@ class Hosts:
         raise AssertionError(f"timed out waiting for {what}\n--- leader ---\n{self.log('leader')[-2000:]}")
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for pid_file in self.root.glob("*/agents/*/runtime/attempts/*/pid.json"):
-            try:
-                os.killpg(json.loads(pid_file.read_text())["pid"], signal.SIGKILL)
-            except (OSError, ValueError, KeyError):
-                pass
+        stop_processes(self.procs, timeout=15)
+        kill_job_processes(self.root)
 
 
 def test_three_hosts_find_each_other_run_jobs_and_survive_a_lost_link(lan, tmp_path):

@@ -130,32 +130,31 @@ class Lab:
         proc.wait(timeout=30)
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        _kill_job_processes(self.data)
+        stop_processes(self.procs)
+        kill_job_processes(self.data)
 
 
-def _kill_job_processes(data: Path) -> None:
-    """Jobs run in their own sessions and outlive agents by design: end them after a test."""
-    for pid_file in data.glob("agents/*/runtime/attempts/*/*.json"):
+def stop_processes(procs: list[subprocess.Popen], timeout: float = 20) -> None:
+    """TERM every daemon a test started, then KILL what has not ended."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
         try:
-            doc = json.loads(pid_file.read_text())
-        except (OSError, ValueError):
-            continue
-        for key in ("pid", "job_pid", "shim_pid"):
-            pid = doc.get(key) if isinstance(doc, dict) else None
-            if isinstance(pid, int) and pid > 1:
-                for kill in (os.killpg, os.kill):
-                    try:
-                        kill(pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def kill_job_processes(root: Path) -> None:
+    """Jobs run in their own sessions and outlive agents by design: end them after a test.
+
+    Each attempt's pid.json names the job's process group; its shim ends with it."""
+    for pid_file in root.glob("**/runtime/attempts/*/pid.json"):
+        try:
+            os.killpg(json.loads(pid_file.read_text())["pid"], signal.SIGKILL)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
 
 
 @pytest.fixture
