@@ -402,8 +402,10 @@ class Leader:
             policy = Policy(max_gpus_per_user=self.config.max_gpus_per_user,
                             user_gpu_quota=self.config.user_gpu_quota, preemption=self.config.preemption,
                             min_runtime_s=self.config.min_runtime_s, hold_depth=self.config.hold_depth)
-            usage = {u: h + sum(t.gpu_hours(j, now) for j in self.jobs.values() if j.user == u)
-                     for u, h in self.usage.items()}
+            usage = dict(self.usage)  # finished work, decayed; plus what running attempts have used so far
+            for job in self.jobs.values():
+                if job.started_at is not None:
+                    usage[job.user] = usage.get(job.user, 0.0) + t.gpu_hours(job, now)
             decisions = schedule(list(self.jobs.values()), nodes, now=now, usage=usage, policy=policy,
                                  finished=self._finished_for_dependencies())
             updates = [t.placed(self.jobs[s.job_id], s.placement) for s in decisions.starts]

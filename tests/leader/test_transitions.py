@@ -41,3 +41,30 @@ def test_gpu_hours_count_the_current_attempt():
     running = t.running(t.placed(job(), PLACE), 0.0)
     assert t.gpu_hours(running, 1800.0) == 1.0  # 2 GPUs for half an hour
     assert t.gpu_hours(job(), 1800.0) == 0.0
+
+
+
+def test_fair_share_counts_running_work_of_users_with_no_history(tmp_path):
+    from labq.leader.config import LeaderConfig
+    from labq.leader.core import AgentSession, Leader
+    from labq.models import Node
+    from labq.protocol.codec import encode_job
+    from labq.store import MemoryStore, PutJob
+    from labq.topologies import parse_sim_spec
+
+    inv = parse_sim_spec("sim:flat:2")
+    node = Node("ws1", inv.gpus("ws1"), inv.topology, simulated=True)
+    on_gpu0 = Placement((NodeAllocation("ws1", (0,), (node.gpus[0].uuid,)),))
+    running = Job(1, JobSpec(user="newcomer", command=("train",)), submitted_at=0.0, state=JobState.RUNNING,
+                  placement=on_gpu0, started_at=0.0)  # two GPU-hours by now, nothing finished yet
+    newcomer = Job(2, JobSpec(user="newcomer", command=("x",)), submitted_at=10.0)
+    veteran = Job(3, JobSpec(user="veteran", command=("x",)), submitted_at=20.0)
+    store = MemoryStore()
+    store.commit([PutJob(encode_job(j)) for j in (running, newcomer, veteran)])
+    leader = Leader(LeaderConfig(data_dir=tmp_path, preemption=False), store, clock=lambda: 7200.0)
+    leader.usage = {"veteran": 1.0}  # one GPU-hour of finished work
+    leader.usage_at = 7200.0
+    leader.agents["ws1"] = AgentSession("ws1", node, "x", None, None, last_seen=7200.0)
+    leader.schedule_pass()
+    assert leader.jobs[veteran.id].state is JobState.STARTING  # less used, though submitted later
+    assert leader.jobs[newcomer.id].state is JobState.QUEUED
