@@ -1,9 +1,16 @@
-"""How a job's life moves on: pure functions from a job and a time to the next job."""
+"""How a job's life moves on: pure functions from a job and a time to the next job.
+
+When an attempt ends, it goes into the job's history with how it ended and the
+work it lost, and the job is either finished or back in the queue as the same
+job (next attempt, same class and submit time).
+"""
 
 from __future__ import annotations
 
-from labq.models.job import Job, JobState
+from labq.models.job import Attempt, AttemptEnd, Job, JobState, StopReason
 from labq.models.placement import Placement
+
+_FINAL_STATE = {StopReason.CANCELLED: JobState.CANCELLED, StopReason.TIMEOUT: JobState.TIMEOUT}
 
 
 def placed(job: Job, placement: Placement) -> Job:
@@ -14,33 +21,75 @@ def running(job: Job, started_at: float) -> Job:
     return job.evolve(state=JobState.RUNNING, started_at=started_at)
 
 
-def exited(job: Job, exit_code: int | None, ended_at: float) -> Job:
-    """The agent saw the attempt end: requeue it if it was preempted, else it is finished."""
-    if job.state is JobState.PREEMPTING and job.stop_requested != "cancel":
-        return requeued(job, ended_at, preempted=True)
-    if job.stop_requested == "cancel":
-        state = JobState.CANCELLED
-    elif job.stop_requested == "timeout":
-        state = JobState.TIMEOUT
+def checkpointed(job: Job, at: float | None) -> Job:
+    """The attempt reported a finished checkpoint at ``at`` (the marker's time); older news changes nothing."""
+    if at is None or job.started_at is None or at < job.started_at:
+        return job
+    if job.last_checkpoint_at is not None and at <= job.last_checkpoint_at:
+        return job
+    return job.evolve(last_checkpoint_at=at)
+
+
+def stop_reason(job: Job) -> StopReason | None:
+    """Why labq asked the running attempt to stop, if it did (a cancel wins over a preemption)."""
+    if job.stop_requested is not None:
+        return StopReason(job.stop_requested)
+    return StopReason.PREEMPTED if job.state is JobState.PREEMPTING else None
+
+
+def exited(job: Job, exit_code: int | None, ended_at: float, *, escalated: bool = False,
+           checkpoint_at: float | None = None) -> Job:
+    """The agent saw the attempt end; ``escalated``: it was still running when its grace ran out."""
+    job = checkpointed(job, checkpoint_at)
+    reason = stop_reason(job)
+    if reason is None:
+        end = AttemptEnd.SUCCEEDED if exit_code == 0 else AttemptEnd.FAILED
+    elif reason is StopReason.CANCELLED:
+        end = AttemptEnd.CANCELLED
+    elif escalated:
+        end = AttemptEnd.KILLED
+    elif exit_code == 0:
+        end = AttemptEnd.CHECKPOINTED
     else:
+        end = AttemptEnd.PREEMPTED if reason is StopReason.PREEMPTED else AttemptEnd.TIMEOUT
+    if reason is StopReason.PREEMPTED or (reason is StopReason.TIMEOUT and job.spec.requeue_on_timeout):
+        return _requeue(job, _attempt(job, ended_at, end, exit_code, reason))
+    if reason is None:
         state = JobState.SUCCEEDED if exit_code == 0 else JobState.FAILED
-    return job.evolve(state=state, exit_code=exit_code, ended_at=ended_at, stop_requested=None, preempted_for=None)
+    else:
+        state = _FINAL_STATE[reason]
+    done = _attempt(job, ended_at, end, exit_code, reason, requeued=False)
+    return job.evolve(state=state, exit_code=exit_code, ended_at=ended_at, stop_requested=None, preempted_for=None,
+                      history=(*job.history, done))
 
 
-def requeued(job: Job, now: float, *, preempted: bool) -> Job:
-    """Back in the queue as the same job: next attempt, same class and submit time."""
-    lost = job.work_at_risk(now) if preempted or job.started_at is not None else 0.0
-    return job.evolve(state=JobState.QUEUED, attempt=job.attempt + 1, placement=None, started_at=None,
-                      stop_requested=None, preempted_for=None, preemptions=job.preemptions + int(preempted),
-                      work_lost_s=job.work_lost_s + lost)
+def lost(job: Job, now: float, *, checkpoint_at: float | None = None) -> Job:
+    """Its node went silent past requeue_after, or fenced it: back to the queue."""
+    job = checkpointed(job, checkpoint_at)
+    return _requeue(job, _attempt(job, now, AttemptEnd.LOST, None, StopReason.LOST))
 
 
-def preempting(job: Job, for_job: int) -> Job:
+def preempting(job: Job, for_job: int | None) -> Job:
     return job.evolve(state=JobState.PREEMPTING, preempted_for=for_job)
 
 
 def cancelled(job: Job, now: float) -> Job:
     return job.evolve(state=JobState.CANCELLED, ended_at=now)
+
+
+def work_lost(job: Job, ended_at: float, end: AttemptEnd) -> float:
+    """Seconds of the attempt a resume cannot get back: since its last reported checkpoint.
+
+    With no checkpoint reported, an attempt that exited 0 within its grace saved as
+    it left (the contract); any other lost everything since it started.
+    """
+    if job.started_at is None:
+        return 0.0
+    if job.last_checkpoint_at is not None:
+        return max(0.0, ended_at - job.last_checkpoint_at)
+    if end is AttemptEnd.CHECKPOINTED:
+        return 0.0
+    return max(0.0, ended_at - job.started_at)
 
 
 def gpu_hours(job: Job, now: float) -> float:
@@ -49,3 +98,24 @@ def gpu_hours(job: Job, now: float) -> float:
         return 0.0
     end = job.ended_at if job.ended_at is not None else now
     return max(0.0, end - job.started_at) * job.spec.gpus / 3600.0
+
+
+def attempt_gpu_hours(attempt: Attempt, gpus: int) -> float:
+    if attempt.started_at is None:
+        return 0.0
+    return max(0.0, attempt.ended_at - attempt.started_at) * gpus / 3600.0
+
+
+def _attempt(job: Job, ended_at: float, end: AttemptEnd, exit_code: int | None, reason: StopReason | None,
+             *, requeued: bool = True) -> Attempt:
+    return Attempt(job.attempt, job.placement, job.started_at, ended_at, end, exit_code, reason,
+                   job.preempted_for if reason is StopReason.PREEMPTED else None, job.last_checkpoint_at,
+                   work_lost(job, ended_at, end) if requeued else 0.0)
+
+
+def _requeue(job: Job, done: Attempt) -> Job:
+    preempted = done.stop_reason is StopReason.PREEMPTED
+    return job.evolve(state=JobState.QUEUED, attempt=job.attempt + 1, placement=None, started_at=None,
+                      stop_requested=None, preempted_for=None, last_checkpoint_at=None,
+                      preemptions=job.preemptions + int(preempted), work_lost_s=job.work_lost_s + done.work_lost_s,
+                      history=(*job.history, done))

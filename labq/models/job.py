@@ -35,6 +35,44 @@ _FINISHED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, 
 _ON_GPUS = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING})
 
 
+class AttemptEnd(str, Enum):
+    """How one attempt ended."""
+
+    SUCCEEDED = "succeeded"  #: ran to its end, exit 0
+    FAILED = "failed"  #: ran to its end (or could not start), non-zero
+    CHECKPOINTED = "checkpointed"  #: asked to stop (preemption, time limit), exited 0 within the grace
+    PREEMPTED = "preempted"  #: asked to stop for a preemption, ended otherwise within the grace (a crash)
+    KILLED = "killed"  #: asked to stop, still running when the grace ran out: TERM, then KILL
+    TIMEOUT = "timeout"  #: asked to stop at its time limit, ended otherwise within the grace
+    CANCELLED = "cancelled"  #: stopped by its user or an admin
+    LOST = "lost"  #: its node went silent, or the node fenced it: requeued
+
+
+class StopReason(str, Enum):
+    """Why labq asked a running attempt to stop."""
+
+    PREEMPTED = "preempted"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancel"
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One finished run of a job, for its history."""
+
+    number: int
+    placement: Placement | None
+    started_at: float | None
+    ended_at: float
+    ended: AttemptEnd
+    exit_code: int | None = None
+    stop_reason: StopReason | None = None
+    preempted_for: int | None = None
+    last_checkpoint_at: float | None = None
+    work_lost_s: float = 0.0  #: for an attempt that was requeued: seconds since its last checkpoint
+
+
 class Runtime(str, Enum):
     DOCKER = "docker"  #: a container from ``image``
     PROCESS = "process"  #: a plain process on the workstation
@@ -75,6 +113,8 @@ class JobSpec:
     grace_s: float = 60.0
     reservation: str | None = None
     depends_on: tuple[int, ...] = ()
+    #: at the time limit, requeue (attempt + 1, resumed) instead of ending as timeout
+    requeue_on_timeout: bool = False
     shm_size_mib: int = 1024  #: /dev/shm of a docker job (dataloaders need more than Docker's 64 MiB)
 
     def __post_init__(self) -> None:
@@ -120,8 +160,10 @@ class Job:
     work_lost_s: float = 0.0
     #: while PREEMPTING: the job whose room it is making
     preempted_for: int | None = None
-    #: why the agent was told to stop it while it still runs: "cancel", "timeout", "lost"
+    #: why the agent was told to stop it while it still runs: "cancel", "timeout"
     stop_requested: str | None = None
+    #: the attempts before this one, oldest first
+    history: tuple[Attempt, ...] = ()
 
     @property
     def user(self) -> str:
@@ -141,6 +183,10 @@ class Job:
         """Seconds of work a preemption now would lose: since its last checkpoint or start."""
         since = self.last_checkpoint_at or self.started_at
         return max(0.0, now - since) if since is not None else 0.0
+
+    def preemptions_since(self, since: float) -> int:
+        """Attempts ended by a preemption after ``since`` (for the admin's cap per day)."""
+        return sum(1 for a in self.history if a.stop_reason is StopReason.PREEMPTED and a.ended_at > since)
 
     def evolve(self, **changes) -> Job:
         return replace(self, **changes)

@@ -7,7 +7,7 @@ the store or the leader); requests from people go through ``labq.protocol.reques
 from __future__ import annotations
 
 from labq.models.decisions import Pending, PendingReason
-from labq.models.job import Job, JobSpec, JobState, Mount, Runtime
+from labq.models.job import Attempt, AttemptEnd, Job, JobSpec, JobState, Mount, Runtime, StopReason
 from labq.models.node import Gpu, Node, NodeHealth
 from labq.models.placement import NodeAllocation, Placement
 from labq.models.reservation import Reservation
@@ -15,7 +15,7 @@ from labq.models.topology import PcieLevel, Topology
 
 _SPEC_SCALARS = ("user", "gpus", "name", "image", "workdir", "nodes", "min_gpu_memory_mib", "gpu_model", "node",
                  "cpus", "memory_mib", "priority", "preemptible", "time_limit_s", "checkpoint_signal", "grace_s",
-                 "reservation", "shm_size_mib")
+                 "reservation", "shm_size_mib", "requeue_on_timeout")
 
 
 def encode_spec(spec: JobSpec) -> dict:
@@ -57,16 +57,32 @@ _JOB_SCALARS = ("attempt", "submitted_at", "started_at", "ended_at", "exit_code"
                 "preemptions", "work_lost_s", "preempted_for", "stop_requested")
 
 
+def encode_attempt(a: Attempt) -> dict:
+    return {"attempt": a.number, "placement": encode_placement(a.placement), "started_at": a.started_at,
+            "ended_at": a.ended_at, "ended": a.ended.value, "exit_code": a.exit_code,
+            "stop_reason": a.stop_reason.value if a.stop_reason else None, "preempted_for": a.preempted_for,
+            "last_checkpoint_at": a.last_checkpoint_at, "work_lost_s": a.work_lost_s}
+
+
+def decode_attempt(doc: dict) -> Attempt:
+    return Attempt(doc["attempt"], decode_placement(doc.get("placement")), doc.get("started_at"), doc["ended_at"],
+                   AttemptEnd(doc["ended"]), doc.get("exit_code"),
+                   StopReason(doc["stop_reason"]) if doc.get("stop_reason") else None, doc.get("preempted_for"),
+                   doc.get("last_checkpoint_at"), doc.get("work_lost_s", 0.0))
+
+
 def encode_job(job: Job) -> dict:
     doc = {"id": job.id, "state": job.state.value, "spec": encode_spec(job.spec)}
     doc.update({name: getattr(job, name) for name in _JOB_SCALARS})
     doc["placement"] = encode_placement(job.placement)
+    doc["attempts"] = [encode_attempt(a) for a in job.history]
     return doc
 
 
 def decode_job(doc: dict) -> Job:
     return Job(id=doc["id"], spec=decode_spec(doc["spec"]), state=JobState(doc["state"]),
                placement=decode_placement(doc.get("placement")),
+               history=tuple(decode_attempt(a) for a in doc.get("attempts", ())),
                **{name: doc[name] for name in _JOB_SCALARS if name in doc})
 
 

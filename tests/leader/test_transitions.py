@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from labq.leader import transitions as t
 from labq.models import Job, JobSpec, JobState, NodeAllocation, Placement
+from labq.models.job import AttemptEnd, StopReason
+from labq.protocol.codec import decode_job, encode_job
 
 PLACE = Placement((NodeAllocation("ws1", (0, 1), ("u0", "u1")),))
 
@@ -35,6 +39,81 @@ def test_a_preempted_job_comes_back_as_the_same_job():
     assert back.work_lost_s == 40.0  # since the checkpoint at 250
     cancelled = t.exited(t.preempting(running, 9).evolve(stop_requested="cancel"), 0, 290.0)
     assert cancelled.state is JobState.CANCELLED  # a cancel during preemption wins
+
+
+@pytest.mark.parametrize(("stop", "exit_code", "escalated", "state", "ended", "lost"), [
+    # preempted: back in the queue however it ended; work lost since the checkpoint at 250 unless it saved on exit
+    ("preempt", 0, False, JobState.QUEUED, AttemptEnd.CHECKPOINTED, 40.0),
+    ("preempt", 3, False, JobState.QUEUED, AttemptEnd.PREEMPTED, 40.0),  # crashed in its grace: not a failure
+    ("preempt", 138, False, JobState.QUEUED, AttemptEnd.PREEMPTED, 40.0),  # died of the signal (no handler)
+    ("preempt", 137, True, JobState.QUEUED, AttemptEnd.KILLED, 40.0),  # ignored the signal
+    ("timeout", 0, False, JobState.TIMEOUT, AttemptEnd.CHECKPOINTED, 0.0),
+    ("timeout", 143, True, JobState.TIMEOUT, AttemptEnd.KILLED, 0.0),
+    ("timeout", 1, False, JobState.TIMEOUT, AttemptEnd.TIMEOUT, 0.0),
+    ("cancel", 143, False, JobState.CANCELLED, AttemptEnd.CANCELLED, 0.0),
+    (None, 0, False, JobState.SUCCEEDED, AttemptEnd.SUCCEEDED, 0.0),
+    (None, 2, False, JobState.FAILED, AttemptEnd.FAILED, 0.0),
+])
+def test_how_an_attempt_ended_is_recorded(stop, exit_code, escalated, state, ended, lost):
+    running = t.running(t.placed(job(), PLACE), 200.0).evolve(last_checkpoint_at=250.0)
+    if stop == "preempt":
+        running = t.preempting(running, for_job=9)
+    elif stop is not None:
+        running = running.evolve(stop_requested=stop)
+    after = t.exited(running, exit_code, 290.0, escalated=escalated)
+    assert after.state is state
+    (attempt,) = after.history
+    assert (attempt.number, attempt.ended, attempt.exit_code, attempt.work_lost_s) == (1, ended, exit_code, lost)
+    assert (attempt.started_at, attempt.ended_at, attempt.placement) == (200.0, 290.0, PLACE)
+    assert attempt.preempted_for == (9 if stop == "preempt" else None)
+    assert after.preemptions == (1 if stop == "preempt" else 0)
+    assert after.work_lost_s == lost
+
+
+def test_work_lost_without_reported_checkpoints():
+    running = t.preempting(t.running(t.placed(job(), PLACE), 200.0), for_job=9)
+    assert t.exited(running, 0, 290.0).work_lost_s == 0.0  # exited 0 in its grace: it saved as it left
+    assert t.exited(running, 1, 290.0).work_lost_s == 90.0  # crashed: everything since the start
+    assert t.exited(running, 137, 290.0, escalated=True).work_lost_s == 90.0
+
+
+def test_a_checkpoint_reported_with_the_exit_counts():
+    running = t.preempting(t.running(t.placed(job(), PLACE), 200.0), for_job=9)
+    after = t.exited(running, 137, 300.0, escalated=True, checkpoint_at=280.0)
+    assert after.history[0].last_checkpoint_at == 280.0 and after.work_lost_s == 20.0
+    assert after.last_checkpoint_at is None  # the next attempt starts with none of its own
+
+
+def test_checkpoints_only_move_forward_within_the_attempt():
+    running = t.running(t.placed(job(), PLACE), 200.0)
+    assert t.checkpointed(running, 150.0) is running  # before this attempt started: an earlier attempt's
+    later = t.checkpointed(running, 260.0)
+    assert later.last_checkpoint_at == 260.0
+    assert t.checkpointed(later, 240.0) is later
+    assert later.work_at_risk(300.0) == 40.0
+
+
+def test_a_time_limit_requeues_when_asked():
+    spec = JobSpec(user="alice", command=("train",), gpus=2, time_limit_s=3600, requeue_on_timeout=True)
+    running = t.running(t.placed(Job(7, spec, submitted_at=100.0), PLACE), 200.0).evolve(stop_requested="timeout")
+    back = t.exited(running, 0, 3800.0)
+    assert (back.state, back.attempt, back.preemptions) == (JobState.QUEUED, 2, 0)
+    assert back.history[0].stop_reason is StopReason.TIMEOUT and back.history[0].ended is AttemptEnd.CHECKPOINTED
+
+
+def test_a_lost_attempt_is_requeued_with_its_history():
+    running = t.running(t.placed(job(), PLACE), 200.0)
+    back = t.lost(running, 500.0, checkpoint_at=450.0)
+    assert (back.state, back.attempt, back.preemptions, back.work_lost_s) == (JobState.QUEUED, 2, 0, 50.0)
+    assert back.history[0].ended is AttemptEnd.LOST
+
+
+def test_history_survives_the_store_format():
+    running = t.preempting(t.running(t.placed(job(), PLACE), 200.0), for_job=9)
+    back = t.exited(running, 137, 300.0, escalated=True, checkpoint_at=280.0)
+    again = t.exited(t.running(t.placed(back, PLACE), 400.0), 0, 500.0)
+    assert decode_job(encode_job(again)) == again
+    assert [a.ended for a in again.history] == [AttemptEnd.KILLED, AttemptEnd.SUCCEEDED]
 
 
 def test_gpu_hours_count_the_current_attempt():
