@@ -20,9 +20,14 @@ listen = "127.0.0.1:7733"        # address:port of the API; "0.0.0.0:7733" to se
 [scheduling]
 preemption = true                # higher-priority jobs may preempt lower, preemptible ones
 min_runtime = "5m"               # a job runs at least this long before it can be preempted
+max_preemptions_per_day = 0      # a job preempted this often in 24 h is left alone; 0: no cap
+non_preemptible_users = []       # who besides admins may submit --no-preempt jobs; ["*"]: everyone
 fair_share_half_life = "7d"      # how fast past GPU-hours stop counting against a user
 hold_depth = 16                  # blocked jobs that hold GPUs for themselves (backfill respects them)
 user_max_priority = "high"       # the highest class non-admins may use; urgent is for admins
+# [scheduling.may_preempt]       # which classes may preempt which; default: every class all lower ones
+# urgent = ["low", "normal", "high"]
+# high = ["low"]                 # a class left out preempts nothing
 
 [quotas]
 max_gpus_per_user = 0            # GPUs one user may hold at once; 0: no limit
@@ -33,6 +38,8 @@ max_gpus_per_user = 0            # GPUs one user may hold at once; 0: no limit
 default_grace = "60s"            # time a job gets to checkpoint after its signal
 max_grace = "4m"                 # fence_after + max_grace must stay below requeue_after
 max_time_limit = "0"             # the longest --time accepted; "0": no limit
+# checkpoint_root = "/shared/labq/checkpoints" # LABQ_CHECKPOINT_DIR is ROOT/JOB_ID; put it on storage every
+#                                # node mounts so a job resumes on any node. Default: each agent's own folder
 allowed_mount_roots = []         # host folders containers may mount (docker runtime)
 allowed_images = []              # images the docker runtime may run; empty: any
 
@@ -58,6 +65,9 @@ class LeaderConfig:
     fair_share_half_life_s: float = 7 * 86400.0
     hold_depth: int = 16
     user_max_priority: int = int(PriorityClass.HIGH)
+    max_preemptions_per_day: int | None = None
+    non_preemptible_users: tuple[str, ...] = ()
+    may_preempt: dict[int, frozenset[int]] | None = None
     max_gpus_per_user: int | None = None
     user_gpu_quota: dict[str, int] = field(default_factory=dict)
     default_grace_s: float = 60.0
@@ -65,6 +75,7 @@ class LeaderConfig:
     max_time_limit_s: float | None = None
     allowed_mount_roots: tuple[str, ...] = ()
     allowed_images: tuple[str, ...] = ()
+    checkpoint_root: str | None = None
     lease_s: float = 30.0
     fence_after_s: float = 600.0
     requeue_after_s: float = 900.0
@@ -107,7 +118,10 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         "min_runtime": lambda v: values.update(min_runtime_s=parse_duration(v, bare_seconds=True)),
         "fair_share_half_life": lambda v: values.update(fair_share_half_life_s=parse_duration(v, bare_seconds=True)),
         "hold_depth": lambda v: values.update(hold_depth=int(v)),
-        "user_max_priority": lambda v: values.update(user_max_priority=parse_priority(v))})
+        "user_max_priority": lambda v: values.update(user_max_priority=parse_priority(v)),
+        "max_preemptions_per_day": lambda v: values.update(max_preemptions_per_day=_count(v) or None),
+        "non_preemptible_users": lambda v: values.update(non_preemptible_users=_names(v)),
+        "may_preempt": lambda v: values.update(may_preempt=_class_rules(v))})
     _take(doc.get("quotas", {}), where, "quotas", values, {
         "max_gpus_per_user": lambda v: values.update(max_gpus_per_user=int(v) or None),
         "users": lambda v: values.update(user_gpu_quota={str(k): int(n) for k, n in dict(v).items()})})
@@ -116,7 +130,8 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         "max_grace": lambda v: values.update(max_grace_s=parse_duration(v, bare_seconds=True)),
         "max_time_limit": lambda v: values.update(max_time_limit_s=parse_duration(v, bare_seconds=True) or None),
         "allowed_mount_roots": lambda v: values.update(allowed_mount_roots=tuple(map(str, v))),
-        "allowed_images": lambda v: values.update(allowed_images=tuple(map(str, v)))})
+        "allowed_images": lambda v: values.update(allowed_images=tuple(map(str, v))),
+        "checkpoint_root": lambda v: values.update(checkpoint_root=_absolute(v))})
     _take(doc.get("agents", {}), where, "agents", values, {
         "lease": lambda v: values.update(lease_s=parse_duration(v, bare_seconds=True)),
         "fence_after": lambda v: values.update(fence_after_s=parse_duration(v, bare_seconds=True)),
@@ -140,6 +155,46 @@ def _bool(value) -> bool:
     if not isinstance(value, bool):
         raise ValueError("must be true or false")
     return value
+
+
+def _count(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("must be a whole number, 0 or more")
+    return value
+
+
+def _names(value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError('must be a list of user names, e.g. ["alice", "bob"], or ["*"] for everyone')
+    return tuple(value)
+
+
+def _class_rules(value) -> dict[int, frozenset[int]]:
+    """``{urgent = ["low", "normal"], high = ["low"]}`` -> {400: {100, 200}, 300: {100}}."""
+    if not isinstance(value, dict):
+        raise ValueError('must be a table of class = ["class", ...], e.g. high = ["low"]')
+    rules = {}
+    for name, victims in value.items():
+        klass = _class(name)
+        if not isinstance(victims, list):
+            raise ValueError(f'{name} must list the classes it may preempt, e.g. {name} = ["low"]')
+        lower = frozenset(_class(v) for v in victims)
+        if any(v >= klass for v in lower):
+            raise ValueError(f"{name} may preempt only lower classes")
+        rules[klass] = lower
+    return rules
+
+
+def _class(name) -> int:
+    if not isinstance(name, str) or name.upper() not in PriorityClass.__members__:
+        raise ValueError(f"{name!r} is not a class: low, normal, high or urgent")
+    return int(PriorityClass[name.upper()])
+
+
+def _absolute(value) -> str:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ValueError("must be an absolute path")
+    return value.rstrip("/") or "/"
 
 
 def _listen(value: str, values: dict) -> None:

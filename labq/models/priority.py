@@ -49,3 +49,11 @@ def priority_name(value: int) -> str:
         return PriorityClass(value).name.lower()
     except ValueError:
         return str(value)
+
+
+def class_of(value: int) -> PriorityClass:
+    """The named class a priority falls in: the highest at or below it (250 is normal; below low is low)."""
+    for klass in sorted(PriorityClass, reverse=True):
+        if value >= klass:
+            return klass
+    return PriorityClass.LOW

@@ -147,6 +147,7 @@ class _Pass:
             and job.spec.preemptible
             and job.started_at is not None
             and self.now - job.started_at >= self.policy.min_runtime_s
+            and not self.policy.preempted_enough(job, self.now)
         )
 
     # -- the pass -------------------------------------------------------------------
@@ -366,10 +367,11 @@ class _Pass:
         for where, mask, _ in self.inflight.get(job.id, []):
             if where == node.name:
                 available |= mask & ~blocked
+        may = self.policy.can_preempt
         candidates = [
             Victim(e.job, e.mask & ~blocked, e.job.work_at_risk(self.now))
             for e in self.on_gpus[node.name]
-            if e.candidate and e.job.priority < job.priority and e.job.id not in self.victims and e.mask & ~blocked
+            if e.candidate and may(job.priority, e.job.priority) and e.job.id not in self.victims and e.mask & ~blocked
         ]
         if not candidates and job.id not in self.inflight:
             return None

@@ -8,6 +8,9 @@ from operator import attrgetter
 from collections.abc import Iterable, Mapping
 
 from labq.models.job import Job
+from labq.models.priority import class_of
+
+DAY_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,23 @@ class Policy:
     #: how many blocked jobs get GPUs held for them (and an estimated start);
     #: lower jobs may use held GPUs only if their time limit ends first
     hold_depth: int = 16
+    #: which classes (by value: 100, 200, ...) may preempt which; None: every class all lower ones
+    may_preempt: Mapping[int, frozenset[int]] | None = None
+    #: a job preempted this often in the last 24 hours is not preempted again (None: no cap)
+    max_preemptions_per_day: int | None = None
+
+    def can_preempt(self, preemptor: int, victim: int) -> bool:
+        """Whether a job of priority ``preemptor`` may preempt one of ``victim`` (strictly lower, and the rules)."""
+        if victim >= preemptor:
+            return False
+        if self.may_preempt is None:
+            return True
+        return class_of(victim) in self.may_preempt.get(class_of(preemptor), ())
+
+    def preempted_enough(self, job: Job, now: float) -> bool:
+        """The job reached the cap on preemptions per day."""
+        cap = self.max_preemptions_per_day
+        return cap is not None and job.preemptions_since(now - DAY_S) >= cap
 
     def quota_for(self, user: str) -> int | None:
         return self.user_gpu_quota.get(user, self.max_gpus_per_user)

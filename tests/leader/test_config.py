@@ -23,6 +23,17 @@ def test_values_are_read_and_overrides_win(tmp_path):
     assert config.url == "http://127.0.0.1:9000"
 
 
+def test_preemption_policy_is_read(tmp_path):
+    path = tmp_path / "leader.toml"
+    path.write_text('[scheduling]\nmax_preemptions_per_day = 3\nnon_preemptible_users = ["alice"]\n'
+                    '[scheduling.may_preempt]\nurgent = ["low", "normal"]\nhigh = []\n'
+                    '[jobs]\ncheckpoint_root = "/shared/ckpt/"\n')
+    config = load_config(path)
+    assert config.max_preemptions_per_day == 3 and config.non_preemptible_users == ("alice",)
+    assert config.may_preempt == {400: frozenset({100, 200}), 300: frozenset()}
+    assert config.checkpoint_root == "/shared/ckpt"
+
+
 @pytest.mark.parametrize(
     ("text", "words"),
     [
@@ -33,6 +44,12 @@ def test_values_are_read_and_overrides_win(tmp_path):
         ('[scheduling]\npreemption = "yes"\n', "must be true or false"),
         ('[agents]\nrequeue_after = "5m"\n', "requeue_after must be longer than agents.fence_after"),
         ("not toml [", "is not valid TOML"),
+        ('[scheduling.may_preempt]\nurgent = ["lowest"]\n', "'lowest' is not a class"),
+        ('[scheduling.may_preempt]\nnormal = ["high"]\n', "normal may preempt only lower classes"),
+        ('[scheduling.may_preempt]\nhigh = "low"\n', "high must list the classes it may preempt"),
+        ("[scheduling]\nmax_preemptions_per_day = -1\n", "must be a whole number"),
+        ('[scheduling]\nnon_preemptible_users = "alice"\n', "must be a list of user names"),
+        ('[jobs]\ncheckpoint_root = "shared/ckpt"\n', "must be an absolute path"),
     ],
 )
 def test_mistakes_are_named(tmp_path, text, words):

@@ -188,6 +188,45 @@ def test_never_preempted(jobs, victim_kw, preemptor_priority):
     assert d.pending_for(preemptor.id).reason is PendingReason.RESOURCES
 
 
+@pytest.mark.parametrize(("victim", "preemptor", "allowed"), [
+    (LOW, URGENT, True), (NORMAL, URGENT, True), (HIGH, URGENT, False),  # urgent may take low and normal only
+    (LOW, HIGH, True), (NORMAL, HIGH, False),
+    (LOW, NORMAL, False),  # a class the rules leave out preempts nothing
+    (LOW + 50, HIGH + 20, True),  # in-between priorities belong to the class at or below them
+])
+def test_admin_rules_say_which_classes_preempt_which(jobs, victim, preemptor, allowed):
+    node = make_node("a", "sim:flat:1")
+    running = jobs.running(node, (0,), priority=victim)
+    waiting = jobs.queued(1, priority=preemptor)
+    rules = {URGENT: frozenset({LOW, NORMAL}), HIGH: frozenset({LOW})}
+    d = schedule([running, waiting], [node], now=NOW, policy=Policy(may_preempt=rules))
+    assert [p.job_id for p in d.preemptions] == ([running.id] if allowed else [])
+
+
+def test_a_job_preempted_too_often_today_is_left_alone(jobs):
+    from labq.models.job import Attempt, AttemptEnd, StopReason
+
+    node = make_node("a", "sim:flat:2")
+
+    def preempted(hours_ago: float) -> Attempt:
+        return Attempt(1, None, NOW - hours_ago * 3600 - 600, NOW - hours_ago * 3600, AttemptEnd.CHECKPOINTED,
+                       0, StopReason.PREEMPTED)
+
+    twice_today = jobs.running(node, (0,), priority=LOW, history=(preempted(2), preempted(5)),
+                               last_checkpoint_at=NOW - 60)  # the cheapest victim, were it not for the cap
+    once_today = jobs.running(node, (1,), priority=LOW, history=(preempted(30), preempted(3)))
+    urgent = jobs.queued(1, priority=URGENT)
+    d = schedule([twice_today, once_today, urgent], [node], now=NOW)
+    assert [p.job_id for p in d.preemptions] == [twice_today.id]
+    policy = Policy(max_preemptions_per_day=2)
+    d = schedule([twice_today, once_today, urgent], [node], now=NOW, policy=policy)
+    assert [p.job_id for p in d.preemptions] == [once_today.id]
+    capped = once_today.evolve(history=(*once_today.history, preempted(1)))
+    d = schedule([twice_today, capped, urgent], [node], now=NOW, policy=policy)
+    assert d.preemptions == ()
+    assert d.pending_for(urgent.id).reason is PendingReason.RESOURCES
+
+
 def test_preemption_can_be_turned_off(jobs):
     node = make_node("a", "sim:flat:1")
     running = jobs.running(node, (0,), priority=LOW)
