@@ -31,6 +31,7 @@ from labq import __version__
 from labq.agent.inventory import GpuInventory, Inventory
 from labq.agent.process_runtime import AttemptState, Launch
 from labq.agent.runtimes import Runtimes
+from labq.agent.stops import NotesBook
 from labq.models.job import Mount
 from labq.models.node import Node
 from labq.protocol.agents import (
@@ -41,6 +42,8 @@ from labq.protocol.errors import ApiError
 log = logging.getLogger("labq.agent")
 LONG_POLL_S = 20.0
 KILL_AFTER_S = 10.0  #: after the grace, TERM; this long after TERM, KILL
+WATCH_EVERY_S = 0.1  #: how often the agent looks for exits and new checkpoints to report at once
+CHECKPOINT_NEWS_S = 2.0
 LOG_CHUNK = 1 << 20
 
 
@@ -63,6 +66,9 @@ class Agent:
 
         self.runtime = Runtimes(config.state_dir, config.name, lab=cluster_id(token_hash(config.join_token)))
         self.checkpoints = config.state_dir / "checkpoints"
+        self.notes = NotesBook(config.state_dir / "attempts")
+        self._timers: dict[tuple[int, int], threading.Timer] = {}
+        self._checkpoints_told: dict[tuple[int, int], float | None] = {}  #: as the leader last heard them
         self.token: str | None = None
         self.logs_token: str | None = None
         self.fence_after_s = 600.0
@@ -126,7 +132,8 @@ class Agent:
                               self.config.join_token, timeout=30)
         self.token, self.logs_token = reply["agent_token"], reply["logs_token"]
         self.fence_after_s, self.lease_s = reply["fence_after_s"], reply["lease_s"]
-        self.runtime.set_policy(tuple(reply.get("allowed_mount_roots", ())), tuple(reply.get("allowed_images", ())))
+        roots = (*reply.get("allowed_mount_roots", ()), *filter(None, [reply.get("checkpoint_root")]))
+        self.runtime.set_policy(tuple(roots), tuple(reply.get("allowed_images", ())))
         log.info("registered %s with %d GPU(s) (%s)", self.config.name, len(inv.gpus), inv.source)
 
     def sync_once(self, wait_s: float) -> None:
@@ -134,10 +141,18 @@ class Agent:
             self.register()
         statuses = self.runtime.attempts()
         self._reported_running = {(s.job_id, s.attempt) for s in statuses if s.state is AttemptState.RUNNING}
+        attempts = []
+        for s in statuses:
+            notes = self.notes.get(s.job_id, s.attempt)
+            checkpoint_at = notes.checkpoint_at()
+            if checkpoint_at is not None and checkpoint_at < s.started_at:
+                checkpoint_at = None  # an earlier attempt's
+            self._checkpoints_told[(s.job_id, s.attempt)] = checkpoint_at
+            attempts.append(AttemptReport(s.job_id, s.attempt, s.state is AttemptState.RUNNING, s.exit_code,
+                                          s.signal, s.started_at, s.ended_at, s.fenced, notes.escalated,
+                                          checkpoint_at))
         reading = self._read_inventory()
-        report = SyncReport(tuple(
-            AttemptReport(s.job_id, s.attempt, s.state is AttemptState.RUNNING, s.exit_code, s.signal, s.started_at,
-                          s.ended_at, s.fenced) for s in statuses),
+        report = SyncReport(tuple(attempts),
             reading.unmanaged_busy if reading else None, wait_s,
             {u.index: {"memory_free_mib": u.memory_free_mib, "utilization_pct": u.utilization_pct}
              for u in reading.usage} if reading and reading.usage else None)
@@ -172,18 +187,28 @@ class Agent:
         return min(LONG_POLL_S, self.lease_s / 2, self.fence_after_s / 3)
 
     def _watch_exits(self) -> None:
-        """Report an exit at once instead of at the end of the current long poll.
+        """Report an exit, or a new checkpoint, at once instead of at the end of the current long poll.
 
         Compared with what the leader last heard, not with the last look: a job that
-        starts and ends between two looks must be reported too.
+        starts and ends between two looks must be reported too. New checkpoints are
+        reported at most every ``CHECKPOINT_NEWS_S``, however often a job saves.
         """
-        while not self._stop.wait(0.25):
-            now = {(s.job_id, s.attempt) for s in self.runtime.attempts() if s.state is AttemptState.RUNNING}
-            if self._reported_running - now and self.token is not None:
+        told_at = 0.0
+        while not self._stop.wait(WATCH_EVERY_S):
+            running = [s for s in self.runtime.attempts() if s.state is AttemptState.RUNNING]
+            exited = self._reported_running - {(s.job_id, s.attempt) for s in running}
+            news = time.monotonic() - told_at >= CHECKPOINT_NEWS_S and any(
+                self._checkpoints_told.get((s.job_id, s.attempt)) != self._checkpoint_at(s) for s in running)
+            if (exited or news) and self.token is not None:
+                told_at = time.monotonic()
                 try:
                     self.sync_once(0.0)
                 except (OSError, ApiError, ValueError) as err:
                     log.warning("cannot report an exit: %s", err)
+
+    def _checkpoint_at(self, status) -> float | None:
+        at = self.notes.get(status.job_id, status.attempt).checkpoint_at()
+        return at if at is not None and at >= status.started_at else None
 
     # -- doing what the leader says --------------------------------------------------------
 
@@ -205,11 +230,21 @@ class Agent:
                     self._stop_attempt(StopOrder(key[0], key[1], "SIGTERM", 0.0, "not expected on this node"))
                 else:
                     self.runtime.forget(*key)
+                    self.notes.forget(*key)
+                    self._checkpoints_told.pop(key, None)
                     self._stopping.discard(key)
 
     def _launch(self, order: RunOrder) -> None:
-        folder = self.checkpoints / str(order.job_id)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = Path(order.checkpoint_dir) if order.checkpoint_dir else self.checkpoints / str(order.job_id)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            log.warning("job %d attempt %d cannot start: checkpoint folder %s: %s", order.job_id, order.attempt,
+                        folder, err.strerror)
+            self.runtime.refuse(order.job_id, order.attempt, f"cannot make the checkpoint folder {folder} on "
+                                f"{self.config.name}: {err.strerror}")
+            return
+        self.notes.update(order.job_id, order.attempt, checkpoint_dir=str(folder))
         env = dict(order.env, LABQ_CHECKPOINT_DIR=str(folder))
         gpu_env = {k: env.pop(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES") if k in env}
         user = order.user if self.config.run_as_job_user else None
@@ -235,19 +270,36 @@ class Agent:
             self.runtime.refuse(order.job_id, order.attempt, f"cannot start on {self.config.name}: {err}")
 
     def _stop_attempt(self, order: StopOrder) -> None:
+        """The signal, then after the grace (if it still runs) TERM and KILL; the grace survives an agent restart."""
         key = (order.job_id, order.attempt)
         if key in self._stopping:
             return
         self._stopping.add(key)
-        log.info("stopping job %d attempt %d (%s)", order.job_id, order.attempt, order.reason)
         sig = getattr(signal, order.signal, signal.SIGTERM)
-        self.runtime.signal(order.job_id, order.attempt, sig)
         if sig == signal.SIGTERM and order.grace_s == 0:
+            log.info("stopping job %d attempt %d (%s)", order.job_id, order.attempt, order.reason)
             self.runtime.stop(order.job_id, order.attempt, KILL_AFTER_S)
             return
-        timer = threading.Timer(order.grace_s, self.runtime.stop, (order.job_id, order.attempt, KILL_AFTER_S))
+        notes = self.notes.get(*key)
+        if notes.signalled_at is None:  # not signalled by an earlier agent
+            log.info("job %d attempt %d: %s, %gs to checkpoint (%s)", order.job_id, order.attempt, order.signal,
+                     order.grace_s, order.reason)
+            notes = self.notes.update(*key, signalled_at=time.time(), grace_s=order.grace_s, reason=order.reason)
+            self.runtime.signal(order.job_id, order.attempt, sig)
+        left = max(0.0, notes.signalled_at + notes.grace_s - time.time())
+        timer = threading.Timer(left, self._grace_over, key)
         timer.daemon = True
+        self._timers[key] = timer
         timer.start()
+
+    def _grace_over(self, job_id: int, attempt: int) -> None:
+        self._timers.pop((job_id, attempt), None)
+        if not any(s.job_id == job_id and s.attempt == attempt and s.state is AttemptState.RUNNING
+                   for s in self.runtime.attempts()):
+            return  # it stopped within its grace
+        log.info("job %d attempt %d still runs after its grace: TERM, then KILL", job_id, attempt)
+        self.notes.update(job_id, attempt, escalated=True)
+        self.runtime.stop(job_id, attempt, KILL_AFTER_S)
 
     def _managed_pids(self) -> frozenset[int]:
         """Every process of every running job: its whole process group, dataloader workers and all."""

@@ -154,6 +154,10 @@ class Leader:
         if spec.priority > self.config.user_max_priority and not who.admin:
             raise errors.forbidden(f"priority {priority_name(spec.priority)} is for admins; the highest for users "
                                    f"is {priority_name(self.config.user_max_priority)}")
+        if not spec.preemptible and not who.admin and not _listed(who.name, self.config.non_preemptible_users):
+            raise errors.forbidden("only admins, and users the admin lists in scheduling.non_preemptible_users, "
+                                   "may submit jobs that cannot be preempted (--no-preempt); make the job "
+                                   "checkpoint instead (README: Checkpoint and resume)")
         if spec.grace_s > self.config.max_grace_s:
             raise errors.bad_request(f"grace is at most {self.config.max_grace_s:g} s here", "grace_s")
         limit = self.config.max_time_limit_s
@@ -307,13 +311,19 @@ class Leader:
             job = self._expected(session.name, a)
             if job is None:
                 continue
-            if a.running and job.state is JobState.STARTING:
-                updates.append(t.running(job, a.started_at or now))
-            elif not a.running and a.fenced:  # stopped on its node while the agent could not reach us
-                updates.append(t.requeued(job, a.ended_at or now, preempted=False))
-            elif not a.running:  # it may have ended before any report saw it running
-                started = job if job.started_at is not None else t.running(job, a.started_at or now)
-                updates.append(t.exited(started, a.exit_code, a.ended_at or now))
+            if a.running:
+                new = t.running(job, a.started_at or now) if job.state is JobState.STARTING else job
+                new = t.checkpointed(new, a.checkpoint_at)
+                if new is not job:
+                    updates.append(new)
+                continue
+            # it may have ended before any report saw it running
+            started = job if job.started_at is not None else t.running(job, a.started_at or now)
+            if a.fenced:  # stopped on its node while the agent could not reach us
+                updates.append(t.lost(started, a.ended_at or now, checkpoint_at=a.checkpoint_at))
+            else:
+                updates.append(t.exited(started, a.exit_code, a.ended_at or now, escalated=a.escalated,
+                                        checkpoint_at=a.checkpoint_at))
         if updates:
             self._save(updates)
             for job in updates:
@@ -342,11 +352,12 @@ class Leader:
             if not job.state.holds_gpus or job.placement is None or session.name not in job.placement.nodes:
                 continue
             run.append(self._run_order(job, session))
-            if job.state is JobState.PREEMPTING:
+            if job.stop_requested == "timeout":
+                stop.append(StopOrder(job.id, job.attempt, job.spec.checkpoint_signal, _timeout_grace(job), "timeout"))
+            elif job.state is JobState.PREEMPTING:
                 stop.append(StopOrder(job.id, job.attempt, job.spec.checkpoint_signal, job.spec.grace_s, "preempted"))
             elif job.stop_requested:
-                signal = job.spec.checkpoint_signal if job.stop_requested == "timeout" else "SIGTERM"
-                stop.append(StopOrder(job.id, job.attempt, signal, min(job.spec.grace_s, 30.0), job.stop_requested))
+                stop.append(StopOrder(job.id, job.attempt, "SIGTERM", min(job.spec.grace_s, 30.0), job.stop_requested))
         return SyncReply(tuple(run), tuple(stop), self.config.lease_s, self.config.fence_after_s)
 
     def _run_order(self, job: Job, session: AgentSession) -> RunOrder:
@@ -359,10 +370,11 @@ class Leader:
                     "LABQ_RESUMED": "1" if job.attempt > 1 else "0", "LABQ_PREEMPT_SIGNAL": job.spec.checkpoint_signal,
                     "CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible})
         spec = job.spec
+        root = self.config.checkpoint_root
         return RunOrder(job.id, job.attempt, job.user, spec.command, env, spec.workdir, indices, uuids,
                         spec.grace_s, spec.checkpoint_signal, spec.runtime.value, spec.image,
                         tuple((m.source, m.target, m.read_only) for m in spec.mounts), spec.shm_size_mib,
-                        node.simulated)
+                        node.simulated, f"{root.rstrip('/')}/{job.id}" if root else None)
 
     # -- scheduling and timers -----------------------------------------------------------
 
@@ -401,7 +413,9 @@ class Leader:
             nodes = [s.node for s in self.agents.values()]
             policy = Policy(max_gpus_per_user=self.config.max_gpus_per_user,
                             user_gpu_quota=self.config.user_gpu_quota, preemption=self.config.preemption,
-                            min_runtime_s=self.config.min_runtime_s, hold_depth=self.config.hold_depth)
+                            min_runtime_s=self.config.min_runtime_s, hold_depth=self.config.hold_depth,
+                            may_preempt=self.config.may_preempt,
+                            max_preemptions_per_day=self.config.max_preemptions_per_day)
             usage = dict(self.usage)  # finished work, decayed; plus what running attempts have used so far
             for job in self.jobs.values():
                 if job.started_at is not None:
@@ -442,11 +456,12 @@ class Leader:
                 if self.config.auto_requeue and silent > self.config.requeue_after_s:
                     for job in self.jobs.values():
                         if job.state.holds_gpus and job.placement and session.name in job.placement.nodes:
-                            updates.append(t.requeued(job, now, preempted=False) if job.stop_requested != "cancel"
+                            updates.append(t.lost(job, now) if job.stop_requested != "cancel"
                                            else t.cancelled(job, now))
-            for job in self.jobs.values():
+            for job in self.jobs.values():  # the checkpoint signal a grace before the limit, stopped at it
                 end = job.expected_end()
-                if job.state is JobState.RUNNING and end is not None and now >= end and not job.stop_requested:
+                if (job.state in (JobState.RUNNING, JobState.PREEMPTING) and end is not None
+                        and now >= end - _timeout_grace(job) and not job.stop_requested):
                     updates.append(job.evolve(stop_requested="timeout"))
             if updates:
                 self._save(updates)
@@ -465,9 +480,14 @@ class Leader:
         changes: list[Change] = [PutJob(encode_job(j)) for j in jobs]
         finished_users = {}
         for job in jobs:
+            old = self.jobs.get(job.id)
             if job.state.finished:
                 hours = t.gpu_hours(job, now)
-                finished_users[job.user] = finished_users.get(job.user, self.usage.get(job.user, 0.0)) + hours
+            elif old is not None and job.attempt > old.attempt and job.history:  # a requeued attempt's use
+                hours = t.attempt_gpu_hours(job.history[-1], job.spec.gpus)
+            else:
+                continue
+            finished_users[job.user] = finished_users.get(job.user, self.usage.get(job.user, 0.0)) + hours
         for user, hours in finished_users.items():
             changes.append(PutRecord("usage", user, {"gpu_hours": hours, "at": now}))
         self._commit(changes)
@@ -522,6 +542,15 @@ def _acted(job: Job, request: ActionRequest, now: float, who: Principal, config:
         raise errors.forbidden(f"priority {priority_name(request.priority)} is for admins; the highest for users is "
                                f"{priority_name(config.user_max_priority)}")
     return job.evolve(spec=replace(job.spec, priority=request.priority))
+
+
+def _timeout_grace(job: Job) -> float:
+    """How long before its time limit a job gets its checkpoint signal: its grace, at most half the limit."""
+    return min(job.spec.grace_s, (job.spec.time_limit_s or 0.0) / 2)
+
+
+def _listed(user: str, names: tuple[str, ...]) -> bool:
+    return "*" in names or user in names
 
 
 def _check_container(spec, config: LeaderConfig) -> None:

@@ -271,7 +271,8 @@ def _register(h: _Handler, who, body) -> tuple[int, dict]:
     return 200, {"agent_token": token, "logs_token": leader.logs_token(registration.node.name),
                  "lease_s": leader.config.lease_s, "fence_after_s": leader.config.fence_after_s,
                  "allowed_mount_roots": list(leader.config.allowed_mount_roots),
-                 "allowed_images": list(leader.config.allowed_images)}
+                 "allowed_images": list(leader.config.allowed_images),
+                 "checkpoint_root": leader.config.checkpoint_root}
 
 
 @route("POST", r"/v1/agents/([^/]+)/sync")

@@ -16,6 +16,8 @@ from labq.protocol.errors import bad_request
 from labq.protocol.requests import NAME, Fields
 
 MAX_WAIT_S = 60.0
+#: a job touches this file in LABQ_CHECKPOINT_DIR after each finished save; its mtime is the checkpoint's time
+CHECKPOINT_MARKER = ".labq-checkpoint"
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class AttemptReport:
     started_at: float | None = None
     ended_at: float | None = None
     fenced: bool = False  #: stopped on the node because its agent lost the leader
+    escalated: bool = False  #: asked to stop, it was still running when its grace ran out
+    checkpoint_at: float | None = None  #: the last checkpoint the job reported (its marker's time)
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,8 @@ class SyncReport:
 def encode_sync(report: SyncReport) -> dict:
     return {
         "attempts": [{"job_id": a.job_id, "attempt": a.attempt, "running": a.running, "exit_code": a.exit_code,
-                      "signal": a.signal, "started_at": a.started_at, "ended_at": a.ended_at, "fenced": a.fenced}
+                      "signal": a.signal, "started_at": a.started_at, "ended_at": a.ended_at, "fenced": a.fenced,
+                      "escalated": a.escalated, "checkpoint_at": a.checkpoint_at}
                      for a in report.attempts],
         "unmanaged_busy": sorted(report.unmanaged_busy) if report.unmanaged_busy is not None else None,
         "wait_s": report.wait_s,
@@ -93,7 +98,7 @@ def parse_sync(body: object) -> SyncReport:
             a.integer("job_id", required=True, low=1), a.integer("attempt", required=True, low=1),
             a.boolean("running", default=False), a.integer("exit_code", low=-1, high=1 << 16),
             a.integer("signal", low=1, high=128), a.number("started_at"), a.number("ended_at"),
-            a.boolean("fenced", default=False)))
+            a.boolean("fenced", default=False), a.boolean("escalated", default=False), a.number("checkpoint_at")))
         a.done()
     if busy is not None and (not isinstance(busy, list) or not all(isinstance(i, int) for i in busy)):
         raise bad_request("unmanaged_busy must be a list of GPU indices", "unmanaged_busy")
@@ -133,6 +138,8 @@ class RunOrder:
     mounts: tuple[tuple[str, str, bool], ...] = ()  #: (source, target, read_only)
     shm_size_mib: int = 1024
     simulated: bool = False
+    #: LABQ_CHECKPOINT_DIR when the lab keeps checkpoints on shared storage; None: the agent's own folder
+    checkpoint_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,7 +167,7 @@ def encode_reply(reply: SyncReply) -> dict:
                  "env": r.env, "workdir": r.workdir, "gpu_indices": list(r.gpu_indices),
                  "gpu_uuids": list(r.gpu_uuids), "grace_s": r.grace_s, "checkpoint_signal": r.checkpoint_signal,
                  "runtime": r.runtime, "image": r.image, "mounts": [list(m) for m in r.mounts],
-                 "shm_size_mib": r.shm_size_mib, "simulated": r.simulated}
+                 "shm_size_mib": r.shm_size_mib, "simulated": r.simulated, "checkpoint_dir": r.checkpoint_dir}
                 for r in reply.run],
         "stop": [{"job_id": s.job_id, "attempt": s.attempt, "signal": s.signal, "grace_s": s.grace_s,
                   "reason": s.reason} for s in reply.stop],
@@ -174,7 +181,7 @@ def decode_reply(doc: dict) -> SyncReply:
                        tuple(r["gpu_indices"]), tuple(r["gpu_uuids"]), r["grace_s"], r["checkpoint_signal"],
                        r.get("runtime", "process"), r.get("image"),
                        tuple((m[0], m[1], bool(m[2])) for m in r.get("mounts", ())), r.get("shm_size_mib", 1024),
-                       r.get("simulated", False))
+                       r.get("simulated", False), r.get("checkpoint_dir"))
               for r in doc["run"]),
         tuple(StopOrder(s["job_id"], s["attempt"], s["signal"], s["grace_s"], s["reason"]) for s in doc["stop"]),
         doc["lease_s"], doc["fence_after_s"])

@@ -204,6 +204,9 @@ def parse_submit(body: object) -> SubmitRequest:
             raise bad_request(str(err), "priority") from None
     out["preemptible"] = f.boolean("preemptible", default=True)
     out["time_limit_s"] = f.number("time_limit_s", low=1, high=MAX_TIME_LIMIT_S)
+    out["requeue_on_timeout"] = f.boolean("requeue_on_timeout", default=False)
+    if out["requeue_on_timeout"] and out["time_limit_s"] is None:
+        raise bad_request("requeue_on_timeout needs a time limit (time_limit_s)", "requeue_on_timeout")
     out["grace_s"] = f.number("grace_s", low=0, high=3600)
     out["checkpoint_signal"] = _signal_name(f.string("checkpoint_signal", max_len=16))
     out["env"] = _env(f.raw("env"))
