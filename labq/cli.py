@@ -23,6 +23,7 @@ examples:
   labq place sim:dgx1 --gpus 2           the GPU pair labq would give a 2-GPU job
   labq place sim:ws-4x3090 --gpus 1 --busy 0
   labq store check                       is the leader's database sound?
+  labq checkpoint                        (inside a job) report a finished checkpoint
 """
 
 
@@ -81,6 +82,14 @@ def _parser() -> argparse.ArgumentParser:
     place.add_argument("--json", action="store_true", help="print JSON")
     place.set_defaults(run=_place)
 
+    ckpt = sub.add_parser(
+        "checkpoint", help="(inside a job) report that a checkpoint was saved",
+        description="Run by a job after it finished saving a checkpoint: labq records the time and uses it to "
+        "preempt the job that loses least and to account work lost. It touches "
+        "$LABQ_CHECKPOINT_DIR/.labq-checkpoint, which a job without labq installed (a container) can touch "
+        "itself.")
+    ckpt.set_defaults(run=_checkpoint)
+
     store = sub.add_parser("store", help="check or recover the leader's database",
                            description="Look after the leader's data folder while the leader is stopped.")
     store_sub = store.add_subparsers(title="store commands", metavar="COMMAND")
@@ -105,6 +114,23 @@ def _parser() -> argparse.ArgumentParser:
     cli_jobs.add_commands(sub)
     cli_daemons.add_commands(sub)
     return parser
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    import os
+
+    from labq.protocol.agents import CHECKPOINT_MARKER
+
+    folder = os.environ.get("LABQ_CHECKPOINT_DIR")
+    if not folder:
+        raise CliError("LABQ_CHECKPOINT_DIR is not set: `labq checkpoint` is for jobs that labq runs")
+    marker = os.path.join(folder, CHECKPOINT_MARKER)
+    try:
+        with open(marker, "a"):
+            os.utime(marker)
+    except OSError as err:
+        raise CliError(f"cannot touch {marker}: {err.strerror}") from None
+    return 0
 
 
 def _inventory(spec: str | None):

@@ -113,6 +113,10 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
         if seconds <= 0:
             raise UsageError("--time must be longer than 0")
         body["time_limit_s"] = _number(seconds)
+    if args.requeue_on_timeout:
+        if not args.time:
+            raise UsageError("--requeue-on-timeout needs --time: the limit at which the job is requeued")
+        body["requeue_on_timeout"] = True
     if args.grace:
         body["grace_s"] = _number(parse_duration(args.grace, "--grace", bare_seconds=True))
     if args.checkpoint_signal:
@@ -489,7 +493,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = _command(sub, "submit", "queue a command to run on GPUs",
                  "Queue a command to run as you, in --workdir (default: here), on the GPUs labq picks once they "
-                 "are free. Put labq's options first, then -- and the command.",
+                 "are free. Put labq's options first, then -- and the command. To make room for higher-priority "
+                 "work labq sends a job its checkpoint signal, waits the grace, stops it and requeues it to "
+                 "resume: the job sees LABQ_CHECKPOINT_DIR, LABQ_RESUMED and LABQ_PREEMPT_SIGNAL (README: "
+                 "Checkpoint and resume).",
                  "  labq submit --gpus 2 --gpu-mem 40G --time 6h -- python train.py --lr 3e-4\n"
                  "  labq submit --class low --name sweep-1 --env WANDB_API_KEY -- ./sweep.sh 1\n"
                  "  labq submit --after 12 -- python eval.py        runs once job 12 has succeeded", _submit, c)
@@ -499,12 +506,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     prio = p.add_mutually_exclusive_group()
     prio.add_argument("--class", dest="klass", choices=CLASSES, help="priority class (default normal)")
     prio.add_argument("--priority", metavar="INT|NAME", help="priority 0-1000 or a class name (normal is 200)")
-    p.add_argument("--time", metavar="DURATION", help="time limit: 90m, 2h, 1d, 1:30:00")
+    p.add_argument("--time", metavar="DURATION", help="time limit: 90m, 2h, 1d, 1:30:00; the checkpoint signal "
+                   "comes a grace before it")
+    p.add_argument("--requeue-on-timeout", action="store_true",
+                   help="at the time limit, checkpoint and requeue (resume later) instead of ending")
     p.add_argument("--name", help="a name to find the job by")
     p.add_argument("--env", action="append", default=[], metavar="K=V",
                    help="set a variable; --env K copies K from this shell (repeatable)")
     p.add_argument("--workdir", metavar="DIR", help="where it runs (default: the current folder)")
-    p.add_argument("--no-preempt", action="store_true", help="never stop this job for a higher-priority one")
+    p.add_argument("--no-preempt", action="store_true", help="never stop this job for a higher-priority one "
+                   "(admins, and users the admin allows)")
     p.add_argument("--image", metavar="IMAGE", help="run in a container from IMAGE (present on the nodes)")
     p.add_argument("--mount", action="append", metavar="SRC:DST[:ro]",
                    help="bind a host folder into the container (under the admin's allowed roots); repeatable")

@@ -188,6 +188,12 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
     if job.get("preemptions"):
         lost = format_duration(job.get("work_lost_s") or 0)
         facts.append(("preemptions", f"{job['preemptions']} (work lost {lost})"))
+    if job.get("last_checkpoint_at"):
+        facts.append(("checkpoint", f"last reported {_when(job['last_checkpoint_at'], now)}"))
+    if spec.get("requeue_on_timeout"):
+        facts.append(("at the limit", "checkpoint and requeue"))
+    if job["state"] == "preempting":
+        facts.append(("preempting", f"checkpointing to make room for job {job.get('preempted_for') or '?'}"))
     if job.get("stop_requested"):
         facts.append(("stopping", job["stop_requested"]))
     for a in (job.get("placement") or {}).get("allocations") or []:
@@ -201,7 +207,39 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
         facts.append(("env", f"{key}={value}"))
     title = f"job {job['id']}" + (f" ({spec['name']})" if spec.get("name") else "")
     title += f": {job['state']}, attempt {job.get('attempt', 1)}"
-    return "\n".join([title] + [f"  {k:<12}{v}" for k, v in facts])
+    lines = [title] + [f"  {k:<12}{v}" for k, v in facts]
+    if job.get("attempts"):
+        lines += ["  attempts", *("    " + line for line in attempts_table(job, now).splitlines())]
+    return "\n".join(lines)
+
+
+def attempt_end_text(a: Mapping) -> str:
+    """``preempted for job 9: checkpointed``, ``time limit: killed``, ``failed (exit 3)``."""
+    ended, code = a["ended"], a.get("exit_code")
+    words = {"preempted": "crashed in its grace", "timeout": "ended in its grace",
+             "killed": "killed after its grace"}.get(ended, ended)
+    if code not in (0, None) and ended not in ("checkpointed",):
+        words += f" (exit {code})"
+    if a.get("stop_reason") == "preempted":
+        return f"preempted for job {a.get('preempted_for') or '?'}: {words}"
+    if a.get("stop_reason") == "timeout":
+        return f"time limit: {words}"
+    return words
+
+
+def attempts_table(job: Mapping, now: float) -> str:
+    """One row per attempt, the current one last: where, when, how long, how it ended, work lost."""
+    rows = []
+    for a in job.get("attempts") or []:
+        ran = format_duration(a["ended_at"] - a["started_at"]) if a.get("started_at") else "-"
+        lost = format_duration(a["work_lost_s"]) if a.get("work_lost_s") else "-"
+        rows.append([a["attempt"], placement_text(a), format_clock(a["started_at"], now) if a.get("started_at")
+                     else "-", ran, attempt_end_text(a), lost])
+    if job["state"] not in _FINISHED:
+        started = job.get("started_at")
+        rows.append([job.get("attempt", 1), placement_text(job), format_clock(started, now) if started else "-",
+                     format_duration(now - started) if started else "-", job["state"], "-"])
+    return table(("#", "NODE:GPUS", "STARTED", "RAN", "ENDED", "WORK LOST"), rows)
 
 
 # -- nodes and GPUs -------------------------------------------------------------------------------

@@ -49,6 +49,9 @@ BIG = ["x" * (10 * 1024 * 1024)]
         (json.dumps({"command": BIG}).encode(), 413, "limit is"),
         (json.dumps({"command": ["true"], "gpus": 8}).encode(), 422, "can never run here"),
         (json.dumps({"command": ["true"], "priority": "urgentest"}).encode(), 400, "unknown priority"),
+        (json.dumps({"command": ["true"], "requeue_on_timeout": True}).encode(), 400, "needs a time limit"),
+        (json.dumps({"command": ["true"], "requeue_on_timeout": "yes"}).encode(), 400, "true or false"),
+        (json.dumps({"command": ["true"], "grace_s": 600}).encode(), 400, "grace is at most"),
     ],
 )
 def test_bad_submits_are_refused_and_nothing_is_stored(running_lab, body, status, words):
