@@ -95,3 +95,40 @@ def test_a_container_job_of_root_is_refused_on_the_node(docker_lab):
     job = lab.submit("id", image=IMAGE)  # the lab's first admin is root here
     assert lab.wait_state(job, "failed", timeout=60)["exit_code"] == 126
     assert "may not run as root" in lab.labq("logs", str(job)).stdout
+
+
+def test_container_jobs_checkpoint_on_preemption_and_resume(docker_lab):
+    """Low-priority containers fill the node; an urgent job takes two GPUs; the victims resume where they saved."""
+    import re
+    import shutil
+    from pathlib import Path
+
+    lab = docker_lab
+    script = lab.allowed / "train.sh"
+    shutil.copy(Path(__file__).resolve().parents[2] / "examples" / "checkpointing" / "train.sh", script)
+    script.chmod(0o644)
+
+    def log(job: int, attempt: int) -> str:
+        return lab.labq("logs", str(job), "--attempt", str(attempt)).stdout
+
+    low = [lab.submit("sh", "/data/train.sh", "1000000", "0.05", image=IMAGE, mount=f"{lab.allowed}:/data:ro",
+                      token=lab.token, **{"class": "low"}) for _ in range(4)]
+    for job in low:
+        lab.wait_state(job, "running", timeout=90)
+    lab.wait(lambda: all("step 10" in log(j, 1) for j in low), "every container to make progress", timeout=60)
+    urgent = lab.submit("sleep", "2", gpus=2, **{"class": "urgent"})  # the admin's process job
+    lab.wait_state(urgent, "running", "succeeded", timeout=60)
+    victims = [j for j in low if lab.job(j)["attempt"] > 1 or lab.job(j)["state"] == "preempting"]
+    assert len(victims) == 2
+    lab.wait_state(urgent, "succeeded", timeout=60)
+    for j in victims:
+        lab.wait(lambda j=j: lab.job(j)["attempt"] == 2 and "resumed at" in log(j, 2), f"job {j} to resume",
+                 timeout=60)
+        first = lab.job(j)["attempts"][0]
+        assert (first["ended"], first["preempted_for"]) == ("checkpointed", urgent)
+        saved = re.search(r"checkpointed at step (\d+)", log(j, 1)).group(1)
+        assert int(saved) >= 10 and f"resumed at step {saved}" in log(j, 2)
+    for j in set(low) - set(victims):
+        assert lab.job(j)["attempt"] == 1 and "checkpointed" not in log(j, 1)
+    for job in low:
+        lab.labq("cancel", str(job), token=lab.token)
