@@ -145,6 +145,9 @@ def why_text(job: Mapping, pending: Mapping | None, now: float) -> str:
     if state in _FINISHED:
         code = f" (exit {job['exit_code']})" if job.get("exit_code") is not None else ""
         return f"job {job['id']} {state}{code}"
+    if state == "preempting":
+        return (f"job {job['id']} is checkpointing on {where} to make room for job "
+                f"{job.get('preempted_for') or '?'}; then it waits in the queue to resume")
     return f"job {job['id']} is {state} on {where}"
 
 

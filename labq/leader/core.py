@@ -518,7 +518,10 @@ class Leader:
             raise errors.ApiError(500, "internal", f"the leader made an invalid change: {err}") from None
 
     def _job_event(self, job: Job) -> None:
-        self.events.publish("job", {"job_id": job.id, "state": job.state.value, "user": job.user})
+        event = {"job_id": job.id, "state": job.state.value, "user": job.user, "attempt": job.attempt}
+        if job.preempted_for is not None:
+            event["preempted_for"] = job.preempted_for
+        self.events.publish("job", event)
 
 
 def _acted(job: Job, request: ActionRequest, now: float, who: Principal, config: LeaderConfig) -> Job:
