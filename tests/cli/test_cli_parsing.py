@@ -519,7 +519,8 @@ def test_ls_watch_redraws_on_events_and_ctrl_c_exits_0(leader, jobs):
     leader.json("GET", "/v1/jobs", {"jobs": [encode_job(jobs.queued())]})
     leader.routes[("GET", "/v1/events")] = (200, {"Content-Type": "text/event-stream", "Content-Length": None},
                                             b"id: 4\nevent: job\ndata: {\"job_id\": 1}\n\n")
-    proc = run_until(leader, "/v1/jobs", 2, "ls", "--watch")
+    # a third listing request means the second listing was drawn (each draw comes before the next request)
+    proc = run_until(leader, "/v1/jobs", 3, "ls", "--watch")
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
     assert (proc.returncode, err) == (0, "")
