@@ -16,6 +16,7 @@ _WHERE = {
     "Gpu": "node", "Node": "node", "NodeHealth": "node",
     "NodeAllocation": "placement", "Placement": "placement",
     "PriorityClass": "priority", "parse_priority": "priority", "priority_name": "priority",
+    "Alternative": "reservation", "BookingAnswer": "reservation", "Displaced": "reservation",
     "Reservation": "reservation",
     "NVLINK_WEIGHT": "topology", "PcieLevel": "topology", "Topology": "topology",
 }
@@ -37,5 +38,5 @@ if TYPE_CHECKING:  # the same names, for type checkers  # noqa: F401 below: re-e
     from labq.models.node import Gpu, Node, NodeHealth  # noqa: F401
     from labq.models.placement import NodeAllocation, Placement  # noqa: F401
     from labq.models.priority import PriorityClass, parse_priority, priority_name  # noqa: F401
-    from labq.models.reservation import Reservation  # noqa: F401
+    from labq.models.reservation import Alternative, BookingAnswer, Displaced, Reservation  # noqa: F401
     from labq.models.topology import NVLINK_WEIGHT, PcieLevel, Topology  # noqa: F401

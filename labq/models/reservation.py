@@ -18,6 +18,10 @@ class Reservation:
     gpu_indices: tuple[int, ...] = ()  #: the GPUs it pins on that node
     gpu_model: str | None = None
     min_gpu_memory_mib: int = 0
+    score: int = 0  #: the interconnect score of the pinned set
+    created_at: float = 0.0
+    #: what happened to it since booking, for its owner (``re-pinned from ws1 (lost) to ws3``)
+    note: str = ""
 
     def __post_init__(self) -> None:
         if self.end <= self.start:
@@ -30,4 +34,40 @@ class Reservation:
         return self.start <= now < self.end
 
     def overlaps(self, start: float, end: float) -> bool:
+        """Whether [start, end) meets this reservation's [start, end): windows that only touch do not."""
         return self.start < end and start < self.end
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpus * (self.end - self.start) / 3600.0
+
+
+# -- the answer to a booking --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Displaced:
+    """A running job on the pinned GPUs that will be asked to checkpoint before the start."""
+
+    job_id: int
+    user: str
+    signal_at: float
+
+
+@dataclass(frozen=True)
+class Alternative:
+    start: float
+    end: float
+    gpus: int
+    node: str
+    gpu_indices: tuple[int, ...]
+    score: int
+
+
+@dataclass(frozen=True)
+class BookingAnswer:
+    accepted: bool
+    reservation: Reservation | None = None  #: pinned, when accepted
+    displaced: tuple[Displaced, ...] = ()
+    reasons: tuple[str, ...] = ()
+    alternatives: tuple[Alternative, ...] = ()
