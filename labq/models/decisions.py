@@ -28,10 +28,11 @@ class Start:
 @dataclass(frozen=True)
 class Preempt:
     job_id: int  #: the victim
-    for_job: int  #: the job it makes room for
+    for_job: int | None  #: the job it makes room for; None when it frees a reservation's GPUs
     node: str
     gpu_indices: tuple[int, ...]
     work_at_risk_s: float  #: work since the victim's last checkpoint
+    reservation: str | None = None  #: the reservation whose GPUs it must free by its start
 
 
 class Pending(NamedTuple):

@@ -71,6 +71,7 @@ class Attempt:
     preempted_for: int | None = None
     last_checkpoint_at: float | None = None
     work_lost_s: float = 0.0  #: for an attempt that was requeued: seconds since its last checkpoint
+    drained_for: str | None = None  #: the reservation whose GPUs it freed
 
 
 class Runtime(str, Enum):
@@ -139,7 +140,7 @@ class JobSpec:
         and a string's hash, unlike a tuple's, is computed only once.
         """
         return repr((self.gpus, self.nodes, self.min_gpu_memory_mib, self.gpu_model, self.node, self.reservation,
-                     self.time_limit_s))
+                     self.time_limit_s, self.preemptible, self.grace_s))
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,8 @@ class Job:
     work_lost_s: float = 0.0
     #: while PREEMPTING: the job whose room it is making
     preempted_for: int | None = None
+    #: while PREEMPTING: the reservation whose GPUs it frees before its start
+    drained_for: str | None = None
     #: why the agent was told to stop it while it still runs: "cancel", "timeout"
     stop_requested: str | None = None
     #: the attempts before this one, oldest first

@@ -93,6 +93,8 @@ class _Pass:
         self.victims: set[int] = set()
         self.inflight: dict[int, list[tuple[str, int, int]]] = {}  # preemptor -> (node, mask, victim)
         self.reservations = {r.name: r for r in self.reservation_list}
+        #: active reservations with jobs of their own still waiting: their GPUs are lent to no one
+        self.wanted: set[str] = set()
         #: bumped on every change; per node, so a change on one node keeps what is known of the others
         self.version = 0
         self.node_version = {name: 0 for name in self.nodes}
@@ -154,6 +156,9 @@ class _Pass:
 
     def run(self) -> Decisions:
         queue = order_queue((j for j in self.jobs if j.state is JobState.QUEUED), self.usage)
+        if self.reservation_list:
+            self._drain_reservations()
+            queue = self._serve_reservations_first(queue)
         settled, never, pending, inflight = self._settled, self._never, self.pending, self.inflight
         make_pending = tuple.__new__  # skips NamedTuple's Python-level __new__
         for job in queue:
@@ -231,17 +236,59 @@ class _Pass:
         return mask
 
     def _reserved_against(self, job: Job, node: str, end: float) -> int:
-        """GPUs on ``node`` that reservations keep from this job over its run."""
+        """GPUs on ``node`` that reservations keep from this job over its run.
+
+        A job that names a reservation keeps to its GPUs. Other jobs keep off reserved
+        GPUs unless they end before the start, or they are preemptible: those borrow
+        idle reserved GPUs (before the start only when they get some time before the
+        signal that frees the GPUs, and never while a job of the reservation waits),
+        and give them back when the reservation needs them.
+        """
         mask = 0
-        own = job.spec.reservation
+        spec = job.spec
+        own = spec.reservation
+        lends = spec.preemptible and self.policy.preemption
         for r in self.reservation_list:
             if r.node != node:
                 continue
             if r.name == own:
                 mask |= ((1 << self.nodes[node].gpu_count) - 1) & ~indices_to_mask(r.gpu_indices)
-            elif r.overlaps(self.now, end):
+            elif r.overlaps(self.now, end) and not (lends and r.name not in self.wanted and (
+                    self.now >= r.start or self.now < r.start - spec.grace_s)):
                 mask |= indices_to_mask(r.gpu_indices)
         return mask
+
+    def _serve_reservations_first(self, queue: list[Job]) -> list[Job]:
+        """Jobs in reservations use only their reservation's GPUs, so serving them first takes nothing
+        from anyone but borrowers; those that still wait keep their reservation's GPUs from being lent."""
+        rest = []
+        for job in queue:
+            if job.spec.reservation is None:
+                rest.append(job)
+                continue
+            self._serve(job)
+            r = self.reservations.get(job.spec.reservation)
+            if r is not None and r.active(self.now) and self.pending and self.pending[-1].job_id == job.id:
+                self.wanted.add(r.name)
+        return rest
+
+    def _drain_reservations(self) -> None:
+        """A grace before a reservation starts, jobs on its GPUs that would still run then are preempted."""
+        for r in self.reservation_list:
+            if r.node not in self.nodes or not r.start > self.now:
+                continue
+            reserved = indices_to_mask(r.gpu_indices)
+            for entry in self.on_gpus[r.node]:
+                job = entry.job
+                if (not entry.mask & reserved or job.spec.reservation == r.name or job.id in self.victims
+                        or job.state is not JobState.RUNNING or not job.spec.preemptible
+                        or entry.end <= r.start or self.now < r.start - job.spec.grace_s):
+                    continue
+                self.victims.add(job.id)
+                entry.candidate = False
+                self.preemptions.append(Preempt(job.id, None, r.node, mask_to_indices(entry.mask),
+                                                job.work_at_risk(self.now), r.name))
+                self._changed([r.node])
 
     def _available(self, job: Job, node: Node, *, holds: bool = True, reservations: bool = True) -> int:
         end = self._end_of(job)
@@ -368,14 +415,24 @@ class _Pass:
             if where == node.name:
                 available |= mask & ~blocked
         may = self.policy.can_preempt
+        own = self.reservations.get(job.spec.reservation) if job.spec.reservation else None
+        reclaim = indices_to_mask(own.gpu_indices) if own is not None and own.node == node.name else 0
         candidates = [
             Victim(e.job, e.mask & ~blocked, e.job.work_at_risk(self.now))
             for e in self.on_gpus[node.name]
-            if e.candidate and may(job.priority, e.job.priority) and e.job.id not in self.victims and e.mask & ~blocked
+            if e.job.id not in self.victims and e.mask & ~blocked and (
+                (e.candidate and may(job.priority, e.job.priority)) or (reclaim and self._borrower(e, own)))
         ]
         if not candidates and job.id not in self.inflight:
             return None
         return plan_on_node(node.name, node.topology, available, job.spec.gpus_per_node, candidates)
+
+    @staticmethod
+    def _borrower(entry: _OnGpus, r: Reservation) -> bool:
+        """A job on a reservation's GPUs that is not one of its own: it gives them back on demand."""
+        job = entry.job
+        return (job.state is JobState.RUNNING and job.spec.preemptible and job.spec.reservation != r.name
+                and bool(entry.mask & indices_to_mask(r.gpu_indices)))
 
     # -- waiting ----------------------------------------------------------------------
 
@@ -403,12 +460,14 @@ class _Pass:
                         ahead.job_id)
         if self.reservation_list and self._best_nodes(job, shape, reservations=False) is not None:
             end = self._end_of(job)
-            names = sorted(r.name for r in self.reservation_list
-                           if r.name != spec.reservation and r.overlaps(self.now, end))
+            names = [f"{r.name}, " + (f"starts in {_span(r.start - self.now)}" if r.start > self.now
+                                      else f"until {_span(r.end - self.now)} from now")
+                     for r in sorted(self.reservation_list, key=lambda r: (r.start, r.name))
+                     if r.name != spec.reservation and r.overlaps(self.now, end)]
+            hint = ("a time limit (--time) that ends before the reservation lets it run" if spec.preemptible
+                    else "a preemptible job may borrow reserved GPUs until they are needed")
             return (PendingReason.RESERVATION,
-                    f"the free GPUs are reserved ({', '.join(names)}) before this job would end; "
-                    f"a time limit (--time) that ends before the reservation lets it run",
-                    None)
+                    f"the free GPUs are reserved ({'; '.join(names)}) before this job would end; {hint}", None)
         most, where = max(((self._available(job, n).bit_count(), n.name) for n in self._candidate_nodes(job)),
                           default=(0, ""))
         place = "one node" if spec.nodes == 1 else f"each of {spec.nodes} nodes"

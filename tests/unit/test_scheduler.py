@@ -346,11 +346,14 @@ def test_reserved_gpus_serve_only_jobs_that_name_the_reservation(jobs):
     node = make_node("a", "sim:dgx1")
     inside = jobs.queued(2, user="alice", reservation="paper")
     outsider = jobs.queued(4, user="bob")
-    squeezed = jobs.queued(1, user="bob")  # only reserved GPUs 2 and 3 are left
-    d = schedule([inside, outsider, squeezed], [node], now=NOW, reservations=[_reservation()])
+    squeezed = jobs.queued(1, user="bob", preemptible=False)  # only reserved GPUs 2 and 3 are left
+    borrower = jobs.queued(1, user="bob")  # preemptible: may borrow an idle reserved GPU
+    d = schedule([inside, outsider, squeezed, borrower], [node], now=NOW, reservations=[_reservation()])
     assert gpus_of(d, inside.id) == [("a", (2, 3))]
     assert gpus_of(d, outsider.id) == [("a", (4, 5, 6, 7))]
     assert d.pending_for(squeezed.id).reason is PendingReason.RESERVATION
+    assert "paper, until" in d.pending_for(squeezed.id).detail
+    assert gpus_of(d, borrower.id)[0][1][0] in (0, 1)
 
 
 def test_before_a_reservation_only_jobs_that_end_in_time_use_its_gpus(jobs):
@@ -359,9 +362,10 @@ def test_before_a_reservation_only_jobs_that_end_in_time_use_its_gpus(jobs):
     short = jobs.queued(2, user="bob", time_limit_s=3600)
     d = schedule([short], [node], now=NOW, reservations=[future])
     assert d.started(short.id) is not None
-    unlimited = jobs.queued(2, user="bob")
+    unlimited = jobs.queued(2, user="bob", preemptible=False)
     d = schedule([unlimited], [node], now=NOW, reservations=[future])
     assert d.pending_for(unlimited.id).reason is PendingReason.RESERVATION
+    assert "paper, starts in 2h 00m" in d.pending_for(unlimited.id).detail
 
 
 @pytest.mark.parametrize(
@@ -379,6 +383,42 @@ def test_jobs_naming_a_reservation_wait_with_a_reason(jobs, reservation, user, w
     d = schedule([job], [node], now=NOW, reservations=[reservation] if reservation else [])
     pending = d.pending_for(job.id)
     assert pending.reason is PendingReason.RESERVATION and words in pending.detail
+
+
+def test_preemptible_jobs_borrow_reserved_gpus_until_a_grace_before_the_start(jobs):
+    node = make_node("a", "sim:flat:2")
+    future = _reservation(start=NOW + 7200, gpu_indices=(0, 1), gpus=2)
+    borrower = jobs.queued(2, user="bob", grace_s=60)
+    assert schedule([borrower], [node], now=NOW, reservations=[future]).started(borrower.id) is not None
+    late = schedule([borrower], [node], now=NOW + 7200 - 30, reservations=[future])  # inside its grace: no
+    assert late.pending_for(borrower.id).reason is PendingReason.RESERVATION
+
+
+@pytest.mark.parametrize(("now", "drained"), [
+    (NOW + 7200 - 121, False),  # more than its grace (120 s) before the start
+    (NOW + 7200 - 120, True),
+    (NOW + 7200 - 5, True),
+])
+def test_jobs_on_reserved_gpus_are_drained_a_grace_before_the_start(jobs, now, drained):
+    node = make_node("a", "sim:flat:4")
+    future = _reservation(start=NOW + 7200, gpu_indices=(0, 1), gpus=2)
+    on_reserved = jobs.running(node, (0,), priority=URGENT, grace_s=120)  # priority does not matter
+    ends_in_time = jobs.running(node, (1,), started_at=NOW - 60, time_limit_s=7000)  # ends 140 s before
+    elsewhere = jobs.running(node, (2,), grace_s=120)
+    d = schedule([on_reserved, ends_in_time, elsewhere], [node], now=now, reservations=[future])
+    expected = [(on_reserved.id, None, "paper")] if drained else []
+    assert [(p.job_id, p.for_job, p.reservation) for p in d.preemptions] == expected
+
+
+def test_a_reservation_job_takes_back_lent_gpus_whatever_the_borrowers_priority(jobs):
+    node = make_node("a", "sim:flat:4")
+    active = _reservation(gpu_indices=(0, 1), gpus=2)
+    borrower = jobs.running(node, (0, 1), user="bob", priority=URGENT, started_at=NOW - 10)  # under min runtime
+    protected = jobs.running(node, (2, 3), user="bob", priority=LOW, preemptible=False)
+    member = jobs.queued(2, user="alice", reservation="paper", priority=LOW)
+    d = schedule([borrower, protected, member], [node], now=NOW, reservations=[active])
+    assert [(p.job_id, p.for_job) for p in d.preemptions] == [(borrower.id, member.id)]
+    assert d.pending_for(member.id).reason is PendingReason.PREEMPTING
 
 
 # -- every pending job has a reason --------------------------------------------------------
