@@ -99,6 +99,16 @@ class Client:
         finally:
             conn.close()
 
+    def reserve(self, body: dict) -> dict:
+        """A booking's answer: ``accepted``, ``booked``, the pinned reservation or reasons and alternatives."""
+        return self._json("POST", "/v1/reservations", body=body)
+
+    def reservations(self) -> list[dict]:
+        return self._json("GET", "/v1/reservations")["reservations"]
+
+    def cancel_reservation(self, name: str) -> dict:
+        return self._json("DELETE", f"/v1/reservations/{quote(name, safe='')}")["reservation"]
+
     def nodes(self) -> list[dict]:
         return self._json("GET", "/v1/nodes")["nodes"]
 

@@ -43,6 +43,15 @@ max_time_limit = "0"             # the longest --time accepted; "0": no limit
 allowed_mount_roots = []         # host folders containers may mount (docker runtime)
 allowed_images = []              # images the docker runtime may run; empty: any
 
+[reservations]
+max_gpu_hours_per_week = 0       # GPU-hours one user may book a week (from Monday 00:00 UTC); 0: no limit
+max_lead_time = "30d"            # how far ahead a booking may start
+max_duration = "7d"              # how long one booking may last
+at_end = "stop"                  # jobs still running in it at its end: "stop" (like a time limit) or "keep"
+
+# [groups]                       # for labq reserve --group NAME
+# nlp = ["alice", "bob"]
+
 [agents]
 lease = "30s"                    # an agent silent this long is marked lost
 fence_after = "10m"              # an agent that cannot reach the leader this long stops its jobs
@@ -76,6 +85,11 @@ class LeaderConfig:
     allowed_mount_roots: tuple[str, ...] = ()
     allowed_images: tuple[str, ...] = ()
     checkpoint_root: str | None = None
+    max_reserved_gpu_hours_per_week: float | None = None
+    max_reservation_lead_s: float | None = 30 * 86400.0
+    max_reservation_s: float | None = 7 * 86400.0
+    reservation_at_end: str = "stop"
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     lease_s: float = 30.0
     fence_after_s: float = 600.0
     requeue_after_s: float = 900.0
@@ -107,7 +121,7 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
             raise ConfigError(f"{path} is not valid TOML: {err}") from None
     values: dict = {}
     where = str(path or "defaults")
-    sections = {"leader", "scheduling", "quotas", "jobs", "agents"}
+    sections = {"leader", "scheduling", "quotas", "jobs", "reservations", "groups", "agents"}
     for name in doc:
         if name not in sections:
             raise ConfigError(f"{where}: unknown section [{name}]; sections: {', '.join(sorted(sections))}")
@@ -132,6 +146,16 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         "allowed_mount_roots": lambda v: values.update(allowed_mount_roots=tuple(map(str, v))),
         "allowed_images": lambda v: values.update(allowed_images=tuple(map(str, v))),
         "checkpoint_root": lambda v: values.update(checkpoint_root=_absolute(v))})
+    _take(doc.get("reservations", {}), where, "reservations", values, {
+        "max_gpu_hours_per_week": lambda v: values.update(max_reserved_gpu_hours_per_week=_hours(v) or None),
+        "max_lead_time": lambda v: values.update(max_reservation_lead_s=parse_duration(v, bare_seconds=True) or None),
+        "max_duration": lambda v: values.update(max_reservation_s=parse_duration(v, bare_seconds=True) or None),
+        "at_end": lambda v: values.update(reservation_at_end=_choice(v, ("stop", "keep")))})
+    groups = doc.get("groups", {})
+    if not isinstance(groups, dict):
+        raise ConfigError(f"{where}: [groups] must be a table of name = [users]")
+    _take(groups, where, "groups", values, {
+        name: (lambda v, name=name: values.setdefault("groups", {}).update({name: _names(v)})) for name in groups})
     _take(doc.get("agents", {}), where, "agents", values, {
         "lease": lambda v: values.update(lease_s=parse_duration(v, bare_seconds=True)),
         "fence_after": lambda v: values.update(fence_after_s=parse_duration(v, bare_seconds=True)),
@@ -154,6 +178,18 @@ def _take(section: dict, where: str, name: str, values: dict, setters: dict) -> 
 def _bool(value) -> bool:
     if not isinstance(value, bool):
         raise ValueError("must be true or false")
+    return value
+
+
+def _hours(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError("must be a number of GPU-hours, 0 or more")
+    return float(value)
+
+
+def _choice(value, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"must be one of {', '.join(choices)}")
     return value
 
 

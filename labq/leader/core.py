@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from labq.leader import transitions as t
 from labq.leader.auth import JOIN_TOKEN_FILE, Principal, new_token, same_hash, token_hash, write_secret
+from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
 from labq.leader.events import EventHub
 from labq.models.decisions import Pending
@@ -76,6 +77,7 @@ class Leader:
                        for name, rec in state.records.get("agents", {}).items()}
         self.usage = {user: rec["gpu_hours"] for user, rec in state.records.get("usage", {}).items()}
         self.usage_at = now
+        self.bookings = Bookings(self, state.records.get("reservations", {}))
         self.pending: dict[int, Pending] = {}
         self.finished: dict[int, JobState] = {}
         self._history_loaded = False
@@ -166,6 +168,8 @@ class Leader:
         if spec.runtime is Runtime.DOCKER:
             _check_container(spec, self.config)
         with self.lock:
+            if spec.reservation is not None:
+                self.bookings.check_submit(spec.user, spec.reservation)
             nodes = [s.node for s in self.agents.values()]
             never = why_never_fits(spec, nodes) if nodes else None
             if never is not None:
@@ -421,9 +425,10 @@ class Leader:
                 if job.started_at is not None:
                     usage[job.user] = usage.get(job.user, 0.0) + t.gpu_hours(job, now)
             decisions = schedule(list(self.jobs.values()), nodes, now=now, usage=usage, policy=policy,
-                                 finished=self._finished_for_dependencies())
+                                 finished=self._finished_for_dependencies(),
+                                 reservations=self.bookings.current(now))
             updates = [t.placed(self.jobs[s.job_id], s.placement) for s in decisions.starts]
-            updates += [t.preempting(self.jobs[p.job_id], p.for_job) for p in decisions.preemptions]
+            updates += [t.preempting(self.jobs[p.job_id], p.for_job, p.reservation) for p in decisions.preemptions]
             changed_pending = {p.job_id for p in decisions.pending
                                if self.pending.get(p.job_id, (None,))[1:3] != p[1:3]}
             self.pending = {p.job_id: p for p in decisions.pending}
@@ -458,10 +463,12 @@ class Leader:
                         if job.state.holds_gpus and job.placement and session.name in job.placement.nodes:
                             updates.append(t.lost(job, now) if job.stop_requested != "cancel"
                                            else t.cancelled(job, now))
+            updates += self.bookings.tick(now)
             for job in self.jobs.values():  # the checkpoint signal a grace before the limit, stopped at it
                 end = job.expected_end()
                 if (job.state in (JobState.RUNNING, JobState.PREEMPTING) and end is not None
-                        and now >= end - _timeout_grace(job) and not job.stop_requested):
+                        and now >= end - _timeout_grace(job) and not job.stop_requested
+                        and all(u.id != job.id for u in updates)):
                     updates.append(job.evolve(stop_requested="timeout"))
             if updates:
                 self._save(updates)
@@ -521,6 +528,8 @@ class Leader:
         event = {"job_id": job.id, "state": job.state.value, "user": job.user, "attempt": job.attempt}
         if job.preempted_for is not None:
             event["preempted_for"] = job.preempted_for
+        if job.drained_for is not None:
+            event["drained_for"] = job.drained_for
         self.events.publish("job", event)
 
 
@@ -549,7 +558,8 @@ def _acted(job: Job, request: ActionRequest, now: float, who: Principal, config:
 
 def _timeout_grace(job: Job) -> float:
     """How long before its time limit a job gets its checkpoint signal: its grace, at most half the limit."""
-    return min(job.spec.grace_s, (job.spec.time_limit_s or 0.0) / 2)
+    limit = job.spec.time_limit_s
+    return job.spec.grace_s if limit is None else min(job.spec.grace_s, limit / 2)
 
 
 def _listed(user: str, names: tuple[str, ...]) -> bool:

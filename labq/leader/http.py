@@ -19,7 +19,8 @@ from labq import __version__
 from labq.leader.core import Leader
 from labq.protocol import errors
 from labq.protocol.agents import encode_reply, parse_registration, parse_sync
-from labq.protocol.codec import encode_job, encode_pending
+from labq.protocol.bookings import encode_answer, parse_reserve
+from labq.protocol.codec import encode_job, encode_pending, encode_reservation
 from labq.protocol.errors import ApiError
 from labq.protocol.requests import MAX_BODY_BYTES, parse_action, parse_submit, parse_user, require_int
 
@@ -178,11 +179,15 @@ def _logs(h: _Handler, who, job_id: str) -> None:
     job, _ = leader.job(who, int(job_id))
     if job.user != who.name and not who.admin:
         raise errors.forbidden(f"job {job.id} belongs to {job.user}")
-    if job.placement is None:
-        raise errors.not_found(f"job {job.id} has not started yet: no log")
     attempt = require_int(h.arg("attempt"), "attempt") if h.arg("attempt") else job.attempt
     offset = require_int(h.arg("offset"), "offset") if h.arg("offset") else 0
-    node = job.placement.nodes[0]
+    placement = job.placement if attempt == job.attempt else next(
+        (a.placement for a in job.history if a.number == attempt), None)
+    if placement is None:
+        if attempt == job.attempt:
+            raise errors.not_found(f"job {job.id} has not started yet: no log")
+        raise errors.not_found(f"job {job.id} has no attempt {attempt} that ran; it is on attempt {job.attempt}")
+    node = placement.nodes[0]
     session = leader.agents.get(node)
     if session is None or not session.logs_url:
         raise errors.unavailable(f"node {node} does not serve logs")
@@ -215,6 +220,23 @@ def _fetch_log(url: str, token: str | None, job_id: int, attempt: int, offset: i
         raise errors.unavailable(f"cannot reach the node for the log: {err}") from None
     finally:
         conn.close()
+
+
+@route("POST", "/v1/reservations")
+def _reserve(h: _Handler, who, body) -> tuple[int, dict]:
+    answer, booked = h.server.leader.bookings.reserve(who, parse_reserve(body))
+    return (201 if booked else 200), encode_answer(answer, booked)
+
+
+@route("GET", "/v1/reservations")
+def _reservations(h: _Handler, who) -> tuple[int, dict]:
+    return 200, {"reservations": [encode_reservation(r) for r in h.server.leader.bookings.view(who)]}
+
+
+@route("DELETE", r"/v1/reservations/([^/]+)")
+def _cancel_reservation(h: _Handler, who, name: str) -> tuple[int, dict]:
+    r = h.server.leader.bookings.cancel(who, urllib.parse.unquote(name))
+    return 200, {"reservation": encode_reservation(r)}
 
 
 @route("GET", "/v1/nodes")

@@ -60,7 +60,7 @@ def exited(job: Job, exit_code: int | None, ended_at: float, *, escalated: bool 
         state = _FINAL_STATE[reason]
     done = _attempt(job, ended_at, end, exit_code, reason, requeued=False)
     return job.evolve(state=state, exit_code=exit_code, ended_at=ended_at, stop_requested=None, preempted_for=None,
-                      history=(*job.history, done))
+                      drained_for=None, history=(*job.history, done))
 
 
 def lost(job: Job, now: float, *, checkpoint_at: float | None = None) -> Job:
@@ -69,8 +69,8 @@ def lost(job: Job, now: float, *, checkpoint_at: float | None = None) -> Job:
     return _requeue(job, _attempt(job, now, AttemptEnd.LOST, None, StopReason.LOST))
 
 
-def preempting(job: Job, for_job: int | None) -> Job:
-    return job.evolve(state=JobState.PREEMPTING, preempted_for=for_job)
+def preempting(job: Job, for_job: int | None, reservation: str | None = None) -> Job:
+    return job.evolve(state=JobState.PREEMPTING, preempted_for=for_job, drained_for=reservation)
 
 
 def cancelled(job: Job, now: float) -> Job:
@@ -110,12 +110,13 @@ def _attempt(job: Job, ended_at: float, end: AttemptEnd, exit_code: int | None, 
              *, requeued: bool = True) -> Attempt:
     return Attempt(job.attempt, job.placement, job.started_at, ended_at, end, exit_code, reason,
                    job.preempted_for if reason is StopReason.PREEMPTED else None, job.last_checkpoint_at,
-                   work_lost(job, ended_at, end) if requeued else 0.0)
+                   work_lost(job, ended_at, end) if requeued else 0.0,
+                   job.drained_for if reason is StopReason.PREEMPTED else None)
 
 
 def _requeue(job: Job, done: Attempt) -> Job:
     preempted = done.stop_reason is StopReason.PREEMPTED
     return job.evolve(state=JobState.QUEUED, attempt=job.attempt + 1, placement=None, started_at=None,
-                      stop_requested=None, preempted_for=None, last_checkpoint_at=None,
+                      stop_requested=None, preempted_for=None, drained_for=None, last_checkpoint_at=None,
                       preemptions=job.preemptions + int(preempted), work_lost_s=job.work_lost_s + done.work_lost_s,
                       history=(*job.history, done))

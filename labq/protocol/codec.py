@@ -54,21 +54,21 @@ def decode_placement(doc: dict | None) -> Placement | None:
 
 
 _JOB_SCALARS = ("attempt", "submitted_at", "started_at", "ended_at", "exit_code", "last_checkpoint_at",
-                "preemptions", "work_lost_s", "preempted_for", "stop_requested")
+                "preemptions", "work_lost_s", "preempted_for", "drained_for", "stop_requested")
 
 
 def encode_attempt(a: Attempt) -> dict:
     return {"attempt": a.number, "placement": encode_placement(a.placement), "started_at": a.started_at,
             "ended_at": a.ended_at, "ended": a.ended.value, "exit_code": a.exit_code,
             "stop_reason": a.stop_reason.value if a.stop_reason else None, "preempted_for": a.preempted_for,
-            "last_checkpoint_at": a.last_checkpoint_at, "work_lost_s": a.work_lost_s}
+            "last_checkpoint_at": a.last_checkpoint_at, "work_lost_s": a.work_lost_s, "drained_for": a.drained_for}
 
 
 def decode_attempt(doc: dict) -> Attempt:
     return Attempt(doc["attempt"], decode_placement(doc.get("placement")), doc.get("started_at"), doc["ended_at"],
                    AttemptEnd(doc["ended"]), doc.get("exit_code"),
                    StopReason(doc["stop_reason"]) if doc.get("stop_reason") else None, doc.get("preempted_for"),
-                   doc.get("last_checkpoint_at"), doc.get("work_lost_s", 0.0))
+                   doc.get("last_checkpoint_at"), doc.get("work_lost_s", 0.0), doc.get("drained_for"))
 
 
 def encode_job(job: Job) -> dict:
@@ -135,10 +135,12 @@ def decode_pending(job_id: int, doc: dict | None) -> Pending | None:
 def encode_reservation(r: Reservation) -> dict:
     return {"name": r.name, "owner": r.owner, "gpus": r.gpus, "start": r.start, "end": r.end,
             "users": sorted(r.users), "group": r.group, "node": r.node, "gpu_indices": list(r.gpu_indices),
-            "gpu_model": r.gpu_model, "min_gpu_memory_mib": r.min_gpu_memory_mib}
+            "gpu_model": r.gpu_model, "min_gpu_memory_mib": r.min_gpu_memory_mib, "score": r.score,
+            "created_at": r.created_at, "note": r.note}
 
 
 def decode_reservation(doc: dict) -> Reservation:
     return Reservation(doc["name"], doc["owner"], doc["gpus"], doc["start"], doc["end"], frozenset(doc["users"]),
                        doc.get("group"), doc.get("node"), tuple(doc.get("gpu_indices", ())), doc.get("gpu_model"),
-                       doc.get("min_gpu_memory_mib", 0))
+                       doc.get("min_gpu_memory_mib", 0), doc.get("score", 0), doc.get("created_at", 0.0),
+                       doc.get("note", ""))

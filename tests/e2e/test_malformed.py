@@ -75,3 +75,36 @@ def test_unknown_paths_methods_and_missing_length(running_lab):
     assert _raw(running_lab, "DELETE", "/v1/jobs", None, token)[0] == 405
     got, doc = _raw(running_lab, "POST", "/v1/jobs/1/actions", json.dumps({"action": "explode"}).encode(), token)
     assert got == 400 and "action must be one of" in doc["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"gpus": 2, "start": 4e9 - 10}, 400, "end is required"),
+        ({"gpus": 0, "start": 1, "end": 2}, 400, "gpus"),
+        ({"gpus": 2, "start": 100, "end": 50}, 400, "end must be after start"),
+        ({"gpus": 2, "start": "fri 09:00", "end": 5}, 400, "start must be a number"),
+        ({"gpus": 2, "start": 1, "end": 2, "users": "alice"}, 400, "users must be a list"),
+        ({"gpus": 2, "start": 1, "end": 2, "users": ["alice"], "group": "nlp"}, 400, "not both"),
+        ({"gpus": 2, "start": 1, "end": 2, "color": "red"}, 400, "unknown field color"),
+        ({"gpus": 2, "start": 1, "end": 2}, 400, "in the past"),
+        ({"gpus": 2, "start": 3e9, "end": 3e9 + 60, "group": "nlp"}, 422, "there is no group 'nlp'"),
+        ({"gpus": 2, "start": 3e9, "end": 3e9 + 60, "name": "../x"}, 400, "name"),
+    ],
+)
+def test_bad_bookings_are_refused_and_nothing_is_stored(running_lab, body, status, words):
+    lab = running_lab
+    before = (lab.data / "labq.json").read_bytes()
+    got, doc = _raw(lab, "POST", "/v1/reservations", json.dumps(body).encode(), _token(lab))
+    assert got == status, doc
+    assert words in doc["error"]["message"]
+    assert (lab.data / "labq.json").read_bytes() == before
+
+
+def test_reservation_names_that_do_not_exist(running_lab):
+    token = _token(running_lab)
+    got, doc = _raw(running_lab, "DELETE", "/v1/reservations/nope", None, token)
+    assert got == 404 and "no reservation 'nope'" in doc["error"]["message"]
+    got, doc = _raw(running_lab, "POST", "/v1/jobs", json.dumps({"command": ["true"], "reservation": "nope"}).encode(),
+                    token)
+    assert got == 422 and "no reservation 'nope'" in doc["error"]["message"]

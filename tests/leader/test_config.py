@@ -23,6 +23,16 @@ def test_values_are_read_and_overrides_win(tmp_path):
     assert config.url == "http://127.0.0.1:9000"
 
 
+def test_reservation_limits_and_groups_are_read(tmp_path):
+    path = tmp_path / "leader.toml"
+    path.write_text('[reservations]\nmax_gpu_hours_per_week = 96\nmax_lead_time = "14d"\nmax_duration = "0"\n'
+                    'at_end = "keep"\n[groups]\nnlp = ["alice", "bob"]\n')
+    config = load_config(path)
+    assert (config.max_reserved_gpu_hours_per_week, config.max_reservation_lead_s) == (96.0, 14 * 86400)
+    assert config.max_reservation_s is None and config.reservation_at_end == "keep"
+    assert config.groups == {"nlp": ("alice", "bob")}
+
+
 def test_preemption_policy_is_read(tmp_path):
     path = tmp_path / "leader.toml"
     path.write_text('[scheduling]\nmax_preemptions_per_day = 3\nnon_preemptible_users = ["alice"]\n'
@@ -50,6 +60,9 @@ def test_preemption_policy_is_read(tmp_path):
         ("[scheduling]\nmax_preemptions_per_day = -1\n", "must be a whole number"),
         ('[scheduling]\nnon_preemptible_users = "alice"\n', "must be a list of user names"),
         ('[jobs]\ncheckpoint_root = "shared/ckpt"\n', "must be an absolute path"),
+        ('[reservations]\nat_end = "explode"\n', "must be one of stop, keep"),
+        ('[reservations]\nmax_gpu_hours_per_week = "lots"\n', "must be a number of GPU-hours"),
+        ('[groups]\nnlp = "alice"\n', "must be a list of user names"),
     ],
 )
 def test_mistakes_are_named(tmp_path, text, words):
