@@ -131,6 +131,8 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
         body["nodes"] = args.nodes
     if args.node:
         body["node"] = args.node
+    if args.reservation:
+        body["reservation"] = args.reservation
     if args.image:
         body["runtime"], body["image"] = "docker", args.image
         body.pop("workdir")  # a container starts in its image's folder unless asked
@@ -524,6 +526,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="start only after these jobs have succeeded")
     p.add_argument("--nodes", type=int, metavar="N", help="spread the GPUs evenly over N nodes")
     p.add_argument("--node", metavar="NAME", help="run only on this node")
+    p.add_argument("--reservation", metavar="NAME", help="run on a reservation's GPUs (you must be one of its "
+                   "users); waits for its start")
     p.add_argument("--grace", metavar="DURATION", help="time to checkpoint before a stop (default 60s)")
     p.add_argument("--checkpoint-signal", metavar="SIGNAL", help="signal asking the job to checkpoint "
                    "(default SIGUSR1)")
@@ -610,3 +614,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = _command(users_sub, "rm", "remove a user", "Remove a user; their token stops working at once.",
                  "  labq admin user rm alice", _user_rm, c)
     p.add_argument("name", metavar="NAME")
+
+    from labq import cli_reserve
+
+    cli_reserve.add_commands(sub, common)

@@ -95,8 +95,8 @@ def job_note(job: Mapping) -> str:
     state = job["state"]
     if job.get("stop_requested") and state not in _FINISHED:
         return f"stopping: {job['stop_requested']}"
-    if state == "preempting" and job.get("preempted_for"):
-        return f"making room for job {job['preempted_for']}"
+    if state == "preempting":
+        return f"making room for {_room_for(job)}"
     if state in _FINISHED and job.get("exit_code") is not None:
         return f"exit {job['exit_code']}"
     if state == "queued" and job.get("preemptions"):
@@ -146,8 +146,8 @@ def why_text(job: Mapping, pending: Mapping | None, now: float) -> str:
         code = f" (exit {job['exit_code']})" if job.get("exit_code") is not None else ""
         return f"job {job['id']} {state}{code}"
     if state == "preempting":
-        return (f"job {job['id']} is checkpointing on {where} to make room for job "
-                f"{job.get('preempted_for') or '?'}; then it waits in the queue to resume")
+        return (f"job {job['id']} is checkpointing on {where} to make room for {_room_for(job)}; "
+                "then it waits in the queue to resume")
     return f"job {job['id']} is {state} on {where}"
 
 
@@ -196,7 +196,7 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
     if spec.get("requeue_on_timeout"):
         facts.append(("at the limit", "checkpoint and requeue"))
     if job["state"] == "preempting":
-        facts.append(("preempting", f"checkpointing to make room for job {job.get('preempted_for') or '?'}"))
+        facts.append(("preempting", f"checkpointing to make room for {_room_for(job)}"))
     if job.get("stop_requested"):
         facts.append(("stopping", job["stop_requested"]))
     for a in (job.get("placement") or {}).get("allocations") or []:
@@ -216,6 +216,13 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
     return "\n".join(lines)
 
 
+def _room_for(job: Mapping) -> str:
+    """``job 12`` or ``reservation paper``: what a preemption makes room for."""
+    if job.get("drained_for"):
+        return f"reservation {job['drained_for']}"
+    return f"job {job.get('preempted_for') or '?'}"
+
+
 def attempt_end_text(a: Mapping) -> str:
     """``preempted for job 9: checkpointed``, ``time limit: killed``, ``failed (exit 3)``."""
     ended, code = a["ended"], a.get("exit_code")
@@ -224,7 +231,7 @@ def attempt_end_text(a: Mapping) -> str:
     if code not in (0, None) and ended not in ("checkpointed",):
         words += f" (exit {code})"
     if a.get("stop_reason") == "preempted":
-        return f"preempted for job {a.get('preempted_for') or '?'}: {words}"
+        return f"preempted for {_room_for(a)}: {words}"
     if a.get("stop_reason") == "timeout":
         return f"time limit: {words}"
     return words

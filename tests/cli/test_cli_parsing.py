@@ -644,3 +644,63 @@ def test_nodes_show_topology_where_found_and_agents_not_admitted(leader, node):
     assert re.split(r"\s{2,}", stranger.strip())[:2] == ["rogue", "not admitted"]
     listed = json.loads(labq("nodes", "--json", env=leader.env()).stdout)
     assert [n["name"] for n in listed] == [node.name, "rogue"]  # one list for scripts, whatever is seen
+
+
+# -- labq reserve -----------------------------------------------------------------------------------
+
+def reserve_args(*argv: str):
+    return _parser().parse_args(["reserve", *argv])
+
+
+BERLIN_FRIDAY_8AM = 1795762800.0  # Fri 27 Nov 2026 08:00 CET
+
+
+def test_reserve_reads_times_in_the_users_zone():
+    from labq.cli_reserve import build_reserve_body
+
+    body = build_reserve_body(reserve_args("--gpus", "4", "--start", "fri 09:00", "--for", "48h", "--name", "paper",
+                                           "--users", "alice,bob", "--min-gpu-mem", "40G"),
+                              BERLIN_FRIDAY_8AM, "Europe/Berlin")
+    assert body == {"gpus": 4, "start": BERLIN_FRIDAY_8AM + 3600, "end": BERLIN_FRIDAY_8AM + 3600 + 48 * 3600,
+                    "name": "paper", "users": ["alice", "bob"], "min_gpu_memory_mib": 40960}
+    tokyo = build_reserve_body(reserve_args("--gpus", "1", "--start", "2026-11-28 09:00", "--end",
+                                            "2026-11-28 10:00", "--dry-run"), BERLIN_FRIDAY_8AM, "Asia/Tokyo")
+    assert tokyo["end"] - tokyo["start"] == 3600 and tokyo["dry_run"] is True
+    assert tokyo["start"] == BERLIN_FRIDAY_8AM + 17 * 3600  # Saturday 09:00 JST is 01:00 CET
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--start", "fri 09:00", "--for", "2h"], "say how many GPUs and when"),
+    (["--gpus", "2", "--start", "fri 09:00"], "--for DURATION"),
+    (["--gpus", "2", "--start", "fri 09:00", "--for", "2h", "--end", "sat"], "--for DURATION"),
+    (["--gpus", "2", "--start", "fryday", "--for", "2h"], "--start: can't read 'fryday'"),
+    (["--gpus", "2", "--start", "fri 09:00", "--for", "0m"], "--for:"),
+    (["--gpus", "2", "--start", "fri 09:00", "--for", "2h", "--users", "a", "--group", "g"], "not both"),
+    (["--gpus", "2", "--start", "fri 10:00", "--end", "fri 09:00"], "--end must be after --start"),
+])
+def test_reserve_mistakes_are_named(argv, words):
+    from labq.cli_jobs import UsageError
+    from labq.cli_reserve import build_reserve_body
+
+    with pytest.raises(UsageError, match=re.escape(words)):
+        build_reserve_body(reserve_args(*argv), BERLIN_FRIDAY_8AM, "Europe/Berlin")
+
+
+def test_reserve_answers_for_people():
+    from labq.cli_reserve import answer_text
+
+    booked = {"accepted": True, "booked": True, "reasons": [], "alternatives": [],
+              "reservation": {"name": "paper", "gpus": 2, "node": "ws1", "gpu_indices": [0, 1], "score": 4002,
+                              "start": BERLIN_FRIDAY_8AM + 3600, "end": BERLIN_FRIDAY_8AM + 7200},
+              "displaced": [{"job_id": 7, "user": "bob", "signal_at": BERLIN_FRIDAY_8AM + 3540}]}
+    text = answer_text(booked, BERLIN_FRIDAY_8AM, "Europe/Berlin")
+    assert text.splitlines()[0] == ("booked paper: 2 GPU(s) on ws1 (GPUs 0,1, topology score 4002), "
+                                    "Fri 27 Nov 09:00 CET to Fri 27 Nov 10:00 CET")
+    assert "job 7 (bob) at Fri 27 Nov 08:59 CET" in text
+    refused = {"accepted": False, "booked": False, "reasons": ["capacity: overlapping bookings: thesis"],
+               "displaced": [], "reservation": None,
+               "alternatives": [{"gpus": 2, "node": "ws1", "score": 4002, "gpu_indices": [0, 1],
+                                 "start": BERLIN_FRIDAY_8AM + 7200, "end": BERLIN_FRIDAY_8AM + 3 * 3600}]}
+    text = answer_text(refused, BERLIN_FRIDAY_8AM, "Europe/Berlin")
+    assert text.splitlines()[0] == "cannot book it: capacity: overlapping bookings: thesis"
+    assert text.endswith('labq reserve --gpus 2 --start "2026-11-27 10:00" --for 1h')
