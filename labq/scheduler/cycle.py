@@ -93,6 +93,10 @@ class _Pass:
         self.victims: set[int] = set()
         self.inflight: dict[int, list[tuple[str, int, int]]] = {}  # preemptor -> (node, mask, victim)
         self.reservations = {r.name: r for r in self.reservation_list}
+        self.reservations_on: dict[str, list[Reservation]] = {}
+        for r in self.reservation_list:
+            self.reservations_on.setdefault(r.node, []).append(r)
+        self._reserved_memo: dict = {}
         #: active reservations with jobs of their own still waiting: their GPUs are lent to no one
         self.wanted: set[str] = set()
         #: bumped on every change; per node, so a change on one node keeps what is known of the others
@@ -235,27 +239,31 @@ class _Pass:
                 mask |= hold.mask
         return mask
 
-    def _reserved_against(self, job: Job, node: str, end: float) -> int:
+    def _reserved_against(self, job: Job, node: str, end: float, *, borrow: bool = True) -> int:
         """GPUs on ``node`` that reservations keep from this job over its run.
 
         A job that names a reservation keeps to its GPUs. Other jobs keep off reserved
-        GPUs unless they end before the start, or they are preemptible: those borrow
-        idle reserved GPUs (before the start only when they get some time before the
-        signal that frees the GPUs, and never while a job of the reservation waits),
-        and give them back when the reservation needs them.
+        GPUs unless they end before the start, or (with ``borrow``) they are preemptible:
+        those borrow idle reserved GPUs (before the start only when they get some time
+        before the signal that frees the GPUs, and never while a job of the reservation
+        waits), and give them back when the reservation needs them. Borrowing is for
+        free GPUs only: no job preempts, or holds GPUs, to borrow.
         """
-        mask = 0
         spec = job.spec
+        lends = borrow and spec.preemptible and self.policy.preemption
+        key = (node, spec.reservation, lends, spec.grace_s, end)
+        mask = self._reserved_memo.get(key)
+        if mask is not None:
+            return mask
+        mask = 0
         own = spec.reservation
-        lends = spec.preemptible and self.policy.preemption
-        for r in self.reservation_list:
-            if r.node != node:
-                continue
+        for r in self.reservations_on.get(node, ()):
             if r.name == own:
                 mask |= ((1 << self.nodes[node].gpu_count) - 1) & ~indices_to_mask(r.gpu_indices)
             elif r.overlaps(self.now, end) and not (lends and r.name not in self.wanted and (
                     self.now >= r.start or self.now < r.start - spec.grace_s)):
                 mask |= indices_to_mask(r.gpu_indices)
+        self._reserved_memo[key] = mask
         return mask
 
     def _serve_reservations_first(self, queue: list[Job]) -> list[Job]:
@@ -270,6 +278,7 @@ class _Pass:
             r = self.reservations.get(job.spec.reservation)
             if r is not None and r.active(self.now) and self.pending and self.pending[-1].job_id == job.id:
                 self.wanted.add(r.name)
+                self._reserved_memo.clear()
         return rest
 
     def _drain_reservations(self) -> None:
@@ -409,7 +418,7 @@ class _Pass:
         end = self._end_of(job)
         blocked = self._held_against(job, node.name, end) | ~self._eligible_on(job, node)
         if self.reservation_list:
-            blocked |= self._reserved_against(job, node.name, end)
+            blocked |= self._reserved_against(job, node.name, end, borrow=False)
         available = self.free[node.name] & ~blocked
         for where, mask, _ in self.inflight.get(job.id, []):
             if where == node.name:
@@ -482,7 +491,7 @@ class _Pass:
         for node in self._candidate_nodes(job):
             blocked = self._held_against(job, node.name, end) | ~self._eligible_on(job, node)
             if self.reservation_list:
-                blocked |= self._reserved_against(job, node.name, end)
+                blocked |= self._reserved_against(job, node.name, end, borrow=False)
             have = self.free[node.name] & ~blocked
             when = self.now
             choice = best_set(node.topology, have, spec.gpus_per_node)

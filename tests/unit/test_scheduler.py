@@ -421,6 +421,30 @@ def test_a_reservation_job_takes_back_lent_gpus_whatever_the_borrowers_priority(
     assert d.pending_for(member.id).reason is PendingReason.PREEMPTING
 
 
+def test_jobs_in_a_reservation_are_never_preempted_by_outsiders(jobs):
+    node = make_node("a", "sim:flat:4")
+    active = _reservation(gpu_indices=(0, 1), gpus=2)
+    member = jobs.running(node, (0, 1), user="alice", priority=LOW, reservation="paper")
+    others = jobs.running(node, (2, 3), user="carol", priority=LOW)
+    outsider = jobs.queued(4, user="bob", priority=URGENT)  # would need the member's GPUs too
+    d = schedule([member, others, outsider], [node], now=NOW, reservations=[active])
+    assert d.preemptions == ()
+    outsider_2 = jobs.queued(2, user="bob", priority=URGENT)
+    d = schedule([member, others, outsider_2], [node], now=NOW, reservations=[active])
+    assert [p.job_id for p in d.preemptions] == [others.id]  # it takes the unreserved GPUs instead
+
+
+def test_a_blocked_job_does_not_hold_reserved_gpus_it_could_only_borrow(jobs):
+    node = make_node("a", "sim:flat:4")
+    future = _reservation(start=NOW + 6 * 3600, gpu_indices=(0, 1), gpus=2)
+    busy = jobs.running(node, (2, 3), user="carol", preemptible=False)
+    big = jobs.queued(4, user="bob", priority=HIGH)  # blocked: 4 GPUs, two of them reserved later
+    small = jobs.queued(1, user="bob", priority=LOW)  # may borrow a reserved GPU meanwhile
+    d = schedule([busy, big, small], [node], now=NOW, reservations=[future])
+    assert d.started(big.id) is None
+    assert gpus_of(d, small.id)[0][1][0] in (0, 1)
+
+
 # -- every pending job has a reason --------------------------------------------------------
 
 
