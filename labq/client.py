@@ -77,12 +77,20 @@ class Client:
         query += [("limit", limit)] if limit is not None else []
         return self._json("GET", "/v1/jobs", query)["jobs"]
 
+    def queue(self, ids: Iterable[int] = ()) -> tuple[list[dict], dict[int, dict]]:
+        """Everyone's unfinished jobs (or just ``ids``) and the pending reasons of those that wait."""
+        query: list[tuple[str, object]] = [("all", 1), ("pending", 1)] + [("id", i) for i in ids]
+        answer = self._json("GET", "/v1/jobs", query)
+        return answer["jobs"], {int(k): v for k, v in answer.get("pending", {}).items() if v}
+
     def job(self, job_id: int) -> tuple[dict, dict | None]:
         answer = self._json("GET", f"/v1/jobs/{int(job_id)}")
         return answer["job"], answer.get("pending")
 
-    def action(self, job_id: int, action: str, priority: int | str | None = None) -> dict:
-        body: dict = {"action": action}
+    def action(self, job_id: int, action: str, priority: int | str | None = None, **fields) -> dict:
+        """``cancel``, ``hold``, ``release``, ``prio`` (with ``priority``), ``top``, ``preempt``, or ``edit``
+        (with ``gpus`` and/or ``time_limit_s``, 0 removing the limit)."""
+        body: dict = {"action": action, **{k: v for k, v in fields.items() if v is not None}}
         if priority is not None:
             body["priority"] = priority
         return self._json("POST", f"/v1/jobs/{int(job_id)}/actions", body=body)["job"]

@@ -27,7 +27,7 @@ from labq.leader.events import EventHub
 from labq.models.decisions import Pending
 from labq.models.job import Job, JobState, Runtime
 from labq.models.node import Node, NodeHealth
-from labq.models.priority import priority_name
+from labq.models.priority import MAX_PRIORITY, priority_name
 from labq.protocol import errors
 from labq.protocol.agents import AttemptReport, Registration, RunOrder, StopOrder, SyncReply, SyncReport
 from labq.protocol.codec import decode_job, decode_node, encode_job, encode_node
@@ -187,10 +187,10 @@ class Leader:
         return job
 
     def visible_jobs(self, who: Principal, *, user: str | None, states: tuple[str, ...], everyone: bool,
-                     history: bool, limit: int | None) -> list[Job]:
+                     history: bool, limit: int | None, ids: tuple[int, ...] = ()) -> list[Job]:
         _user_only(who)
         with self.lock:
-            jobs = list(self.jobs.values())
+            jobs = [self.jobs[i] for i in ids if i in self.jobs] if ids else list(self.jobs.values())
         if history:
             jobs += [decode_job(doc) for doc in self.store.history()]
         if user is not None:
@@ -201,6 +201,10 @@ class Leader:
             jobs = [j for j in jobs if j.state.value in states]
         jobs.sort(key=lambda j: j.id)
         return jobs[-limit:] if limit else jobs
+
+    def pending_of(self, ids) -> dict[int, Pending]:
+        with self.lock:
+            return {i: self.pending[i] for i in ids if i in self.pending}
 
     def job(self, who: Principal, job_id: int) -> tuple[Job, Pending | None]:
         _user_only(who)
@@ -222,7 +226,13 @@ class Leader:
             if job.user != who.name and not who.admin:
                 raise errors.forbidden(f"job {job_id} belongs to {job.user}; only they or an admin may change it")
             now = self.clock()
-            new = _acted(job, request, now, who, self.config)
+            top = max((j.priority for j in self.jobs.values() if j.state is JobState.QUEUED and j.id != job.id),
+                      default=job.priority - 1)
+            new = _acted(job, request, now, who, self.config, top)
+            if request.action == "edit":
+                never = why_never_fits(new.spec, [s.node for s in self.agents.values()]) if self.agents else None
+                if never is not None:
+                    raise errors.unprocessable(f"the job could never run so: {never}")
             self._save([new])
         self._job_event(new)
         self.wake()
@@ -533,7 +543,8 @@ class Leader:
         self.events.publish("job", event)
 
 
-def _acted(job: Job, request: ActionRequest, now: float, who: Principal, config: LeaderConfig) -> Job:
+def _acted(job: Job, request: ActionRequest, now: float, who: Principal, config: LeaderConfig,
+           top_priority: int = 0) -> Job:
     state = job.state
     if request.action == "cancel":
         if state in (JobState.QUEUED, JobState.HELD):
@@ -549,6 +560,35 @@ def _acted(job: Job, request: ActionRequest, now: float, who: Principal, config:
         if state is not JobState.HELD:
             raise errors.conflict(f"job {job.id} is {state.value}, not held")
         return job.evolve(state=JobState.QUEUED)
+    if request.action == "preempt":
+        if not who.admin:
+            raise errors.forbidden("only admins may preempt a job by hand")
+        if state is not JobState.RUNNING:
+            raise errors.conflict(f"only a running job can be preempted; job {job.id} is {state.value}")
+        return t.preempting(job, None)
+    if request.action == "edit":
+        if state not in (JobState.QUEUED, JobState.HELD):
+            raise errors.conflict(f"only a queued or held job can be edited; job {job.id} is {state.value}")
+        changes = {}
+        if request.gpus is not None:
+            if job.spec.gpus_per_node * job.spec.nodes != job.spec.gpus or request.gpus % job.spec.nodes:
+                raise errors.bad_request(f"{request.gpus} GPUs cannot be split over {job.spec.nodes} nodes", "gpus")
+            changes["gpus"] = request.gpus
+        if request.time_limit_s is not None:
+            limit = request.time_limit_s or None
+            if config.max_time_limit_s and (limit is None or limit > config.max_time_limit_s):
+                raise errors.bad_request(f"jobs here need a time limit of at most {config.max_time_limit_s:g} s",
+                                         "time_limit_s")
+            changes["time_limit_s"] = limit
+            if limit is None and job.spec.requeue_on_timeout:
+                changes["requeue_on_timeout"] = False
+        return job.evolve(spec=replace(job.spec, **changes))
+    if request.action == "top":
+        if not who.admin:
+            raise errors.forbidden("only admins may move a job to the top of the queue")
+        if state not in (JobState.QUEUED, JobState.HELD):
+            raise errors.conflict(f"only a queued job can move to the top; job {job.id} is {state.value}")
+        return job.evolve(spec=replace(job.spec, priority=min(MAX_PRIORITY, top_priority + 1)))
     assert request.priority is not None
     if request.priority > config.user_max_priority and not who.admin:
         raise errors.forbidden(f"priority {priority_name(request.priority)} is for admins; the highest for users is "

@@ -155,10 +155,17 @@ def _submit(h: _Handler, who, body) -> tuple[int, dict]:
 @route("GET", "/v1/jobs")
 def _jobs(h: _Handler, who) -> tuple[int, dict]:
     limit = h.arg("limit")
-    jobs = h.server.leader.visible_jobs(
-        who, user=h.arg("user"), states=tuple(h.query.get("state", ())), everyone=h.arg("all") == "1",
-        history=h.arg("history") == "1", limit=require_int(limit, "limit") if limit else None)
-    return 200, {"jobs": [encode_job(j) for j in jobs]}
+    ids = tuple(require_int(i, "id") for i in h.query.get("id", ()))
+    if len(ids) > 1000:
+        raise errors.bad_request("at most 1000 ids at once", "id")
+    leader = h.server.leader
+    jobs = leader.visible_jobs(
+        who, user=h.arg("user"), states=tuple(h.query.get("state", ())), everyone=h.arg("all") == "1" or bool(ids),
+        history=h.arg("history") == "1", limit=require_int(limit, "limit") if limit else None, ids=ids)
+    answer = {"jobs": [encode_job(j) for j in jobs]}
+    if h.arg("pending") == "1":
+        answer["pending"] = {str(i): encode_pending(p) for i, p in leader.pending_of(j.id for j in jobs).items()}
+    return 200, answer
 
 
 @route("GET", r"/v1/jobs/(\d+)")

@@ -235,13 +235,15 @@ def parse_submit(body: object) -> SubmitRequest:
     return SubmitRequest({k: v for k, v in out.items() if v is not None})
 
 
-ACTIONS = ("cancel", "hold", "release", "prio")
+ACTIONS = ("cancel", "hold", "release", "prio", "top", "edit", "preempt")
 
 
 @dataclass(frozen=True)
 class ActionRequest:
     action: str
     priority: int | None = None
+    gpus: int | None = None  #: edit: the new GPU count (queued jobs only)
+    time_limit_s: float | None = None  #: edit: the new time limit; 0 removes it
 
 
 def parse_action(body: object) -> ActionRequest:
@@ -258,8 +260,14 @@ def parse_action(body: object) -> ActionRequest:
             priority = parse_priority(raw)
         except ValueError as err:
             raise bad_request(str(err), "priority") from None
+    gpus = limit = None
+    if action == "edit":
+        gpus = f.integer("gpus", low=1, high=MAX_GPUS)
+        limit = f.number("time_limit_s", low=0, high=MAX_TIME_LIMIT_S)
+        if gpus is None and limit is None:
+            raise bad_request("edit needs gpus or time_limit_s", "action")
     f.done()
-    return ActionRequest(action, priority)
+    return ActionRequest(action, priority, gpus, limit)
 
 
 @dataclass(frozen=True)
