@@ -618,3 +618,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     from labq import cli_reserve
 
     cli_reserve.add_commands(sub, common)
+    cli_reserve.add_tui_command(sub, common)

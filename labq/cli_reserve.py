@@ -176,3 +176,20 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
                  "  labq reservations\n  labq reservations --json", _reservations, [common])
     p.add_argument("--tz", metavar="ZONE", help="show times in this zone")
     p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _tui(args: argparse.Namespace) -> int:
+    from labq.tui.app import make_app
+
+    make_app(args.leader, readonly=args.readonly).run()
+    return 0
+
+
+def add_tui_command(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = _command(sub, "tui", "the live, keyboard-first screen of the shared queue",
+                 "A live view of the lab: the queue (filter with /, sort with o, tag with space, act on the "
+                 "selected jobs), job details and logs (Enter, l), the nodes' GPUs (n) and the reservations "
+                 "(R). ? lists the keys of each screen; ctrl+p finds any action by name; q quits.",
+                 "  labq tui\n  labq tui --readonly          look, change nothing\n"
+                 "  labq tui --leader http://gpu1:7733", _tui, [common])
+    p.add_argument("--readonly", action="store_true", help="show everything, allow no action")

@@ -1,0 +1,223 @@
+"""``labq tui``: the app, its state, and the app factory shared by the command and the tests.
+
+The app keeps what the leader said (jobs, pending reasons, nodes, reservations) and bumps a
+reactive version when a part changes; screens watch those versions and redraw. All network I/O
+runs in thread workers that end by posting a message: the feed (``labq.tui.feed``) and one worker
+per action.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from textual import on, work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.message import Message
+from textual.reactive import reactive
+
+from labq.client import Client
+from labq.protocol.errors import ApiError
+from labq.tui.feed import Connection, JobEvent, JobsChanged, LabLoaded, LeaderFeed, NodesChanged, ReservationsChanged
+from labq.tui.query import Row, make_row
+
+EVENTS_KEPT = 50  #: per job, for the detail screen
+
+
+@dataclass
+class ActionDone(Message):
+    """The answer to an action: what happened, or the leader's error."""
+
+    text: str
+    error: bool = False
+
+
+class LabqApp(App):
+    TITLE = "labq"
+    CSS_PATH = "labq.tcss"
+    BINDINGS = [Binding("q", "quit", "quit"), Binding("question_mark", "help", "help"),
+                Binding("n", "nodes", "nodes"), Binding("R", "reservations", "reservations")]
+
+    jobs_version = reactive(0)
+    nodes_version = reactive(0)
+    reservations_version = reactive(0)
+    connected = reactive(False)
+
+    def __init__(self, client_factory: Callable[[], Client], *, readonly: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
+        self.client_factory = client_factory
+        self.readonly = readonly
+        self.clock = clock  #: a fixed clock makes snapshots repeatable
+        self.jobs: dict[int, dict] = {}
+        self.pending: dict[int, dict] = {}
+        self.rows: dict[int, Row] = {}
+        self.changed_rows: list[Row] = []
+        self.nodes: list[dict] = []
+        self.reservations: list[dict] = []
+        self.me: dict = {}
+        self.job_events: dict[int, deque] = {}
+        self.status = "connecting to the leader..."
+        self.loaded_at: float | None = None  #: when the first full load was drawn (for the benchmark)
+        self._feed: LeaderFeed | None = None
+
+    # -- start and stop ---------------------------------------------------------------------
+
+    def on_mount(self) -> None:
+        from labq.tui.queue import QueueScreen
+
+        self.push_screen(QueueScreen())
+        self.follow_leader()
+
+    @work(thread=True, exclusive=True, group="feed")
+    def follow_leader(self) -> None:
+        self._feed = LeaderFeed(self.client_factory(), self.post_message)
+        self._feed.run()
+
+    def on_unmount(self) -> None:
+        if self._feed is not None:
+            self._feed.stop.set()
+
+    @property
+    def admin(self) -> bool:
+        return bool(self.me.get("admin"))
+
+    # -- what the leader says ---------------------------------------------------------------
+
+    @on(LabLoaded)
+    def loaded(self, message: LabLoaded) -> None:
+        now = self.clock()
+        self.me = message.whoami
+        self.jobs = {j["id"]: j for j in message.jobs}
+        self.pending = dict(message.pending)
+        self.rows = {i: make_row(j, self.pending.get(i), now) for i, j in self.jobs.items()}
+        self.changed_rows = []
+        self.nodes, self.reservations = message.nodes, message.reservations
+        self.jobs_version += 1
+        self.nodes_version += 1
+        self.reservations_version += 1
+
+    @on(JobsChanged)
+    def jobs_changed(self, message: JobsChanged) -> None:
+        now = self.clock()
+        changed = []
+        for job in message.jobs:
+            self.jobs[job["id"]] = job
+            if job["id"] in message.pending:
+                self.pending[job["id"]] = message.pending[job["id"]]
+            else:
+                self.pending.pop(job["id"], None)
+            changed.append(job["id"])
+        for job_id, state in message.finished.items():
+            job = self.jobs.get(job_id)
+            if job is not None:
+                job["state"] = state if state != "finished" else job["state"]
+                self.pending.pop(job_id, None)
+                changed.append(job_id)
+        rows = [make_row(self.jobs[i], self.pending.get(i), now) for i in changed]
+        for row in rows:
+            self.rows[row.job_id] = row
+        self.changed_rows = rows
+        self.jobs_version += 1
+
+    @on(JobEvent)
+    def job_event(self, message: JobEvent) -> None:
+        self.job_events.setdefault(message.job_id, deque(maxlen=EVENTS_KEPT)).append((message.at, message.data))
+
+    @on(NodesChanged)
+    def nodes_changed(self, message: NodesChanged) -> None:
+        self.nodes = message.nodes
+        self.nodes_version += 1
+
+    @on(ReservationsChanged)
+    def reservations_changed(self, message: ReservationsChanged) -> None:
+        self.reservations = message.reservations
+        self.reservations_version += 1
+
+    @on(Connection)
+    def connection(self, message: Connection) -> None:
+        self.connected = message.up
+        self.status = "" if message.up else f"leader unreachable, reconnecting: {message.detail}"
+
+    # -- acting on jobs -------------------------------------------------------------------------
+
+    def act(self, ids: list[int], action: str, admin_only: bool = False, **fields) -> None:
+        """Run an action on jobs in a worker; the answer comes back as ``ActionDone``."""
+        if self.readonly:
+            self.notify("read-only: started with --readonly", severity="warning")
+            return
+        if admin_only and not self.admin:
+            self.notify(f"{action} is for admins", severity="warning")
+            return
+        if ids:
+            self._act(ids, action, fields)
+
+    @work(thread=True, group="actions")
+    def _act(self, ids: list[int], action: str, fields: dict) -> None:
+        client = self.client_factory()
+        done, failed = [], []
+        for job_id in ids:
+            try:
+                job = client.action(job_id, action, **fields)
+                done.append(f"job {job_id} " + (f"stopping ({job['stop_requested']})" if job.get("stop_requested")
+                                                else job["state"]))
+            except ApiError as err:
+                failed.append(f"job {job_id}: {err}")
+        text = f"{action}: " + ", ".join(done) if done else ""
+        self.post_message(ActionDone("; ".join(filter(None, [text, *failed])), error=bool(failed)))
+
+    @work(thread=True, group="actions")
+    def submit_job(self, body: dict) -> None:
+        try:
+            job = self.client_factory().submit(body)
+            self.post_message(ActionDone(f"submitted job {job['id']}"))
+        except ApiError as err:
+            self.post_message(ActionDone(f"submit refused: {err}", error=True))
+
+    @on(ActionDone)
+    def action_done(self, message: ActionDone) -> None:
+        self.status = message.text
+        self.notify(message.text, severity="error" if message.error else "information")
+        self.jobs_version += 0  # screens show self.status on their next redraw
+        screen = self.screen
+        if hasattr(screen, "show_status"):
+            screen.show_status(message.text, message.error)
+
+    # -- screens -------------------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        from labq.tui.help import HelpScreen
+
+        self.push_screen(HelpScreen(self.screen))
+
+    def action_nodes(self) -> None:
+        from labq.tui.nodes import NodesScreen
+
+        self.push_screen(NodesScreen())
+
+    def action_reservations(self) -> None:
+        from labq.tui.reservations import ReservationsScreen
+
+        self.push_screen(ReservationsScreen())
+
+    def get_system_commands(self, screen):
+        yield from super().get_system_commands(screen)
+        for name, help_text, callback in getattr(screen, "COMMANDS_LIST", ()):
+            yield SystemCommand(name, help_text, getattr(screen, callback))
+        yield SystemCommand("Nodes", "GPUs per node, who uses them, the link matrix", self.action_nodes)
+        yield SystemCommand("Reservations", "the coming days per node; book GPUs", self.action_reservations)
+
+
+def make_app(leader: str | None = None, *, readonly: bool = False,
+             client_factory: Callable[[], Client] | None = None, clock: Callable[[], float] = time.time) -> LabqApp:
+    """The app for ``labq tui`` and for the tests: the client comes from the usual credentials."""
+    if client_factory is None:
+        Client.from_environment(leader=leader)  # fail now, with the CLI's message, if there are no credentials
+
+        def client_factory() -> Client:
+            return Client.from_environment(leader=leader)
+
+    return LabqApp(client_factory, readonly=readonly, clock=clock)

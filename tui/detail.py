@@ -1,0 +1,69 @@
+"""Enter on a job: its spec, attempts, placement drawn on its node's link matrix, and its events."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from labq.render import show_text, topology_text
+
+
+class JobDetailScreen(Screen):
+    BINDINGS = [Binding("escape", "app.pop_screen", "back"), Binding("l", "logs", "logs")]
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__()
+        self.job_id = job_id
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(id="spec")
+            yield Static(id="topology")
+            yield Static(id="events")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "jobs_version", lambda _: self.redraw())
+        self.watch(self.app, "nodes_version", lambda _: self.redraw())
+
+    def redraw(self) -> None:
+        app = self.app
+        job = app.jobs.get(self.job_id)
+        if job is None:
+            self.query_one("#spec", Static).update(f"job {self.job_id} is not in the queue any more")
+            return
+        now = self.app.clock()
+        self.query_one("#spec", Static).update(Text(show_text(job, app.pending.get(self.job_id), now)))
+        self.query_one("#topology", Static).update(self._placement(job))
+        events = app.job_events.get(self.job_id, ())
+        lines = ["events seen since the TUI started:"] + [
+            f"  {time.strftime('%H:%M:%S', time.localtime(at))}  "
+            + ", ".join(f"{k}={v}" for k, v in data.items() if k != "job_id") for at, data in events]
+        self.query_one("#events", Static).update("\n".join(lines) if events else "no events seen yet")
+
+    def _placement(self, job: dict) -> Text:
+        """The link matrix of each node the job is on, its GPUs' rows and columns highlighted."""
+        out = Text()
+        nodes = {n["name"]: n for n in self.app.nodes}
+        for alloc in (job.get("placement") or {}).get("allocations") or ():
+            node = nodes.get(alloc["node"])
+            if node is None:
+                continue
+            mine = set(alloc["gpu_indices"])
+            out.append(f"\n{alloc['node']}: GPUs {','.join(map(str, sorted(mine)))} (score {alloc.get('score', 0)})\n",
+                       style="bold")
+            for i, line in enumerate(topology_text(node.get("topology")).splitlines()):
+                gpu = i - 1  # the first line is the header
+                out.append(line + "\n", style="bold green" if gpu in mine else "")
+        return out
+
+    def action_logs(self) -> None:
+        from labq.tui.logs import LogsScreen
+
+        self.app.push_screen(LogsScreen(self.job_id))

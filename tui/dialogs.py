@@ -1,0 +1,119 @@
+"""Small modal screens: confirm, ask for one value, and the submit form."""
+
+from __future__ import annotations
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+
+class Confirm(ModalScreen[bool]):
+    """Yes or no; y/n/Enter/Esc."""
+
+    BINDINGS = [Binding("y", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(self.question, classes="question")
+            with Horizontal(classes="buttons"):
+                yield Button("Yes (y)", variant="error", id="yes")
+                yield Button("No (n)", id="no")
+
+    @on(Button.Pressed)
+    def pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class Ask(ModalScreen[str | None]):
+    """One line of input; Enter answers, Esc cancels."""
+
+    BINDINGS = [Binding("escape", "cancel", "cancel")]
+
+    def __init__(self, question: str, value: str = "", placeholder: str = "") -> None:
+        super().__init__()
+        self.question, self.value, self.placeholder = question, value, placeholder
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.question, classes="question")
+            yield Input(self.value, placeholder=self.placeholder, id="answer")
+
+    @on(Input.Submitted)
+    def submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class SubmitForm(ModalScreen[dict | None]):
+    """A new job: command, GPUs, class, time limit, name; the answer is a submit body."""
+
+    BINDINGS = [Binding("escape", "cancel", "cancel")]
+    FIELDS = (("command", "command (as in a shell)", "python train.py --lr 3e-4"), ("gpus", "GPUs", "1"),
+              ("class", "class", "normal"), ("time", "time limit", "6h (empty: none)"), ("name", "name", ""),
+              ("workdir", "folder", "/home/you/project"))
+
+    def __init__(self, values: dict | None = None) -> None:
+        super().__init__()
+        self.values = values or {}
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog form"):
+            yield Label("submit a job (Enter in the last field submits; Esc cancels)", classes="question")
+            with Grid(classes="fields"):
+                for key, label, hint in self.FIELDS:
+                    yield Label(label)
+                    yield Input(self.values.get(key, ""), placeholder=hint, id=f"f-{key}")
+            yield Static("", id="form-error", classes="error")
+            with Horizontal(classes="buttons"):
+                yield Button("Submit", variant="primary", id="submit")
+                yield Button("Cancel", id="cancel")
+
+    def body(self) -> dict:
+        """The submit body, or ValueError saying which field is wrong."""
+        import shlex
+
+        from labq.models.priority import parse_priority
+        from labq.units import parse_duration
+
+        get = {key: self.query_one(f"#f-{key}", Input).value.strip() for key, _, _ in self.FIELDS}
+        if not get["command"]:
+            raise ValueError("command: say what to run")
+        body: dict = {"command": shlex.split(get["command"])}
+        if get["gpus"]:
+            if not get["gpus"].isdigit() or int(get["gpus"]) < 1:
+                raise ValueError("GPUs: a whole number, 1 or more")
+            body["gpus"] = int(get["gpus"])
+        if get["class"]:
+            parse_priority(get["class"])
+            body["priority"] = get["class"].lower() if not get["class"].isdigit() else int(get["class"])
+        if get["time"]:
+            body["time_limit_s"] = parse_duration(get["time"])
+        if get["name"]:
+            body["name"] = get["name"]
+        if get["workdir"]:
+            body["workdir"] = get["workdir"]
+        return body
+
+    @on(Input.Submitted)
+    @on(Button.Pressed, "#submit")
+    def submit(self) -> None:
+        try:
+            self.dismiss(self.body())
+        except ValueError as err:
+            self.query_one("#form-error", Static).update(str(err))
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,156 @@
+"""The TUI's link to the leader: one thread loads the lab, then follows the event stream.
+
+It never polls every row: after the first load it reads ``/v1/events`` and fetches only the
+jobs an event names, in batches (every ``BATCH_S``), plus the nodes or reservations when an
+event says they changed. When the leader cannot be reached it posts ``Connection(False)``,
+waits, and starts over with a full load, so the screen heals by itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from labq.client import Client
+from labq.protocol.errors import ApiError
+
+BATCH_S = 0.1
+RETRY_S = (0.5, 1, 2, 4, 5)
+FINISHED = {"succeeded", "failed", "cancelled", "timeout"}
+
+
+@dataclass
+class LabLoaded(Message):
+    """Everything at once: after the start and after every reconnect."""
+
+    jobs: list[dict]
+    pending: dict[int, dict]
+    nodes: list[dict]
+    reservations: list[dict]
+    whoami: dict
+
+
+@dataclass
+class JobsChanged(Message):
+    """Jobs that changed (their new docs; a finished job's doc says so) and their pending reasons."""
+
+    jobs: list[dict]
+    pending: dict[int, dict]
+    finished: dict[int, str]  #: job id -> its final state: the leader keeps finished jobs only in its history
+
+
+@dataclass
+class NodesChanged(Message):
+    nodes: list[dict]
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, NodesChanged)
+
+
+@dataclass
+class ReservationsChanged(Message):
+    reservations: list[dict]
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ReservationsChanged)
+
+
+@dataclass
+class Connection(Message):
+    up: bool
+    detail: str = ""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, Connection)
+
+
+@dataclass
+class JobEvent(Message):
+    """One event about one job, for the job detail screen's event list."""
+
+    job_id: int
+    at: float
+    data: dict
+
+
+class LeaderFeed:
+    def __init__(self, client: Client, post: Callable[[Message], object]) -> None:
+        self.client = client
+        self.post = post
+        self.stop = threading.Event()
+        self._dirty: set[int] = set()
+        self._finished: dict[int, dict] = {}
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        attempt = 0
+        while not self.stop.is_set():
+            try:
+                self._follow()
+                attempt = 0
+            except ApiError as err:
+                if err.status in (401, 403):
+                    self.post(Connection(False, str(err)))
+                    return
+                self.post(Connection(False, str(err)))
+                self.stop.wait(RETRY_S[min(attempt, len(RETRY_S) - 1)])
+                attempt += 1
+
+    def _follow(self) -> None:
+        client = self.client
+        whoami = client.whoami()
+        jobs, pending = client.queue()
+        nodes, reservations = client.nodes(), client.reservations()
+        self.post(LabLoaded(jobs, pending, nodes, reservations, whoami))
+        self.post(Connection(True))
+        flusher = threading.Thread(target=self._flush_loop, name="labq-tui-batches", daemon=True)
+        flusher.start()
+        try:
+            for event in client.events():
+                if self.stop.is_set():
+                    return
+                self._take(event)
+        finally:
+            self._flush()
+
+    def _take(self, event: dict) -> None:
+        data, kind = event["data"], event["event"]
+        if kind == "job" and isinstance(data, dict) and "job_id" in data:
+            self.post(JobEvent(data["job_id"], time.time(), data))
+            with self._lock:
+                if data.get("state") in FINISHED:
+                    self._finished[data["job_id"]] = data
+                    self._dirty.discard(data["job_id"])
+                else:
+                    self._dirty.add(data["job_id"])
+        elif kind == "node":
+            self.post(NodesChanged(self.client.nodes()))
+        elif kind == "reservation":
+            self.post(ReservationsChanged(self.client.reservations()))
+
+    def _flush_loop(self) -> None:
+        while not self.stop.wait(BATCH_S):
+            try:
+                self._flush()
+            except ApiError:
+                return  # the event stream notices too, and starts over
+
+    def _flush(self) -> None:
+        with self._lock:
+            ids, self._dirty = sorted(self._dirty), set()
+            finished, self._finished = self._finished, {}
+        jobs: list[dict] = []
+        pending: dict[int, dict] = {}
+        for start in range(0, len(ids), 500):
+            got, waits = self.client.queue(ids[start:start + 500])
+            jobs += got
+            pending.update(waits)
+        seen = {j["id"] for j in jobs}
+        ended = {i: "finished" for i in ids if i not in seen}
+        ended.update({i: data["state"] for i, data in finished.items()})
+        if jobs or ended:
+            self.post(JobsChanged(jobs, pending, ended))

@@ -1,0 +1,161 @@
+"""The queue table: renders only the lines on screen, so 10,000 jobs scroll, sort and filter at once.
+
+The rows live in a dict by job id; the view is a list of ids (filtered, sorted). A change to one
+job replaces its row and, when it could move it, recomputes the view: a list comprehension and a
+sort over plain tuples, a few milliseconds for 10,000 rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from labq.tui.query import COLUMNS, Row, parse_filter, view
+
+WIDTHS = (6, 9, 18, 10, 7, 4, 12, 7, 70)
+STATE_STYLES = {"running": Style(color="green"), "starting": Style(color="green"), "queued": Style(color="yellow"),
+                "held": Style(color="magenta"), "preempting": Style(color="magenta", bold=True),
+                "succeeded": Style(color="green", dim=True), "failed": Style(color="red"),
+                "cancelled": Style(dim=True), "timeout": Style(color="red", dim=True)}
+HEADER = Style(bold=True, reverse=True)
+CURSOR = Style(reverse=True)
+TAGGED = Style(bold=True, color="cyan")
+
+
+class JobTable(ScrollView, can_focus=True):
+    BINDINGS = [
+        Binding("up,k", "move(-1)", "up", show=False), Binding("down,j", "move(1)", "down", show=False),
+        Binding("pageup", "move(-20)", show=False), Binding("pagedown", "move(20)", show=False),
+        Binding("home,g", "move(-1000000)", show=False), Binding("end,G", "move(1000000)", show=False),
+        Binding("space", "tag", "tag"),
+    ]
+
+    class CursorMoved(Message):
+        def __init__(self, job_id: int | None) -> None:
+            super().__init__()
+            self.job_id = job_id
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, JobTable.CursorMoved)
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.rows: dict[int, Row] = {}
+        self.shown: list[int] = []
+        self.tagged: set[int] = set()
+        self.cursor = 0
+        self.filter_text = ""
+        self._predicate = parse_filter("")
+        self.sort_column, self.sort_reverse = 0, False
+
+    # -- the model ---------------------------------------------------------------------
+
+    def set_rows(self, rows: Mapping[int, Row]) -> None:
+        self.rows = dict(rows)
+        self.tagged &= self.rows.keys()
+        self._refilter()
+
+    def put_rows(self, rows: list[Row]) -> None:
+        for row in rows:
+            self.rows[row.job_id] = row
+        self._refilter()
+
+    def set_filter(self, text: str) -> None:
+        """Raises ValueError for an unknown ``field:``; the view stays as it was."""
+        self._predicate = parse_filter(text)
+        self.filter_text = text
+        self._refilter()
+
+    def sort_by(self, column: int, reverse: bool) -> None:
+        self.sort_column, self.sort_reverse = column, reverse
+        self._refilter()
+
+    def cursor_job(self) -> int | None:
+        return self.shown[self.cursor] if self.shown else None
+
+    def selected(self) -> list[int]:
+        """The tagged jobs, or else the one under the cursor."""
+        if self.tagged:
+            return sorted(self.tagged)
+        job = self.cursor_job()
+        return [job] if job is not None else []
+
+    def _refilter(self) -> None:
+        current = self.cursor_job()
+        self.shown = view(self.rows, self._predicate, self.sort_column, self.sort_reverse)
+        if current is not None and current in self.rows:
+            try:
+                self.cursor = self.shown.index(current)
+            except ValueError:
+                self.cursor = min(self.cursor, max(0, len(self.shown) - 1))
+        else:
+            self.cursor = min(self.cursor, max(0, len(self.shown) - 1))
+        self.virtual_size = Size(sum(WIDTHS) + len(WIDTHS), len(self.shown) + 1)
+        self.refresh()
+        self.post_message(self.CursorMoved(self.cursor_job()))
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def action_move(self, delta: int) -> None:
+        if not self.shown:
+            return
+        self.cursor = max(0, min(len(self.shown) - 1, self.cursor + delta))
+        top = self.scroll_offset.y
+        height = max(1, self.size.height - 1)
+        if self.cursor < top:
+            self.scroll_to(y=self.cursor, animate=False)
+        elif self.cursor >= top + height:
+            self.scroll_to(y=self.cursor - height + 1, animate=False)
+        self.refresh()
+        self.post_message(self.CursorMoved(self.cursor_job()))
+
+    def action_tag(self) -> None:
+        job = self.cursor_job()
+        if job is None:
+            return
+        self.tagged ^= {job}
+        self.action_move(1)
+
+    # -- drawing ------------------------------------------------------------------------
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.size.width
+        if y == 0:
+            arrow = "v" if self.sort_reverse else "^"
+            names = [f"{c}{arrow if i == self.sort_column else ''}" for i, c in enumerate(COLUMNS)]
+            return Strip([Segment(_line(names), HEADER)]).crop(scroll_x, scroll_x + width).extend_cell_length(
+                width, HEADER)
+        index = scroll_y + y - 1
+        if index >= len(self.shown):
+            return Strip.blank(width)
+        job_id = self.shown[index]
+        row = self.rows[job_id]
+        cells = list(row.cells)
+        if job_id in self.tagged:
+            cells[0] = "*" + cells[0]
+        base = CURSOR if index == self.cursor else Style()
+        segments = []
+        for i, (text, w) in enumerate(zip(cells, WIDTHS)):
+            style = base
+            if i == 3:
+                style = base + STATE_STYLES.get(text, Style())
+            elif job_id in self.tagged:
+                style = base + TAGGED
+            segments.append(Segment(_cell(text, w) + " ", style))
+        return Strip(segments).crop(scroll_x, scroll_x + width).extend_cell_length(width, base)
+
+
+def _cell(text: str, width: int) -> str:
+    return text[: width - 1] + "…" if len(text) > width else text.ljust(width)
+
+
+def _line(cells: list[str]) -> str:
+    return " ".join(_cell(c, w) for c, w in zip(cells, WIDTHS))

@@ -1,0 +1,95 @@
+"""The queue table's rows, filter and sort, as pure functions of the jobs the leader sent.
+
+A filter is words: ``user:alice``, ``state:running``, ``node:ws1``, ``class:high`` or free text
+(matched against the whole row); a word with a leading ``!`` must not match. All words must hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from labq.models.priority import priority_name
+from labq.render import format_duration, job_note, placement_text
+
+COLUMNS = ("ID", "USER", "NAME", "STATE", "CLASS", "GPUS", "NODE:GPUS", "TIME", "REASON / EST. START")
+#: the letter that sorts by each column, after ``o``
+SORT_KEYS = {"i": 0, "u": 1, "n": 2, "s": 3, "c": 4, "g": 5, "p": 6, "t": 7, "r": 8}
+FIELDS = ("user", "state", "node", "class", "name", "id")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One job as the table shows it; ``cells`` are the texts, ``key`` the values sorting uses."""
+
+    job_id: int
+    cells: tuple[str, ...]
+    keys: tuple
+    user: str
+    state: str
+    nodes: tuple[str, ...]
+    klass: str
+    text: str  #: lower-cased cells, for free-text search
+
+
+def make_row(job: Mapping, pending: Mapping | None, now: float) -> Row:
+    spec = job["spec"]
+    started, state = job.get("started_at"), job["state"]
+    if started and state not in ("queued", "held"):
+        seconds = (job.get("ended_at") or now) - started
+    else:
+        seconds = now - job["submitted_at"]
+    reason = job_note(job)
+    if pending:
+        reason = f"{pending['reason']}: {pending['detail']}"
+        if pending.get("estimated_start"):
+            reason = f"est. {format_duration(max(0, pending['estimated_start'] - now))}  " + reason
+    name = spec.get("name") or " ".join(spec.get("command") or [])
+    klass = priority_name(spec.get("priority", 200))
+    where = placement_text(job)
+    cells = (str(job["id"]), spec.get("user", ""), name, state, klass, str(spec.get("gpus", 1)), where,
+             format_duration(seconds), reason)
+    nodes = tuple(a["node"] for a in (job.get("placement") or {}).get("allocations") or ())
+    keys = (job["id"], spec.get("user", ""), name.lower(), state, -spec.get("priority", 200), spec.get("gpus", 1),
+            where, seconds, reason)
+    return Row(job["id"], cells, keys, cells[1], state, nodes, klass, " ".join(cells).lower())
+
+
+def parse_filter(text: str) -> Callable[[Row], bool]:
+    """A predicate for ``text``; raises ValueError naming an unknown field."""
+    tests: list[Callable[[Row], bool]] = []
+    for word in text.split():
+        negate = word.startswith("!")
+        word = word[1:] if negate else word
+        if not word:
+            continue
+        test = _word(word.lower())
+        tests.append((lambda row, t=test: not t(row)) if negate else test)
+    return lambda row: all(t(row) for t in tests)
+
+
+def _word(word: str) -> Callable[[Row], bool]:
+    field, colon, value = word.partition(":")
+    if not colon:
+        return lambda row: word in row.text
+    if field not in FIELDS:
+        raise ValueError(f"unknown filter {field}:, use {', '.join(f + ':' for f in FIELDS)} or free text")
+    if field == "user":
+        return lambda row: row.user.lower() == value
+    if field == "state":
+        return lambda row: row.state.startswith(value)
+    if field == "node":
+        return lambda row: any(n.lower() == value for n in row.nodes)
+    if field == "class":
+        return lambda row: row.klass == value
+    if field == "id":
+        return lambda row: str(row.job_id) == value
+    return lambda row: value in row.cells[2].lower()
+
+
+def view(rows: Mapping[int, Row], predicate: Callable[[Row], bool], column: int, reverse: bool) -> list[int]:
+    """The ids to show, filtered and sorted (ties by id)."""
+    shown = [r for r in rows.values() if predicate(r)]
+    shown.sort(key=lambda r: r.job_id)
+    shown.sort(key=lambda r: r.keys[column], reverse=reverse)
+    return [r.job_id for r in shown]

@@ -1,0 +1,306 @@
+"""The home screen: the shared queue, live, with keys for every action on the selected or tagged jobs."""
+
+from __future__ import annotations
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.events import Key
+from textual.screen import Screen
+from textual.widgets import Footer, Input, Static
+
+from labq.tui.dialogs import Ask, Confirm, SubmitForm
+from labq.tui.job_table import JobTable
+from labq.tui.query import COLUMNS, SORT_KEYS
+
+SORT_HELP = "sort by: " + " ".join(f"{k}={COLUMNS[i].split()[0].lower()}" for k, i in SORT_KEYS.items()) + \
+    " (capital: reverse)"
+
+
+class QueueScreen(Screen):
+    BINDINGS = [
+        Binding("slash", "filter", "filter"), Binding("o", "sort", "sort"), Binding("enter", "detail", "detail"),
+        Binding("l", "logs", "logs"), Binding("c", "cancel", "cancel"), Binding("h", "hold", "hold"),
+        Binding("r", "release", "release"), Binding("plus", "priority(1)", "prio+"),
+        Binding("minus", "priority(-1)", "prio-"), Binding("p", "set_priority", "prio", show=False),
+        Binding("t", "top", "top", show=False), Binding("e", "edit", "edit", show=False),
+        Binding("P", "preempt", "preempt", show=False), Binding("s", "submit", "submit"),
+        Binding("S", "resubmit", "resubmit", show=False), Binding("escape", "clear", "clear", show=False),
+    ]
+    #: (title, help, method) for the command palette
+    COMMANDS_LIST = (
+        ("Filter jobs", "user:NAME state:STATE node:NODE or text; ! negates", "action_filter"),
+        ("Cancel selected jobs", "asks first", "action_cancel"), ("Hold selected jobs", "", "action_hold"),
+        ("Release selected jobs", "", "action_release"), ("Priority up", "", "action_priority_up"),
+        ("Priority down", "", "action_priority_down"), ("Set priority", "low/normal/high/urgent or 0-1000",
+                                                        "action_set_priority"),
+        ("Move to top (admin)", "ahead of every queued job", "action_top"),
+        ("Edit GPUs or time limit", "queued jobs", "action_edit"), ("Preempt (admin)", "checkpoint and requeue",
+                                                                     "action_preempt"),
+        ("Submit a job", "a form", "action_submit"), ("Resubmit", "the job under the cursor, again",
+                                                      "action_resubmit"),
+        ("Job details", "spec, attempts, placement, events", "action_detail"), ("Logs", "follow the output",
+                                                                               "action_logs"),
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sorting = False
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="banner")
+        yield JobTable(id="jobs")
+        yield Input(placeholder="filter: user:alice state:running node:ws1 text, !word negates; Enter keeps, Esc "
+                    "clears", id="filter")
+        yield Static("", id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#filter").display = False
+        self.watch(self.app, "jobs_version", self._jobs_changed)
+        self.watch(self.app, "connected", self._connection)
+        self.query_one(JobTable).focus()
+
+    @property
+    def table(self) -> JobTable:
+        return self.query_one(JobTable)
+
+    def _jobs_changed(self, version: int) -> None:
+        app = self.app
+        if app.changed_rows and len(app.changed_rows) < len(app.rows):
+            self.table.put_rows(app.changed_rows)
+            app.changed_rows = []
+        else:
+            self.table.set_rows(app.rows)
+        self._title()
+
+    def _connection(self, up: bool) -> None:
+        banner = self.query_one("#banner", Static)
+        banner.set_class(not up, "down")
+        self._title()
+
+    def _title(self) -> None:
+        app = self.app
+        banner = self.query_one("#banner", Static)
+        if not app.connected:
+            banner.update(f" {app.status or 'connecting to the leader...'}")
+            return
+        table = self.table
+        who = app.me.get("user", "?") + (" (admin)" if app.admin else "")
+        counts = {}
+        for row in app.rows.values():
+            counts[row.state] = counts.get(row.state, 0) + 1
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        shown = f"{len(table.shown)} of {len(app.rows)}" if table.filter_text else f"{len(app.rows)}"
+        mode = " | READ-ONLY" if app.readonly else ""
+        banner.update(f" labq | {who}{mode} | {shown} jobs: {summary or 'none'}"
+                      + (f" | filter: {table.filter_text}" if table.filter_text else "")
+                      + (f" | {len(table.tagged)} tagged" if table.tagged else ""))
+
+    def show_status(self, text: str, error: bool = False) -> None:
+        status = self.query_one("#status", Static)
+        status.update(text)
+        status.set_class(error, "error")
+
+    # -- filter and sort ------------------------------------------------------------------------
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.value = self.table.filter_text
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def filter_typed(self, event: Input.Changed) -> None:
+        try:
+            self.table.set_filter(event.value)
+            self.show_status("")
+        except ValueError as err:
+            self.show_status(str(err), error=True)
+        self._title()
+
+    @on(Input.Submitted, "#filter")
+    def filter_done(self) -> None:
+        self.query_one("#filter").display = False
+        self.table.focus()
+
+    def action_clear(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.display or self.table.filter_text:
+            box.value = ""
+            box.display = False
+            self.table.set_filter("")
+        self.table.tagged.clear()
+        self.table.refresh()
+        self.table.focus()
+        self._title()
+
+    def action_sort(self) -> None:
+        self._sorting = True
+        self.show_status(SORT_HELP)
+
+    def on_key(self, event: Key) -> None:
+        if not self._sorting or not event.character:
+            return
+        self._sorting = False
+        column = SORT_KEYS.get(event.character.lower())
+        event.stop()
+        event.prevent_default()
+        if column is None:
+            self.show_status(f"no column for {event.character!r}; {SORT_HELP}", error=True)
+            return
+        self.table.sort_by(column, event.character.isupper())
+        self.show_status(f"sorted by {COLUMNS[column].lower()}{', reversed' if event.character.isupper() else ''}")
+
+    # -- actions --------------------------------------------------------------------------------
+
+    def _ids(self) -> list[int]:
+        ids = self.table.selected()
+        if not ids:
+            self.show_status("no job selected", error=True)
+        return ids
+
+    def action_cancel(self) -> None:
+        ids = self._ids()
+        if not ids:
+            return
+        which = f"job {ids[0]}" if len(ids) == 1 else f"{len(ids)} jobs ({', '.join(map(str, ids[:8]))}...)"
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.app.act(ids, "cancel")
+
+        self.app.push_screen(Confirm(f"Cancel {which}?"), answer)
+
+    def action_hold(self) -> None:
+        self.app.act(self._ids(), "hold")
+
+    def action_release(self) -> None:
+        self.app.act(self._ids(), "release")
+
+    def action_priority(self, step: int) -> None:
+        from labq.models.priority import PriorityClass
+
+        classes = sorted(int(c) for c in PriorityClass)
+        for job_id in self._ids():
+            current = self.app.jobs[job_id]["spec"].get("priority", 200)
+            if step > 0:
+                target = next((c for c in classes if c > current), None)
+            else:
+                target = next((c for c in reversed(classes) if c < current), None)
+            if target is None:
+                self.show_status(f"job {job_id} is already at the {'top' if step > 0 else 'bottom'} class",
+                                 error=True)
+                continue
+            self.app.act([job_id], "prio", priority=target)
+
+    def action_priority_up(self) -> None:
+        self.action_priority(1)
+
+    def action_priority_down(self) -> None:
+        self.action_priority(-1)
+
+    def action_set_priority(self) -> None:
+        ids = self._ids()
+        if not ids:
+            return
+
+        def answer(value: str | None) -> None:
+            if value:
+                self.app.act(ids, "prio", priority=int(value) if value.strip().isdigit() else value.strip())
+
+        self.app.push_screen(Ask("priority: low, normal, high, urgent or 0-1000", placeholder="high"), answer)
+
+    def action_top(self) -> None:
+        self.app.act(self._ids(), "top", admin_only=True)
+
+    def action_preempt(self) -> None:
+        ids = self._ids()
+        if not ids or not self.app.admin:
+            self.app.act(ids, "preempt", admin_only=True)
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.app.act(ids, "preempt", admin_only=True)
+
+        self.app.push_screen(Confirm(f"Preempt {len(ids)} job(s)? They checkpoint and go back to the queue."),
+                             answer)
+
+    def action_edit(self) -> None:
+        ids = self._ids()
+        if not ids:
+            return
+        spec = self.app.jobs[ids[0]]["spec"]
+        limit = spec.get("time_limit_s")
+        now = f"gpus={spec.get('gpus', 1)} time={int(limit)}s" if limit else f"gpus={spec.get('gpus', 1)} time=none"
+
+        def answer(value: str | None) -> None:
+            if not value:
+                return
+            try:
+                fields = _edit_fields(value)
+            except ValueError as err:
+                self.show_status(str(err), error=True)
+                return
+            self.app.act(ids, "edit", **fields)
+
+        self.app.push_screen(Ask("edit (queued jobs): gpus=N time=DURATION (time=none removes the limit)", now),
+                             answer)
+
+    def action_submit(self, values: dict | None = None) -> None:
+        if self.app.readonly:
+            self.app.notify("read-only: started with --readonly", severity="warning")
+            return
+
+        def answer(body: dict | None) -> None:
+            if body:
+                self.app.submit_job(body)
+
+        self.app.push_screen(SubmitForm(values), answer)
+
+    def action_resubmit(self) -> None:
+        import shlex
+
+        job_id = self.table.cursor_job()
+        if job_id is None:
+            return
+        spec = self.app.jobs[job_id]["spec"]
+        limit = spec.get("time_limit_s")
+        self.action_submit({"command": shlex.join(spec.get("command") or []), "gpus": str(spec.get("gpus", 1)),
+                            "class": str(spec.get("priority", 200)), "time": f"{int(limit)}s" if limit else "",
+                            "name": spec.get("name") or "", "workdir": spec.get("workdir") or ""})
+
+    def action_detail(self) -> None:
+        from labq.tui.detail import JobDetailScreen
+
+        job_id = self.table.cursor_job()
+        if job_id is not None:
+            self.app.push_screen(JobDetailScreen(job_id))
+
+    def action_logs(self) -> None:
+        from labq.tui.logs import LogsScreen
+
+        job_id = self.table.cursor_job()
+        if job_id is not None:
+            self.app.push_screen(LogsScreen(job_id))
+
+
+def _edit_fields(text: str) -> dict:
+    """``gpus=4 time=6h`` -> {"gpus": 4, "time_limit_s": 21600}; ``time=none`` -> 0 (no limit)."""
+    from labq.units import parse_duration
+
+    fields: dict = {}
+    for word in text.split():
+        key, eq, value = word.partition("=")
+        if not eq or key not in ("gpus", "time"):
+            raise ValueError(f"{word!r}: use gpus=N and/or time=DURATION")
+        if key == "gpus":
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError("gpus: a whole number, 1 or more")
+            fields["gpus"] = int(value)
+        else:
+            fields["time_limit_s"] = 0 if value in ("none", "0") else parse_duration(value, bare_seconds=True)
+    if not fields:
+        raise ValueError("nothing to change: gpus=N and/or time=DURATION")
+    return fields
