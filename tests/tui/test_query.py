@@ -1,0 +1,63 @@
+"""The queue table's rows, filters and sorting, as pure functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from labq.models import JobState, Node
+from labq.models.decisions import Pending, PendingReason
+from labq.protocol.codec import encode_job, encode_pending
+from labq.tui.query import make_row, parse_filter, view
+from tests.conftest import NOW, JobFactory, make_node
+
+
+@pytest.fixture
+def rows():
+    jobs = JobFactory()
+    ws1: Node = make_node("ws1", "sim:ws-4x3090")
+    ws2: Node = make_node("ws2", "sim:ws-4x3090")
+    made = [
+        jobs.running(ws1, (0, 1), user="alice", name="bert-large"),
+        jobs.running(ws2, (2,), user="bob", priority=300),
+        jobs.queued(4, user="alice", priority=100),
+        jobs.queued(1, user="carol", state=JobState.HELD),
+    ]
+    waits = {made[2].id: Pending(made[2].id, PendingReason.RESOURCES, "needs 4 GPUs", None, NOW + 600)}
+    return {j.id: make_row(encode_job(j), encode_pending(waits.get(j.id)), NOW) for j in made}
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("", [1, 2, 3, 4]),
+    ("user:alice", [1, 3]),
+    ("!user:alice", [2, 4]),
+    ("state:run", [1, 2]),
+    ("state:held", [4]),
+    ("node:ws2", [2]),
+    ("class:low", [3]),
+    ("bert", [1]),
+    ("name:bert", [1]),
+    ("user:alice !state:queued", [1]),
+    ("needs 4", [3]),  # every word must be somewhere in the row
+    ("needs bert", []),
+    ("needs", [3]),
+    ("id:4", [4]),
+])
+def test_filters(rows, text, expected):
+    assert view(rows, parse_filter(text), 0, False) == expected
+
+
+def test_unknown_fields_are_named():
+    with pytest.raises(ValueError, match="unknown filter colour:"):
+        parse_filter("colour:red")
+
+
+def test_sorting_by_a_column_and_reversed(rows):
+    assert view(rows, parse_filter(""), 1, False) == [1, 3, 2, 4]  # by user, ties by id
+    assert view(rows, parse_filter(""), 4, False) == [2, 1, 4, 3]  # by class, highest first
+    assert view(rows, parse_filter(""), 5, True) == [3, 1, 2, 4]  # most GPUs first
+
+
+def test_rows_say_where_and_why(rows):
+    assert rows[1].cells[6] == "ws1:0,1" and rows[1].cells[3] == "running"
+    assert rows[3].cells[8] == "est. 10m  Resources: needs 4 GPUs"
+    assert rows[2].cells[4] == "high"
