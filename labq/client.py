@@ -135,6 +135,12 @@ class Client:
     def remove_user(self, name: str) -> dict:
         return self._json("DELETE", f"/v1/users/{quote(name, safe='')}")["user"]
 
+    def close_events(self) -> None:
+        """End an ``events()`` stream read in another thread: its blocked read returns at once."""
+        conn = getattr(self, "_events_conn", None)
+        if conn is not None:
+            conn.interrupt()
+
     def events(self, after: int | str | None = None) -> Iterator[dict]:
         """Events as ``{"id", "event", "data"}`` until the leader closes the stream.
 
@@ -142,6 +148,7 @@ class Client:
         """
         conn, resp = self._send("GET", "/v1/events", [("after", after)] if after is not None else [],
                                 timeout=max(self.timeout, EVENTS_READ_TIMEOUT))
+        self._events_conn = conn
         try:
             if resp.status >= 400:
                 self._read(resp)  # raises the leader's error

@@ -92,3 +92,12 @@ class Connection:
         for thing in (self._sock, self._tls):
             if thing is not None:
                 thing.close()
+
+    def interrupt(self) -> None:
+        """From another thread: make a read blocked on this connection return (as the end of the stream)."""
+        sock = self._sock if self._sock is not None else getattr(self._tls, "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

@@ -79,7 +79,7 @@ class LabqApp(App):
 
     def on_unmount(self) -> None:
         if self._feed is not None:
-            self._feed.stop.set()
+            self._feed.close()
 
     @property
     def admin(self) -> bool:
@@ -139,8 +139,8 @@ class LabqApp(App):
 
     @on(Connection)
     def connection(self, message: Connection) -> None:
-        self.connected = message.up
         self.status = "" if message.up else f"leader unreachable, reconnecting: {message.detail}"
+        self.connected = message.up  # after the status: watchers of connected read it
 
     # -- acting on jobs -------------------------------------------------------------------------
 
@@ -196,12 +196,14 @@ class LabqApp(App):
     def action_nodes(self) -> None:
         from labq.tui.nodes import NodesScreen
 
-        self.push_screen(NodesScreen())
+        if not isinstance(self.screen, NodesScreen):
+            self.push_screen(NodesScreen())
 
     def action_reservations(self) -> None:
         from labq.tui.reservations import ReservationsScreen
 
-        self.push_screen(ReservationsScreen())
+        if not isinstance(self.screen, ReservationsScreen):
+            self.push_screen(ReservationsScreen())
 
     def get_system_commands(self, screen):
         yield from super().get_system_commands(screen)

@@ -11,7 +11,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from labq.render import show_text, topology_text
+from labq.render import show_text
 
 
 class JobDetailScreen(Screen):
@@ -48,7 +48,9 @@ class JobDetailScreen(Screen):
         self.query_one("#events", Static).update("\n".join(lines) if events else "no events seen yet")
 
     def _placement(self, job: dict) -> Text:
-        """The link matrix of each node the job is on, its GPUs' rows and columns highlighted."""
+        """The link matrix of each node the job is on, with its GPUs' rows highlighted."""
+        from labq.tui.nodes import link_matrix
+
         out = Text()
         nodes = {n["name"]: n for n in self.app.nodes}
         for alloc in (job.get("placement") or {}).get("allocations") or ():
@@ -58,9 +60,14 @@ class JobDetailScreen(Screen):
             mine = set(alloc["gpu_indices"])
             out.append(f"\n{alloc['node']}: GPUs {','.join(map(str, sorted(mine)))} (score {alloc.get('score', 0)})\n",
                        style="bold")
-            for i, line in enumerate(topology_text(node.get("topology")).splitlines()):
-                gpu = i - 1  # the first line is the header
-                out.append(line + "\n", style="bold green" if gpu in mine else "")
+            matrix = link_matrix(node.get("topology"))
+            offset = 0
+            for line in matrix.plain.split("\n"):
+                if line.startswith("GPU") and line[3:].split(" ", 1)[0].isdigit() and int(line[3:].split()[0]) in mine:
+                    matrix.stylize("bold reverse", offset, offset + len(line))
+                offset += len(line) + 1
+            out.append_text(matrix)
+            out.append("\n")
         return out
 
     def action_logs(self) -> None:

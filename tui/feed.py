@@ -86,6 +86,11 @@ class LeaderFeed:
         self._finished: dict[int, dict] = {}
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        """Stop following: ends the blocked read of the event stream, so the thread ends now."""
+        self.stop.set()
+        self.client.close_events()
+
     def run(self) -> None:
         attempt = 0
         while not self.stop.is_set():
@@ -93,6 +98,8 @@ class LeaderFeed:
                 self._follow()
                 attempt = 0
             except ApiError as err:
+                if self.stop.is_set():
+                    return
                 if err.status in (401, 403):
                     self.post(Connection(False, str(err)))
                     return
