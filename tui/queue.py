@@ -46,6 +46,7 @@ class QueueScreen(Screen):
     def __init__(self) -> None:
         super().__init__()
         self._sorting = False
+        self._tags_counted = 0  #: the tag count the banner shows
 
     def compose(self) -> ComposeResult:
         yield Static("", id="banner")
@@ -74,6 +75,12 @@ class QueueScreen(Screen):
             self.table.set_rows(app.rows)
         self._title()
 
+    @on(JobTable.CursorMoved)
+    def _tags_changed(self) -> None:
+        """Space tags and moves the cursor: redraw the banner's tag count when it changed."""
+        if len(self.table.tagged) != self._tags_counted:
+            self._title()
+
     def _connection(self, up: bool) -> None:
         banner = self.query_one("#banner", Static)
         banner.set_class(not up, "down")
@@ -82,6 +89,7 @@ class QueueScreen(Screen):
     def _title(self) -> None:
         app = self.app
         banner = self.query_one("#banner", Static)
+        self._tags_counted = len(self.table.tagged)
         if not app.connected:
             banner.update(f" {app.status or 'connecting to the leader...'}")
             return
@@ -108,7 +116,7 @@ class QueueScreen(Screen):
         box = self.query_one("#filter", Input)
         box.display = True
         box.value = self.table.filter_text
-        box.focus()
+        self.set_focus(box)  # at once: keys typed right after / (a paste, a slow link) go to the box
 
     @on(Input.Changed, "#filter")
     def filter_typed(self, event: Input.Changed) -> None:
@@ -140,6 +148,19 @@ class QueueScreen(Screen):
         self.show_status(SORT_HELP)
 
     def on_key(self, event: Key) -> None:
+        # Keys that arrive together (a paste, a slow link) are all on their way to the table before the
+        # focus moves: open the filter here, not as an app binding, and give the box the letters after
+        # the /, so that typing "/hold" filters and never holds a job.
+        box = self.query_one("#filter", Input)
+        if event.key == "slash" and self.focused is self.table:
+            event.stop()
+            self.action_filter()
+            return
+        if self.focused is box and event.is_printable:
+            event.stop()
+            event.prevent_default()
+            box.insert_text_at_cursor(event.character)
+            return
         if not self._sorting or not event.character:
             return
         self._sorting = False

@@ -1,0 +1,323 @@
+"""What the TUI tests share: a real lab to drive the app against, a canned leader for snapshots,
+and bounded waits.
+
+Test modules import the fixtures they use by name (``from tests.tui.labs import lab``): there is
+no conftest here, so nothing is shared that a module did not ask for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from labq.client import Client, load_credentials
+from labq.tui.app import LabqApp, make_app
+from tests.e2e.conftest import Lab
+
+SIZE = (80, 24)
+DATA = Path(__file__).with_name("data")
+
+
+# -- a real lab -------------------------------------------------------------------------------------
+
+class TuiLab(Lab):
+    """A leader and one simulated 4-GPU agent (``ws1``), the admin's token, and a user ``bob``."""
+
+    def start(self) -> TuiLab:
+        self.start_leader()
+        self.start_agent("ws1", "sim:ws-4x3090")
+        self.token = load_credentials(self.home / ".config/labq/credentials")["token"]
+        self.admin_user = self.client().whoami()["user"]
+        self._bob: str | None = None
+        return self
+
+    def agent_log(self, name: str = "ws1", chars: int = 4000) -> str:
+        return (self.root / f"agent-{name}.log").read_text(errors="replace")[-chars:]
+
+    def client(self, token: str | None = None) -> Client:
+        return Client(self.url, token or self.token)
+
+    @property
+    def bob(self) -> str:
+        """The token of ``bob``, a user who is not an admin (made on first use)."""
+        if self._bob is None:
+            printed = self.labq("admin", "user", "add", "bob", "--print").stdout
+            self._bob = next(line.split('"')[1] for line in printed.splitlines() if line.startswith("token = "))
+        return self._bob
+
+    def app(self, token: str | None = None, *, readonly: bool = False) -> LabqApp:
+        """The app as ``labq tui`` makes it, with a client that tells the test what the feed did."""
+        feed = FeedWatch()
+
+        def client_factory() -> Client:
+            return WatchedClient(self.url, token or self.token, watch=feed)
+
+        app = make_app(client_factory=client_factory, readonly=readonly)
+        app.feed_watch = feed
+        app.notices = []
+        notify = app.notify
+
+        def remember(message, *args, **kwargs):
+            app.notices.append(str(message))
+            return notify(message, *args, **kwargs)
+
+        app.notify = remember
+        return app
+
+    def clean(self) -> None:
+        """Cancels every unfinished job and waits until none is left, so the next test starts empty."""
+        client = self.client()
+        jobs, _ = client.queue()
+        for job in jobs:
+            if not job.get("stop_requested"):
+                try:
+                    client.action(job["id"], "cancel")
+                except Exception:  # noqa: BLE001 - it may have ended meanwhile
+                    pass
+        self.wait(lambda: not client.queue()[0], "every job to end", timeout=30,
+                  detail=lambda: client.queue()[0])
+
+
+class FeedWatch:
+    """What the TUI's client did: full loads of the queue, and whether the event stream is open."""
+
+    def __init__(self) -> None:
+        self.full_loads = 0
+        self.subscribed = threading.Event()
+
+
+class WatchedClient(Client):
+    def __init__(self, *args, watch: FeedWatch, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.watch = watch
+
+    def queue(self, ids=()):
+        ids = list(ids)
+        if not ids:
+            self.watch.full_loads += 1
+        return super().queue(ids)
+
+    def _send(self, method, path, *args, **kwargs):
+        answer = super()._send(method, path, *args, **kwargs)
+        if path == "/v1/events":
+            # the leader has taken the stream's starting point once its headers are here
+            self.watch.subscribed.set()
+        return answer
+
+
+@pytest.fixture(scope="module")
+def shared_lab(tmp_path_factory):
+    made = TuiLab(tmp_path_factory.mktemp("lab"))
+    try:
+        yield made.start()
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def lab(shared_lab):
+    """The module's lab, empty at the start of each test."""
+    shared_lab.clean()
+    yield shared_lab
+
+
+@pytest.fixture
+def own_lab(tmp_path):
+    """A lab for this test alone (for tests that kill its processes)."""
+    made = TuiLab(tmp_path)
+    try:
+        yield made.start()
+    finally:
+        made.close()
+
+
+# -- driving the app ---------------------------------------------------------------------------------
+
+def drive(app: LabqApp, scenario: Callable) -> None:
+    """Runs ``scenario(pilot)`` against the app at 80x24, once its queue is loaded and following."""
+
+    async def main() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.connected and app.feed_watch.subscribed.is_set(),
+                        "the app to load the queue and follow the event stream", lambda: app.status)
+            await scenario(pilot)
+
+    asyncio.run(main())
+
+
+async def until(pilot, condition: Callable[[], object], what: str, detail: Callable[[], object] = lambda: "",
+                timeout: float = 20) -> None:
+    """Waits (in 0.1 s steps, at most ``timeout``) until ``condition()`` holds; fails saying what it waited for."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}: {detail()}")
+        await pilot.pause(0.1)
+
+
+async def type_text(pilot, text: str) -> None:
+    """Types ``text`` into the focused input, a key per character."""
+    await pilot.press(*["space" if c == " " else c for c in text])
+
+
+async def point_at(pilot, job_id: int) -> None:
+    """Moves the table's cursor to ``job_id`` with the arrow keys."""
+    table = pilot.app.screen.table
+    await until(pilot, lambda: job_id in table.shown, f"job {job_id} in the table", lambda: table.shown)
+    await pilot.press("home", *["down"] * table.shown.index(job_id))
+    assert table.cursor_job() == job_id
+
+
+# -- a canned leader, for snapshots -------------------------------------------------------------------
+
+class CannedLeader:
+    """A real HTTP server on loopback that answers the TUI's requests from ``data/lab.json``.
+
+    ``/v1/events`` stays open and sends only keepalives, as a quiet leader does, until ``close()``.
+    """
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+        self.requests: list[str] = []
+        self.closing = threading.Event()
+        leader = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:  # noqa: N802 - the http.server name
+                url = urlsplit(self.path)
+                leader.requests.append(url.path)
+                if url.path == "/v1/events":
+                    return self._events()
+                body = leader.answer(url.path, parse_qs(url.query))
+                if body is None:
+                    return self._send(404, {"error": {"code": "not_found", "message": f"no route {url.path}"}})
+                self._send(200, body)
+
+            def _send(self, status: int, doc: dict) -> None:
+                data = json.dumps(doc).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(data)
+                self.close_connection = True
+
+            def _events(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                try:
+                    while True:
+                        self.wfile.write(b": keepalive\n\n")
+                        self.wfile.flush()
+                        if leader.closing.wait(1):
+                            return
+                except OSError:
+                    return
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, name="canned-leader", daemon=True)
+        self.thread.start()
+
+    def answer(self, path: str, query: dict) -> dict | None:
+        state = self.state
+        if path == "/v1/whoami":
+            return state["whoami"]
+        if path == "/v1/jobs":
+            ids = {int(i) for i in query.get("id", [])}
+            jobs = [j for j in state["jobs"] if not ids or j["id"] in ids]
+            return {"jobs": jobs, "pending": {k: v for k, v in state["pending"].items() if int(k) in {
+                j["id"] for j in jobs}}}
+        if path == "/v1/nodes":
+            return {"nodes": state["nodes"], "unadmitted": []}
+        if path == "/v1/reservations":
+            return {"reservations": state["reservations"]}
+        return None
+
+    def app(self) -> LabqApp:
+        return make_app(client_factory=lambda: Client(self.url, "canned-token"), clock=lambda: self.state["now"])
+
+    def close(self) -> None:
+        self.closing.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def canned_leader():
+    made = CannedLeader(json.loads((DATA / "lab.json").read_text()))
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+# -- how data/lab.json was made -------------------------------------------------------------------------
+
+FIXED_NOW = 1_767_261_600.0  #: 2026-01-01 10:00 UTC: the canned lab's "now"
+
+
+def capture(root: Path) -> dict:
+    """Builds a small busy lab on a real leader (bob's jobs only wait: he has no account here to run them) and returns what the TUI loads from it, its times moved
+    so that "now" is ``FIXED_NOW`` and the admin renamed ``alice``. ``python -m tests.tui.labs`` rewrites
+    ``data/lab.json``; the snapshots then need ``--snapshot-update``."""
+    lab = TuiLab(root).start()
+    try:
+        bob = lab.bob
+        bert = lab.submit("sleep", "300", gpus=2, name="bert-large", time="6h", **{"class": "high"})
+        resnet = lab.submit("sleep", "300", gpus=1, name="resnet50")
+        llama = lab.submit("sleep", "300", gpus=1, name="llama-ft")
+        for job in (bert, resnet, llama):
+            lab.wait_state(job, "running")
+        lab.client().action(llama, "preempt")
+        lab.wait(lambda: lab.job(llama)["attempt"] == 2 and lab.job(llama)["state"] == "running", "llama to rerun")
+        lab.submit("python", "sweep.py", "--trials", "64", gpus=4, name="sweep")
+        held = lab.submit("python", "eval.py", gpus=1, name="eval", token=bob)
+        lab.labq("hold", str(held), token=bob)
+        lab.submit("python", "scavenge.py", gpus=1, **{"class": "low"}, token=bob)
+        time.sleep(1)  # one scheduling pass for the pending reasons
+        client = lab.client()
+        now = time.time()
+        state = {"now": now, "whoami": client.whoami(), "jobs": client._json("GET", "/v1/jobs", [("all", 1),
+                 ("pending", 1)])["jobs"], "pending": client._json("GET", "/v1/jobs", [("all", 1), ("pending", 1)])
+                 ["pending"], "nodes": client.nodes(), "reservations": client.reservations()}
+    finally:
+        lab.close()
+    text = json.dumps(state).replace(f'"{lab.admin_user}"', '"alice"').replace(str(Path.cwd()), "/home/alice/bert")
+    return _shift_times(json.loads(text), FIXED_NOW - now)
+
+
+def _shift_times(doc, delta: float):
+    if isinstance(doc, dict):
+        return {k: (v + delta if isinstance(v, float) and (k.endswith("_at") or k in ("now", "estimated_start",
+                                                                                       "last_seen")) else
+                    _shift_times(v, delta)) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_shift_times(v, delta) for v in doc]
+    return doc
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        DATA.mkdir(exist_ok=True)
+        (DATA / "lab.json").write_text(json.dumps(capture(Path(tmp)), indent=1) + "\n")

@@ -1,0 +1,72 @@
+"""Snapshots of the main screens at 80x24, against a canned lab (``data/lab.json``) and a fixed clock.
+
+The canned leader is a real HTTP server on loopback; its event stream stays quiet, so what the
+screens show depends only on the file. ``--snapshot-update`` rewrites ``__snapshots__/`` after a
+deliberate change: look at the SVGs before committing them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.tui.labs import SIZE, canned_leader, until  # noqa: F401 - canned_leader is a fixture
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch):
+    """The job detail shows clock times: read them in UTC, whatever the machine's zone."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.fixture
+def screen_after(snap_compare, canned_leader):
+    """``screen_after(*keys)``: whether the screen after those keys matches its snapshot."""
+
+    async def loaded(pilot) -> None:
+        app = pilot.app
+        await until(pilot, lambda: app.connected and len(app.screen.table.shown) == 6
+                    and "/v1/events" in canned_leader.requests, "the canned queue, and the event stream open",
+                    lambda: (app.status, canned_leader.requests))
+
+    def compare(*keys: str) -> bool:
+        return snap_compare(canned_leader.app(), press=keys, terminal_size=SIZE, run_before=loaded)
+
+    return compare
+
+
+def test_queue(screen_after):
+    """The home screen: six jobs (running, queued with reasons, held), the banner and the footer."""
+    assert screen_after()
+
+
+def test_queue_filtered(screen_after):
+    """``/`` then ``!state:run`` and Enter: the three waiting jobs; the banner says 3 of 6."""
+    assert screen_after("slash", *"!state:run", "enter")
+
+
+def test_job_detail(screen_after):
+    """Enter on job 3, preempted once: its spec, attempt 2 after the first one, its placement."""
+    assert screen_after("down", "down", "enter")
+
+
+def test_help(screen_after):
+    """``?`` on the queue: its keys, the app's keys, and the filter and sort words."""
+    assert screen_after("question_mark")
+
+
+def test_submit_form(screen_after):
+    """``s``: the empty submit form with its hints."""
+    assert screen_after("s")
+
+
+def test_submit_form_scrolls_to_its_last_field(screen_after):
+    """At 80x24 the form is taller than the screen: Tab to the folder field scrolls it into view."""
+    assert screen_after("s", *["tab"] * 5)
