@@ -46,7 +46,7 @@ BIG = ["x" * (10 * 1024 * 1024)]
         (json.dumps({"command": ["true"], "gpu": 2}).encode(), 400, "unknown field gpu"),
         (json.dumps({"command": ["true\u0000"]}).encode(), 400, "NUL byte"),
         (json.dumps({"command": ["true"], "env": {"A": "b\u0000"}}).encode(), 400, "NUL byte"),
-        (json.dumps({"command": BIG}).encode(), 413, "limit is"),
+        pytest.param(json.dumps({"command": BIG}).encode(), 413, "limit is", id="a 10 MiB command"),
         (json.dumps({"command": ["true"], "gpus": 8}).encode(), 422, "can never run here"),
         (json.dumps({"command": ["true"], "priority": "urgentest"}).encode(), 400, "unknown priority"),
         (json.dumps({"command": ["true"], "requeue_on_timeout": True}).encode(), 400, "needs a time limit"),
