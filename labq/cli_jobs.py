@@ -246,6 +246,7 @@ def _ls(args: argparse.Namespace) -> int:
 
 def _watch(client: Client, args: argparse.Namespace) -> int:
     """Redraws on every event (at most five times a second) and every 10 s for the ages."""
+    import signal
     import threading
 
     from labq.render import jobs_table
@@ -254,6 +255,9 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
     failure: list[ApiError] = []
 
     def pump() -> None:
+        # Ctrl-C must reach the main thread: a signal the kernel hands to this thread would only be
+        # seen once the main thread next wakes, up to 10 s later
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         last = None
         while True:
             try:
@@ -265,7 +269,9 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
                     failure.append(err)
                     changed.set()
                     return
-            time.sleep(2)
+                time.sleep(2)
+            else:
+                time.sleep(0.5)  # the leader ended the stream (a restart): reconnect, without spinning
 
     threading.Thread(target=pump, daemon=True, name="labq-ls-events").start()
     args.interruptible = True
