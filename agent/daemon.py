@@ -75,6 +75,7 @@ class Agent:
         self.lease_s = 30.0
         self.last_contact = time.monotonic()
         self._apply_lock = threading.Lock()
+        self._applied = None  #: the last sync reply applied
         self._stopping: set[tuple[int, int]] = set()
         self._stop = threading.Event()
         self._reported_running: set[tuple[int, int]] = set()  #: as the leader last heard it
@@ -214,6 +215,9 @@ class Agent:
 
     def apply(self, reply) -> None:
         with self._apply_lock:
+            if reply.older_than(self._applied):
+                return  # a long poll answered before the reply just applied: its orders are stale
+            self._applied = reply
             known = {(s.job_id, s.attempt): s for s in self.runtime.attempts()}
             wanted = {(r.job_id, r.attempt): r for r in reply.run}
             for key, order in wanted.items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import getpass
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -66,6 +67,8 @@ class Leader:
         self.events = EventHub()
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self.epoch = secrets.token_hex(6)  #: this process: agents order its sync replies by (epoch, seq)
+        self._replies = 0
         self._thread: threading.Thread | None = None
         state = store.load()
         now = clock()
@@ -304,7 +307,8 @@ class Leader:
                     self.changed.wait(left)
                     session.last_seen = self.clock()
             session.delivered = self._orders_for(session)
-            return session.delivered
+            self._replies += 1
+            return replace(session.delivered, seq=self._replies, epoch=self.epoch)
 
     def _take_report(self, session: AgentSession, report: SyncReport) -> bool:
         """Learn from an agent's report; True if anything changed."""

@@ -159,6 +159,13 @@ class SyncReply:
     stop: tuple[StopOrder, ...]
     lease_s: float
     fence_after_s: float
+    #: the order in which one leader process made its replies, and that process: an agent that has two
+    #: syncs open (a long poll and an exit report) applies a reply only if no later one was applied
+    seq: int = 0
+    epoch: str = ""
+
+    def older_than(self, other: SyncReply | None) -> bool:
+        return other is not None and bool(self.epoch) and self.epoch == other.epoch and self.seq <= other.seq
 
 
 def encode_reply(reply: SyncReply) -> dict:
@@ -171,7 +178,7 @@ def encode_reply(reply: SyncReply) -> dict:
                 for r in reply.run],
         "stop": [{"job_id": s.job_id, "attempt": s.attempt, "signal": s.signal, "grace_s": s.grace_s,
                   "reason": s.reason} for s in reply.stop],
-        "lease_s": reply.lease_s, "fence_after_s": reply.fence_after_s,
+        "lease_s": reply.lease_s, "fence_after_s": reply.fence_after_s, "seq": reply.seq, "epoch": reply.epoch,
     }
 
 
@@ -184,4 +191,4 @@ def decode_reply(doc: dict) -> SyncReply:
                        r.get("simulated", False), r.get("checkpoint_dir"))
               for r in doc["run"]),
         tuple(StopOrder(s["job_id"], s["attempt"], s["signal"], s["grace_s"], s["reason"]) for s in doc["stop"]),
-        doc["lease_s"], doc["fence_after_s"])
+        doc["lease_s"], doc["fence_after_s"], int(doc.get("seq", 0)), str(doc.get("epoch", "")))
