@@ -276,9 +276,10 @@ FIXED_NOW = 1_767_261_600.0  #: 2026-01-01 10:00 UTC: the canned lab's "now"
 
 
 def capture(root: Path) -> dict:
-    """Builds a small busy lab on a real leader (bob's jobs only wait: he has no account here to run them) and returns what the TUI loads from it, its times moved
-    so that "now" is ``FIXED_NOW`` and the admin renamed ``alice``. ``python -m tests.tui.labs`` rewrites
-    ``data/lab.json``; the snapshots then need ``--snapshot-update``."""
+    """Builds a small busy lab on a real leader and returns what the TUI loads from it, its times moved so
+    that "now" is ``FIXED_NOW`` and the admin renamed ``alice`` (bob's jobs only wait: he has no account
+    here to run them). ``python -m tests.tui.labs`` rewrites ``data/lab.json``; the snapshots then need
+    ``--snapshot-update``."""
     lab = TuiLab(root).start()
     try:
         bob = lab.bob
@@ -293,12 +294,12 @@ def capture(root: Path) -> dict:
         held = lab.submit("python", "eval.py", gpus=1, name="eval", token=bob)
         lab.labq("hold", str(held), token=bob)
         lab.submit("python", "scavenge.py", gpus=1, **{"class": "low"}, token=bob)
-        time.sleep(1)  # one scheduling pass for the pending reasons
         client = lab.client()
+        lab.wait(lambda: len(client.queue()[1]) == 3, "the reasons the three waiting jobs wait")
         now = time.time()
-        state = {"now": now, "whoami": client.whoami(), "jobs": client._json("GET", "/v1/jobs", [("all", 1),
-                 ("pending", 1)])["jobs"], "pending": client._json("GET", "/v1/jobs", [("all", 1), ("pending", 1)])
-                 ["pending"], "nodes": client.nodes(), "reservations": client.reservations()}
+        jobs, pending = client.queue()
+        state = {"now": now, "whoami": client.whoami(), "jobs": jobs, "nodes": client.nodes(),
+                 "pending": {str(k): v for k, v in pending.items()}, "reservations": client.reservations()}
     finally:
         lab.close()
     text = json.dumps(state).replace(f'"{lab.admin_user}"', '"alice"').replace(str(Path.cwd()), "/home/alice/bert")

@@ -341,13 +341,15 @@ def test_preempt_as_admin_requeues_the_job(lab):
         await pilot.press("P")
         await until(pilot, lambda: isinstance(app.screen, Confirm), "the question")
         await pilot.press("y")
-        await until(pilot, lambda: app.jobs[job]["attempt"] == 2, "attempt 2", lambda: app.jobs[job])
-        seen = [(data.get("state"), data.get("attempt")) for _, data in app.job_events[job]]
-        assert ("preempting", 1) in seen and ("queued", 2) in seen
+
+        def seen() -> list:
+            return [(data.get("state"), data.get("attempt")) for _, data in app.job_events.get(job, ())]
+
+        await until(pilot, lambda: ("queued", 2) in seen(), "the job back in the queue as attempt 2", seen)
+        assert ("preempting", 1) in seen()
         done = lab.job(job)
-        assert done["attempt"] == 2 and done["preemptions"] == 1
-        # the GPUs are free: it may be back already
-        assert done["state"] in ("queued", "starting", "running"), (done, seen, lab.agent_log())
+        assert (done["attempt"], done["preemptions"], done["attempts"][0]["stop_reason"]) == (2, 1, "preempted")
+        assert done["state"] in ("queued", "starting", "running"), (done, lab.agent_log())  # the GPUs are free
 
     drive(app, scenario)
 
@@ -412,8 +414,9 @@ def test_resubmit_fills_the_form_from_a_job(lab):
 def test_enter_shows_the_spec_and_the_attempts(lab):
     job = lab.submit("sleep", "300", name="twice")
     lab.wait_state(job, "running")
-    lab.client().action(job, "preempt")
-    lab.wait(lambda: lab.job(job)["attempt"] == 2 and lab.job(job)["state"] == "running", "the job to run again")
+    urgent = lab.submit("sleep", "300", gpus=4, name="deadline", **{"class": "urgent"})  # preempts it
+    lab.wait_state(urgent, "running")
+    assert lab.job(job)["attempt"] == 2
     app = lab.app()
 
     async def scenario(pilot):
@@ -422,15 +425,25 @@ def test_enter_shows_the_spec_and_the_attempts(lab):
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, JobDetailScreen), "the detail screen")
         detail = app.screen
-        await until(pilot, lambda: "attempts" in text(detail, "#spec"), "the spec", lambda: text(detail, "#spec"))
+        await until(pilot, lambda: "attempts" in text(detail, "#spec") and "pending" in text(detail, "#spec"),
+                    "the spec with its attempts and why it waits", lambda: text(detail, "#spec"))
         spec = text(detail, "#spec")
-        assert spec.startswith(f"job {job} (twice): running, attempt 2")
-        assert "command     sleep 300" in spec and "preemptions 1" in spec
+        assert spec.startswith(f"job {job} (twice): queued, attempt 2")
+        assert "command     sleep 300" in spec and "preemptions 1" in spec and "pending     Resources" in spec
         attempts = spec.split("  attempts\n")[1].splitlines()
         assert attempts[0].split()[:3] == ["#", "NODE:GPUS", "STARTED"]
-        assert attempts[1].split()[0] == "1" and "preempted" in attempts[1]
-        assert any(line.split()[0] == "2" and "running" in line for line in attempts[2:])
-        assert "ws1: GPUs" in text(detail, "#topology")
+        assert attempts[1].split()[0] == "1" and f"preempted for job {urgent}" in attempts[1]
+        assert attempts[-1].split()[:2] == ["2", "-"] and "queued" in attempts[-1]
+
+        # a running job's detail draws its place on the node's link matrix
+        await pilot.press("escape")
+        await on_queue(pilot)
+        await point_at(pilot, urgent)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, JobDetailScreen) and app.screen.job_id == urgent,
+                    "the running job's detail")
+        await until(pilot, lambda: "ws1: GPUs 0,1,2,3" in text(app.screen, "#topology"), "its placement",
+                    lambda: text(app.screen, "#topology"))
         await pilot.press("escape")
         await on_queue(pilot)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from textual.widgets import Input
 
 from tests.tui.labs import SIZE, canned_leader, until  # noqa: F401 - canned_leader is a fixture
 
@@ -37,7 +38,13 @@ def screen_after(snap_compare, canned_leader):
                     lambda: (app.status, canned_leader.requests))
 
     def compare(*keys: str) -> bool:
-        return snap_compare(canned_leader.app(), press=keys, terminal_size=SIZE, run_before=loaded)
+        async def run_before(pilot) -> None:
+            await loaded(pilot)
+            await pilot.press(*keys)
+            for box in pilot.app.screen.query(Input):
+                box.cursor_blink = False  # shown, steady: a blinking cursor makes the picture depend on timing
+
+        return snap_compare(canned_leader.app(), terminal_size=SIZE, run_before=run_before)
 
     return compare
 
