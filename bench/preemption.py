@@ -28,9 +28,10 @@ loop (``examples/checkpointing/train.py``, 0.05 s steps), one low-priority 1-GPU
 
 Goals (from the issue): labq's overhead median within 500 ms; work lost per preemption at most N
 for a job checkpointing every N s. The loop can save only between steps, so its saves are up to
-N plus one step (0.05 s) apart, and that is the limit each maximum is held to. Timings are reported, never asserted. Consistency is checked
-(exactly 2 victims per urgent job, each first attempt ended ``checkpointed`` for a preemption by
-that urgent job, every victim resumed where its last checkpoint was, every benchmark job ends
+N plus one step (0.05 s) apart, and that is the limit each maximum is held to. Timings are
+reported, never asserted. Consistency is checked (exactly 2 victims per urgent job, each first
+attempt ended ``checkpointed`` for a preemption by that urgent job, every victim resumed where its
+last checkpoint was, every benchmark job ends
 cancelled): a violation is printed after the figures and exits with status 1. Progress goes to
 stderr.
 

@@ -40,15 +40,17 @@ What it measures
     over the same hours. A busy lab leaves GPUs idle anyway (a big job waits for a whole node, a
     held set waits for its last GPU), so each day is simulated a second time without the
     reservation, and the idle time of the same GPUs over the same hours in that run is the
-    baseline: what the reservation costs is the difference (``sim_extra_idle_per_gpu_s``); the jobs displaced at booking and drained by the scheduler; how late the
-    paper job started. One day is one sample and days differ a lot, so ``--days`` (5) days are
+    baseline: what the reservation costs is the difference (``sim_extra_idle_per_gpu_s``); the
+    jobs displaced at booking and drained by the scheduler; how late the paper job started. One day
+    is one sample and days differ a lot, so ``--days`` (5) days are
     simulated (seeds SEED, SEED+1, ...) and the figures pooled over them, with the idle seconds
     per GPU of each day listed. The wall time and pass count are reported.
 
 Goals (from the issue): booking answer p95 within 100 ms (10 nodes x 8 GPUs, 1,000 queued
 jobs, 100 reservations); idle time on the reserved GPUs before the start below one grace period
-(120 s) per GPU, held to the idle time the reservation adds over the same day without it. Timings are reported, never asserted. Consistency is checked (every booking
-pinned its GPUs on one node clear of the other reservations, every refusal has a reason, 100
+(120 s) per GPU, held to the idle time the reservation adds over the same day without it.
+Timings are reported, never asserted. Consistency is checked (every booking pinned its GPUs on one
+node clear of the other reservations, every refusal has a reason, 100
 reservations stand at the end; in each simulated day: no GPU given twice, the paper job starts
 at 14:00, no job outside the reservation on its GPUs while the paper job waits, the paper job
 is never preempted while it runs): a violation is printed after the figures and exits with status 1.
@@ -90,7 +92,6 @@ from labq.protocol.codec import decode_job, decode_reservation
 from labq.protocol.errors import ApiError
 from labq.scheduler.booking import BookingLimits, book
 from labq.scheduler.cycle import schedule
-from labq.scheduler.placement import indices_to_mask
 from labq.scheduler.policy import Policy
 from labq.topologies import parse_sim_spec
 from labq.wire import Connection

@@ -188,7 +188,8 @@ Screen._compositor_refresh = compositor_refresh
 _display = App._display
 def display(self, screen, renderable):
     # the headless driver writes nothing: make the bytes of the frame as a terminal's driver would
-    if renderable is not None and self.is_headless and not self._batch_count and isinstance(renderable, CompositorUpdate):
+    if (renderable is not None and self.is_headless and not self._batch_count
+            and isinstance(renderable, CompositorUpdate)):
         renderable.render_segments(self.console)
     return _display(self, screen, renderable)
 App._display = display
@@ -344,8 +345,9 @@ async def main():
             applied = FILTERED.get(text, t0)
             keys.append({"key": key, "text": text, "kind": kind, "ms": (frame[0] - t0) * 1000,
                          "applied_ms": max(0.0, applied - t0) * 1000, "shown": frame[2]})
-            if not prof and text == table.filter_text and table.shown != view(table.rows, parse_filter(text), table.sort_column,
-                                                                 table.sort_reverse):
+            wanted = None if prof or text != table.filter_text else view(
+                table.rows, parse_filter(text), table.sort_column, table.sort_reverse)
+            if wanted is not None and table.shown != wanted:
                 out["problems"].append(f"with filter {text!r} the table shows other jobs than view() does")
         if prof:
             prof.disable()
@@ -389,8 +391,8 @@ async def main():
         deadline = time.monotonic() + STORM_WAIT
         while not all(i in app.rows and app.rows[i].state == "cancelled" for i in ids):
             if time.monotonic() > deadline:
-                out["problems"].append(f"the storm: only {sum(app.rows[i].state == 'cancelled' for i in ids if i in app.rows)} "
-                                       f"of {len(ids)} jobs show cancelled after {STORM_WAIT} s")
+                done = sum(app.rows[i].state == "cancelled" for i in ids if i in app.rows)
+                out["problems"].append(f"the storm: only {done} of {len(ids)} jobs show cancelled after {STORM_WAIT} s")
                 out["storm"] = {"seen": None, "painted": None, "batches": COUNTS["put_rows"]}
                 emit(out)
                 os._exit(1)
@@ -592,22 +594,30 @@ class Tmux:
         self.control = subprocess.Popen(["tmux", "-L", self.socket, "-f", "/dev/null", "-C", "attach-session",
                                          "-t", "keep"], env=self.env, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        mark = f"ready-{os.getpid()}"
-        self._send(f"display-message -p {mark}")
-        while mark not in self._answer("display-message"):
-            pass  # the attach's own answer comes first
+        self.marks = 0
         self.command("set -s escape-time 0")  # Esc at once, as in a terminal without tmux
 
     def command(self, line: str) -> str:
-        """One command through the control client; its output (``%begin`` .. ``%end``)."""
-        self._send(line)
-        return self._answer(line)
-
-    def _send(self, line: str) -> None:
-        self.control.stdin.write(line + "\n")
+        """One command through the control client; its output. Each command is followed by a marker
+        command, and the answer is the block before the marker's, so a stray block cannot shift answers."""
+        self.marks += 1
+        mark = f"labq-bench-mark-{self.marks}"
+        self.control.stdin.write(f"{line}\ndisplay-message -p {mark}\n")
         self.control.stdin.flush()
+        before: tuple[bool, list[str]] | None = None
+        while True:
+            block = self._block(line)
+            if block == (False, [mark]):
+                break
+            before = block
+        if before is None:
+            raise RuntimeError(f"tmux gave no answer to {line!r}")
+        if before[0]:
+            raise RuntimeError(f"tmux {line!r} failed: {' '.join(before[1])}")
+        return "\n".join(before[1])
 
-    def _answer(self, line: str) -> str:
+    def _block(self, line: str) -> tuple[bool, list[str]]:
+        """The next answer: (whether it is an error, its lines); notifications between answers are skipped."""
         inside, lines = False, []
         while True:
             text = self.control.stdout.readline()
@@ -617,9 +627,7 @@ class Tmux:
             if text.startswith("%begin"):
                 inside, lines = True, []
             elif inside and text.startswith(("%end", "%error")):
-                if text.startswith("%error"):
-                    raise RuntimeError(f"tmux {line!r} failed: {' '.join(lines)}")
-                return "\n".join(lines)
+                return text.startswith("%error"), lines
             elif inside:
                 lines.append(text)
 
@@ -908,6 +916,11 @@ def profile_lines(path: Path, what: str) -> list[str]:
     lines.append("  by time including callees (cumtime), share of the total:")
     for key, (_, nc, _, ct, _) in sorted(stats.items(), key=lambda kv: -kv[1][3])[:18]:
         lines.append(f"    {ct / total:6.1%}  {nc:>9} calls  {name(key)}")
+    ours = [kv for kv in stats.items() if re.search(r"/(tui|labq)/", kv[0][0])]
+    if ours:
+        lines.append("  labq's own functions (tui/, labq/) by cumtime, share of the total:")
+        for key, (_, nc, _, ct, _) in sorted(ours, key=lambda kv: -kv[1][3])[:8]:
+            lines.append(f"    {ct / total:6.1%}  {nc:>9} calls  {name(key)}")
     return lines
 
 

@@ -1,8 +1,7 @@
 """What the TUI tests share: a real lab to drive the app against, a canned leader for snapshots,
 and bounded waits.
 
-Test modules import the fixtures they use by name (``from tests.tui.labs import lab``): there is
-no conftest here, so nothing is shared that a module did not ask for.
+The fixtures (``lab``, ``own_lab``, ``canned_leader``) reach the test modules through ``conftest.py``.
 """
 
 from __future__ import annotations

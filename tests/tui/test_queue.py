@@ -18,7 +18,7 @@ from labq.tui.dialogs import Ask, Confirm, SubmitForm
 from labq.tui.help import HelpScreen
 from labq.tui.logs import LogsScreen
 from labq.tui.queue import QueueScreen
-from tests.tui.labs import drive, lab, own_lab, point_at, shared_lab, type_text, until  # noqa: F401 - fixtures
+from tests.tui.labs import drive, point_at, type_text, until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -99,8 +99,8 @@ def test_filter_by_user_state_node_text_and_negation(lab):
             await pilot.press("escape", "slash")
             await type_text(pilot, words)
             await pilot.press("enter")
-            await until(pilot, lambda: table.filter_text == words and app.focused is table, f"the filter {words!r}",
-                        lambda: table.filter_text)
+            await until(pilot, lambda words=words: table.filter_text == words and app.focused is table,
+                        f"the filter {words!r}", lambda: table.filter_text)
             assert table.shown == expected, words
             assert f"{len(expected)} of 3 jobs" in text(screen, "#banner") and f"filter: {words}" in text(
                 screen, "#banner")
@@ -245,7 +245,7 @@ def test_priority_up_down_and_set(lab):
         await point_at(pilot, job)
         for key, expected in [("plus", 300), ("plus", 400), ("minus", 300), ("minus", 200), ("minus", 100)]:
             await pilot.press(key)
-            await until(pilot, lambda: priority() == expected, f"priority {expected}", priority)
+            await until(pilot, lambda expected=expected: priority() == expected, f"priority {expected}", priority)
         assert lab.job(job)["spec"]["priority"] == 100 and app.rows[job].klass == "low"
         await pilot.press("minus")
         assert text(screen, "#status") == f"job {job} is already at the bottom class"

@@ -12,7 +12,7 @@ import time
 import pytest
 from textual.widgets import Input
 
-from tests.tui.labs import SIZE, canned_leader, until  # noqa: F401 - canned_leader is a fixture
+from tests.tui.labs import SIZE, until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,14 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.tui.labs import own_lab  # noqa: F401 - a fixture
-
 TMUX = shutil.which("tmux")
 LABQ = Path(sys.executable).with_name("labq")
 
-pytestmark = [pytest.mark.timeout(120),
-              pytest.mark.skipif(TMUX is None, reason="tmux is not installed: the terminal smoke test needs it"),
-              pytest.mark.skipif(not LABQ.exists(), reason=f"no labq console script at {LABQ}: pip install -e .")]
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def _terminal_tools():
+    """./install.sh installs both; a missing one fails the test rather than skipping it unseen."""
+    assert TMUX is not None, "tmux is not installed (./install.sh installs it): the terminal test needs it"
+    assert LABQ.exists(), f"no labq console script at {LABQ}: run ./install.sh (or pip install -e .)"
 
 
 class Terminal:
