@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -23,9 +25,12 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         lines = [f"keys on this screen ({type(self.below).__name__.removesuffix('Screen').lower()}):"]
-        for binding in [*self.below.BINDINGS, *self.app.BINDINGS]:
+        focused = self.below.focused
+        widget_keys = [b for b in getattr(focused, "BINDINGS", ()) if isinstance(b, Binding) and b.description]
+        for binding in [*widget_keys, *self.below.BINDINGS, *self.app.BINDINGS]:
             if isinstance(binding, Binding):
-                lines.append(f"  {binding.key:<22} {binding.description or binding.action}")
+                keys = ", ".join(self.app.get_key_display(replace(binding, key=k)) for k in binding.key.split(","))
+                lines.append(f"  {keys:<22} {binding.description or binding.action}")
         lines += ["  ctrl+p                 command palette: every action by name", "  esc                    back",
                   "", FILTERS if type(self.below).__name__ == "QueueScreen" else ""]
         with VerticalScroll(classes="dialog help"):

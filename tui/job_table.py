@@ -19,7 +19,23 @@ from textual.strip import Strip
 
 from labq.tui.query import COLUMNS, Row, parse_filter, view
 
-WIDTHS = (6, 9, 18, 10, 7, 4, 12, 7, 70)
+WIDTHS = (6, 9, 18, 10, 7, 4, 12, 7, 70)  #: the widths from 140 columns up
+NARROW = (5, 6, 10, 10, 6, 4, 8, 7)  #: the least the columns before the reason shrink to
+MIN_REASON = 16
+
+
+def widths_for(columns: int) -> tuple[int, ...]:
+    """The column widths for a table ``columns`` wide: the reason takes what is left, after the name,
+    the user and the placement have given up room (down to ``NARROW``), so that it shows at 80 columns."""
+    fixed = list(WIDTHS[:-1])
+    room = columns - (len(WIDTHS) - 1) - sum(fixed)  # what the reason would get, a space between columns
+    for i in (2, 1, 6, 0, 4):  # name, user, node:gpus, id, class: the first to give
+        if room >= MIN_REASON:
+            break
+        give = min(fixed[i] - NARROW[i], MIN_REASON - room)
+        fixed[i] -= give
+        room += give
+    return (*fixed, max(MIN_REASON, min(WIDTHS[-1], room)))
 STATE_STYLES = {"running": Style(color="green"), "starting": Style(color="green"), "queued": Style(color="yellow"),
                 "held": Style(color="magenta"), "preempting": Style(color="magenta", bold=True),
                 "succeeded": Style(color="green", dim=True), "failed": Style(color="red"),
@@ -54,6 +70,7 @@ class JobTable(ScrollView, can_focus=True):
         self.filter_text = ""
         self._predicate = parse_filter("")
         self.sort_column, self.sort_reverse = 0, False
+        self.widths = WIDTHS
 
     # -- the model ---------------------------------------------------------------------
 
@@ -97,9 +114,16 @@ class JobTable(ScrollView, can_focus=True):
                 self.cursor = min(self.cursor, max(0, len(self.shown) - 1))
         else:
             self.cursor = min(self.cursor, max(0, len(self.shown) - 1))
-        self.virtual_size = Size(sum(WIDTHS) + len(WIDTHS), len(self.shown) + 1)
+        self.virtual_size = Size(sum(self.widths) + len(self.widths) - 1, len(self.shown) + 1)
         self.refresh()
         self.post_message(self.CursorMoved(self.cursor_job()))
+
+    def on_resize(self) -> None:
+        widths = widths_for(self.size.width)
+        if widths != self.widths:
+            self.widths = widths
+            self.virtual_size = Size(sum(widths) + len(widths) - 1, len(self.shown) + 1)
+            self.refresh()
 
     # -- keys ---------------------------------------------------------------------------
 
@@ -131,8 +155,8 @@ class JobTable(ScrollView, can_focus=True):
         if y == 0:
             arrow = "v" if self.sort_reverse else "^"
             names = [f"{c}{arrow if i == self.sort_column else ''}" for i, c in enumerate(COLUMNS)]
-            return Strip([Segment(_line(names), HEADER)]).crop(scroll_x, scroll_x + width).extend_cell_length(
-                width, HEADER)
+            header = Strip([Segment(_line(names, self.widths), HEADER)])
+            return header.crop(scroll_x, scroll_x + width).extend_cell_length(width, HEADER)
         index = scroll_y + y - 1
         if index >= len(self.shown):
             return Strip.blank(width)
@@ -143,7 +167,7 @@ class JobTable(ScrollView, can_focus=True):
             cells[0] = "*" + cells[0]
         base = CURSOR if index == self.cursor else Style()
         segments = []
-        for i, (text, w) in enumerate(zip(cells, WIDTHS)):
+        for i, (text, w) in enumerate(zip(cells, self.widths)):
             style = base
             if i == 3:
                 style = base + STATE_STYLES.get(text, Style())
@@ -157,5 +181,5 @@ def _cell(text: str, width: int) -> str:
     return text[: width - 1] + "…" if len(text) > width else text.ljust(width)
 
 
-def _line(cells: list[str]) -> str:
-    return " ".join(_cell(c, w) for c, w in zip(cells, WIDTHS))
+def _line(cells: list[str], widths: tuple[int, ...]) -> str:
+    return " ".join(_cell(c, w) for c, w in zip(cells, widths))

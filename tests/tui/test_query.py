@@ -61,3 +61,21 @@ def test_rows_say_where_and_why(rows):
     assert rows[1].cells[6] == "ws1:0,1" and rows[1].cells[3] == "running"
     assert rows[3].cells[8] == "est. 10m  Resources: needs 4 GPUs"
     assert rows[2].cells[4] == "high"
+
+
+def test_the_columns_fit_80_columns_with_room_for_the_reason():
+    from labq.tui.job_table import MIN_REASON, NARROW, WIDTHS, widths_for
+
+    def used(widths):
+        return sum(widths) + len(widths) - 1  # a space between columns
+
+    assert used(widths_for(80)) == 80 and widths_for(80)[-1] >= MIN_REASON
+    assert widths_for(140)[:-1] == WIDTHS[:-1] and used(widths_for(140)) == 140
+    assert widths_for(400) == WIDTHS  # the reason stops growing
+    for columns in range(40, 200):
+        widths = widths_for(columns)
+        assert all(w >= n for w, n in zip(widths, NARROW)) and widths[-1] >= MIN_REASON
+        if columns < 80:
+            assert used(widths) == 80  # narrower: the table scrolls sideways
+        else:
+            assert used(widths) == columns or widths[-1] == WIDTHS[-1]

@@ -483,7 +483,8 @@ def test_help_lists_the_keys(lab):
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
         shown = str(app.screen.query_one(Static).render())
         assert shown.startswith("keys on this screen (queue):")
-        for key, what in [("slash", "filter"), ("c", "cancel"), ("P", "preempt"), ("q", "quit"), ("n", "nodes")]:
+        for key, what in [("/", "filter"), ("c", "cancel"), ("P", "preempt"), ("q", "quit"), ("n", "nodes"),
+                          ("space", "tag"), ("↑, k", "up")]:  # keys as the footer writes them, the table's too
             assert re.search(rf"^  {re.escape(key)} +{what}$", shown, re.M), (key, shown)
         assert "sort (o then a letter)" in shown and "a leading ! negates" in shown
         await pilot.press("escape")

@@ -73,31 +73,32 @@ def test_labq_tui_in_a_real_terminal(own_lab):
     lab = own_lab
     known = lab.submit("sleep", "300", gpus=4, name="tmux-known", no_preempt=True)
     lab.wait_state(known, "running")
-    waiting = lab.submit("sleep", "300", gpus=1, name="tmux-waiting")
+    waiting = lab.submit("sleep", "300", gpus=1, name="tmux-wait")
     env = lab.env()
     term = Terminal("tui", env)
     passed = {k: env[k] for k in ("HOME", "XDG_CONFIG_HOME")}
     try:
         term.start(shlex.join(["env", *(f"{k}={v}" for k, v in passed.items()), str(LABQ), "tui"]))
-        shown = term.wait_for(lambda s: "tmux-known" in s and "tmux-waiting" in s, "the queue with both jobs")
+        shown = term.wait_for(lambda s: "tmux-known" in s and "tmux-wait" in s and "Resources" in s,
+                              "the queue with both jobs, and why one waits (80 columns leave room for the reason)")
         assert f"{lab.admin_user} (admin) | 2 jobs: 1 queued, 1 running" in shown
         assert "running" in next(line for line in shown.splitlines() if "tmux-known" in line)
 
         # all at once, as a paste or a slow link delivers them: the letters after / go to the filter box,
         # none of them is taken as a key of the queue (s would open the submit form)
         term.keys("/", "s", "t", "a", "t", "e", ":", "r", "u", "n", "Enter")
-        shown = term.wait_for(lambda s: "tmux-waiting" not in s, "the filter to hide the waiting job")
+        shown = term.wait_for(lambda s: "tmux-wait" not in s, "the filter to hide the waiting job")
         assert "tmux-known" in shown and "1 of 2 jobs" in shown and "filter: state:run" in shown
 
         term.keys("Escape")
-        shown = term.wait_for(lambda s: "tmux-waiting" in s, "Esc to clear the filter")
+        shown = term.wait_for(lambda s: "tmux-wait" in s, "Esc to clear the filter")
         assert "filter:" not in shown
 
         term.keys("?")
         shown = term.wait_for(lambda s: "keys on this screen (queue):" in s, "the help")
         assert "cancel" in shown and "filter" in shown
         term.keys("Escape")
-        term.wait_for(lambda s: "tmux-waiting" in s and "keys on this screen" not in s, "the queue again")
+        term.wait_for(lambda s: "tmux-wait" in s and "keys on this screen" not in s, "the queue again")
 
         term.keys("q")
         deadline = time.monotonic() + 15
