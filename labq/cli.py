@@ -109,10 +109,11 @@ def _parser() -> argparse.ArgumentParser:
     recover.set_defaults(run=_store_recover)
     store.set_defaults(run=lambda args: (store.print_help(), 0)[1])
 
-    from labq import cli_daemons, cli_jobs
+    from labq import cli_daemons, cli_jobs, cli_sim
 
     cli_jobs.add_commands(sub)
     cli_daemons.add_commands(sub)
+    cli_sim.add_sim_command(sub)
     return parser
 
 

@@ -76,6 +76,9 @@ def simulate(workload: Workload, nodes: list[Node], policy: str, *, cluster: str
     began = time.perf_counter()
     sim.run()
     meta = dict(meta or {})
+    waiting = sim.why_waiting()
+    if waiting:
+        meta["never_started"] = waiting
     if sim.refused:
         meta["refused_reservations"] = [f"{r.name}: {'; '.join(why)}" for r, why in sim.refused]
     return SimResult(policy, cluster, sum(n.gpu_count for n in nodes), tuple(sim.outcomes()), tuple(sim.skipped),
@@ -117,6 +120,7 @@ class _Simulation:
         self.queued = self.running = self.busy = 0
         self.dirty = False
         self.retry_at = inf
+        self.clock_now = 0.0
         self.usage: dict[str, float] = {}
         self.usage_at = 0.0
         #: per user, the GPUs of running attempts and the sum of GPUs x start: what they used by ``now``
@@ -138,6 +142,7 @@ class _Simulation:
             now = min(self.clock.next_time(), self.retry_at)
             if now == self.retry_at:
                 self.retry_at, self.dirty = inf, True
+            self.clock_now = now
             for kind, data in self.clock.pop_until(now):
                 getattr(self, f"_on_{kind}")(now, *data)
                 done_events += 1
@@ -150,6 +155,21 @@ class _Simulation:
                 self.progress(now, len(self.ended), len(self.trace))
             if not self.clock.heap and self.queued and self.retry_at == inf and self.busy == 0:
                 break  # nothing runs and nothing will arrive: what waits now waits for ever
+
+    def why_waiting(self) -> dict[str, int]:
+        """For jobs still waiting when nothing more can happen: the scheduler's reasons, counted."""
+        if self.reference is not None:
+            return {"blocked behind a job that cannot start": self.queued} if self.queued else {}
+        if not self.queued:
+            return {}
+        end = max([self.clock_now, *(r.end for r in self.reservations)])
+        decisions = schedule(list(self.jobs.values()), self.nodes, now=end, reservations=self.reservations,
+                             usage={}, policy=Policy(min_runtime_s=self.options.min_runtime_s))
+        reasons: dict[str, int] = {}
+        for p in decisions.pending:
+            key = p.reason.value if p.reason.value != "Resources" else f"Resources ({p.detail.split(';')[0]})"
+            reasons[key] = reasons.get(key, 0) + 1
+        return reasons
 
     def outcomes(self) -> list[JobOutcome]:
         return [JobOutcome(job, self.first_start.get(i), self.ended.get(i), self.preempted.get(i, 0),

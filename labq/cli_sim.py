@@ -1,0 +1,193 @@
+"""``labq sim``: replay a trace or a generated lab workload through labq's scheduler, or a reference policy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from labq.cli_jobs import UsageError, _command
+
+EXAMPLES = """\
+  labq sim --generate --cluster 4xsim:dgx1                       a typical lab, two weeks
+  labq sim --generate --cluster 4xsim:dgx1 --policy labq,fifo,sjf side by side
+  labq sim --trace philly.csv --vc 11cb48 --cluster 16xsim:dgx1 --from 2017-10-01 --to 2017-12-01
+  labq sim --trace jobs.csv --cluster 2xsim:ws-4x3090,1xsim:dgx-a100 --json > report.json
+  labq sim --generate --cluster 4xsim:dgx1 --png queue.png        also draw the queue and utilization
+
+trace formats (--format, else guessed):
+  philly  the Microsoft Philly trace: timestamp,duration,num_gpus,gpu_time,cluster
+  csv     submit,duration,gpus[,user,class,preemptible,time_limit,vc,reservation]; times in seconds or ISO 8601
+  jsonl   one job per line with the csv's keys; {"reservation": {...}} lines book reservations
+"""
+
+
+def add_sim_command(sub: argparse._SubParsersAction) -> None:
+    p = _command(sub, "sim", "replay a workload through the scheduler on a virtual clock",
+                 "Answer 'what if' questions before changing the lab: replay a real cluster trace, or a "
+                 "generated lab workload, through the same scheduling code the leader runs (policy labq), or "
+                 "through plain FIFO or shortest-job-first for comparison, on simulated nodes and a virtual "
+                 "clock that jumps from event to event. Reports queueing delay, job completion time (JCT), "
+                 "makespan, GPU utilization and preemptions, overall, per class and per user.",
+                 EXAMPLES, _sim, [])
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", metavar="FILE", help="a trace to replay")
+    source.add_argument("--generate", action="store_true", help="generate a typical lab's workload (see --seed)")
+    p.add_argument("--format", choices=("philly", "csv", "jsonl"), help="the trace's format (default: guessed)")
+    p.add_argument("--cluster", required=True, metavar="SPEC",
+                   help="the simulated nodes: COUNTxsim:INVENTORY[,...], e.g. 16xsim:dgx1 (see `labq topo --list`)")
+    p.add_argument("--policy", default="labq", metavar="NAMES",
+                   help="labq, fifo or sjf; several with commas to compare them (default: labq)")
+    p.add_argument("--from", dest="start", metavar="DATE", help="only jobs submitted from then (UTC), e.g. 2017-10-01")
+    p.add_argument("--to", dest="end", metavar="DATE", help="only jobs submitted before then (UTC)")
+    p.add_argument("--vc", metavar="NAME", help="only this virtual cluster's jobs (Philly)")
+    p.add_argument("--seed", type=int, default=0, help="the generated workload's seed (default 0)")
+    p.add_argument("--days", type=int, default=14, help="days of generated workload (default 14)")
+    p.add_argument("--users", type=int, default=6, help="users in the generated workload (default 6)")
+    p.add_argument("--load", type=float, default=0.8,
+                   help="offered load of the generated workload, as a share of the GPUs (default 0.8)")
+    p.add_argument("--save-workload", metavar="FILE", help="also write the workload as JSON lines (replay it later)")
+    p.add_argument("--checkpoint-every", default="30m", metavar="DURATION",
+                   help="how often jobs save; a preempted job redoes the work since (0: it saves on the signal)")
+    p.add_argument("--grace", default="60s", metavar="DURATION", help="the checkpoint grace (default 60s)")
+    p.add_argument("--min-runtime", default="5m", metavar="DURATION",
+                   help="the admin's minimum runtime before a preemption (default 5m)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-plot", action="store_true", help="leave out the terminal plot")
+    p.add_argument("--png", metavar="FILE", help="also draw the queue length and utilization into a PNG")
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from labq.sim.cluster import parse_cluster
+    from labq.sim.engine import POLICIES, SimOptions, simulate
+    from labq.units import parse_duration
+
+    policies = [p.strip().lower() for p in args.policy.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise UsageError(f"unknown policy {', '.join(unknown) or '(none)'}: choose from {', '.join(POLICIES)}")
+    try:
+        nodes = parse_cluster(args.cluster)
+        options = SimOptions(checkpoint_every_s=parse_duration(args.checkpoint_every, bare_seconds=True),
+                             grace_s=parse_duration(args.grace, bare_seconds=True),
+                             min_runtime_s=parse_duration(args.min_runtime, bare_seconds=True))
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    workload, notes, meta = _workload(args)
+    if args.save_workload:
+        from labq.sim.workload import write_jsonl
+
+        write_jsonl(workload, Path(args.save_workload))
+        notes.append(f"workload written to {args.save_workload}")
+    for note in notes:
+        print(f"labq sim: {note}", file=sys.stderr)
+    if not workload.jobs:
+        raise UsageError("no jobs to simulate: check --from/--to/--vc against the trace")
+    results = []
+    for policy in policies:
+        result = simulate(workload, nodes, policy, cluster=args.cluster, options=options,
+                          progress=_progress(policy, workload.epoch), meta=meta)
+        _clear_progress()
+        for reason, count in result.meta.get("never_started", {}).items():
+            print(f"labq sim: {policy}: {count} jobs never started ({reason})", file=sys.stderr)
+        for refused in result.meta.get("refused_reservations", []):
+            print(f"labq sim: {policy}: reservation refused: {refused}", file=sys.stderr)
+        results.append(result)
+    return _print(args, results)
+
+
+def _workload(args: argparse.Namespace):
+    """The workload, notes about it for stderr, and what the report should say it was."""
+    if args.generate:
+        from labq.sim.workload import generate
+
+        for name in ("days", "users"):
+            if getattr(args, name) < 1:
+                raise UsageError(f"--{name} must be 1 or more")
+        if not 0 < args.load <= 10:
+            raise UsageError("--load is a share of the GPUs: between 0 and 10, e.g. 0.8")
+        from labq.sim.cluster import parse_cluster
+
+        gpus = sum(n.gpu_count for n in parse_cluster(args.cluster))
+        workload = generate(seed=args.seed, days=args.days, users=args.users, gpus=gpus, load=args.load)
+        return workload, [], {"workload": f"generated: seed {args.seed}, {args.days} days, {args.users} users, "
+                                          f"load {args.load:g}"}
+    from labq.sim.traces import TraceError, load_trace, parse_when
+
+    try:
+        start = parse_when(args.start) if args.start else None
+        end = parse_when(args.end) if args.end else None
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if start is not None and end is not None and end <= start:
+        raise UsageError("--to must come after --from")
+    path = Path(args.trace)
+    if not path.is_file():
+        raise UsageError(f"no trace file {path}")
+    try:
+        workload, notes = load_trace(path, args.format, start=start, end=end, vc=args.vc)
+    except TraceError as err:
+        raise UsageError(str(err)) from None
+    meta = {"workload": f"trace {path.name}", "from": args.start, "to": args.end, "vc": args.vc}
+    return workload, list(notes), {k: v for k, v in meta.items() if v is not None}
+
+
+def _progress(policy: str, epoch: float):
+    """A line on stderr every second or so while a long run goes (only on a terminal)."""
+    if not sys.stderr.isatty():
+        return None
+    last = [0.0]
+
+    def show(now: float, done: int, total: int) -> None:
+        if time.monotonic() - last[0] < 1.0:
+            return
+        last[0] = time.monotonic()
+        day = time.strftime("%Y-%m-%d %H:%M", time.gmtime(epoch + now))
+        sys.stderr.write(f"\r{policy}: virtual time {day} UTC, {done:,} of {total:,} jobs done ")
+        sys.stderr.flush()
+
+    return show
+
+
+def _clear_progress() -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[K")
+        sys.stderr.flush()
+
+
+def _print(args: argparse.Namespace, results: list) -> int:
+    from labq.sim.report import compare_table, make_report, report_json, report_table
+
+    reports = [make_report(r) for r in results]
+    if args.png:
+        from labq.sim.plot import png_plot
+
+        for result in results:
+            path = Path(args.png)
+            if len(results) > 1:
+                path = path.with_name(f"{path.stem}-{result.policy}{path.suffix or '.png'}")
+            try:
+                png_plot(result.samples, result.gpus, path, title=f"{result.policy} on {result.cluster}",
+                         epoch=result.epoch)
+            except RuntimeError as err:
+                raise UsageError(str(err)) from None
+            print(f"labq sim: drew {path}", file=sys.stderr)
+    if args.json:
+        doc = report_json(reports[0]) if len(reports) == 1 else {"reports": [report_json(r) for r in reports]}
+        print(json.dumps(doc, indent=2))
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    for report, result in zip(reports, results):
+        console.print(report_table(report))
+        if not args.no_plot:
+            from labq.sim.plot import terminal_plot
+
+            console.print(terminal_plot(result.samples, result.gpus, width=min(console.width - 8, 100),
+                                        epoch=result.epoch), markup=False, highlight=False)
+    if len(reports) > 1:
+        console.print(compare_table(reports))
+    return 0
