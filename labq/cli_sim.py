@@ -16,6 +16,7 @@ EXAMPLES = """\
   labq sim --trace philly.csv --vc 11cb48 --cluster 16xsim:dgx1 --from 2017-10-01 --to 2017-12-01
   labq sim --trace jobs.csv --cluster 2xsim:ws-4x3090,1xsim:dgx-a100 --json > report.json
   labq sim --generate --cluster 4xsim:dgx1 --png queue.png        also draw the queue and utilization
+  labq sim --generate --cluster 4xsim:dgx1 --class ana=low --class ben=low   what if ana and ben were low?
 
 trace formats (--format, else guessed):
   philly  the Microsoft Philly trace: timestamp,duration,num_gpus,gpu_time,cluster
@@ -48,6 +49,9 @@ def add_sim_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--users", type=int, default=6, help="users in the generated workload (default 6)")
     p.add_argument("--load", type=float, default=0.8,
                    help="offered load of the generated workload, as a share of the GPUs (default 0.8)")
+    p.add_argument("--class", dest="classes", action="append", default=[], metavar="USER=CLASS",
+                   help="run USER's jobs in CLASS (low, normal, high, urgent or 0-1000); USER * means everyone; "
+                        "repeat it for several users, e.g. --class '*=normal' --class ana=low")
     p.add_argument("--save-workload", metavar="FILE", help="also write the workload as JSON lines (replay it later)")
     p.add_argument("--checkpoint-every", default="30m", metavar="DURATION",
                    help="how often jobs save; a preempted job redoes the work since (0: it saves on the signal)")
@@ -76,6 +80,9 @@ def _sim(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     workload, notes, meta = _workload(args)
+    if args.classes:
+        workload = _reclassed(workload, args.classes)
+        meta["classes"] = ", ".join(args.classes)
     if args.save_workload:
         from labq.sim.workload import write_jsonl
 
@@ -132,6 +139,28 @@ def _workload(args: argparse.Namespace):
         raise UsageError(str(err)) from None
     meta = {"workload": f"trace {path.name}", "from": args.start, "to": args.end, "vc": args.vc}
     return workload, list(notes), {k: v for k, v in meta.items() if v is not None}
+
+
+def _reclassed(workload, rules: list[str]):
+    """``--class USER=CLASS``: later rules win, so ``*=normal`` then ``ana=low`` gives ana low."""
+    from dataclasses import replace
+
+    from labq.models.priority import parse_priority
+
+    classes: dict[str, int] = {}
+    for rule in rules:
+        user, sep, name = rule.partition("=")
+        if not sep or not user.strip():
+            raise UsageError(f"--class {rule!r}: write USER=CLASS, e.g. ana=low or '*=normal'")
+        try:
+            classes[user.strip()] = parse_priority(name.strip())
+        except ValueError as err:
+            raise UsageError(f"--class {rule!r}: {err}") from None
+
+    def priority(job) -> int:
+        return classes.get(job.user, classes.get("*", job.priority))
+
+    return replace(workload, jobs=tuple(replace(j, priority=priority(j)) for j in workload.jobs))
 
 
 def _progress(policy: str, epoch: float):

@@ -75,6 +75,12 @@ def test_a_week_of_one_philly_virtual_cluster():
     assert fifo["finished"] == labq_["finished"] == fifo["jobs"]
 
 
+def test_what_if_everyone_were_low_but_one_user():
+    doc = report("--generate", "--days", "3", "--cluster", "1xsim:dgx1", "--class", "*=low", "--class", "ana=urgent")
+    assert set(doc["by_class"]) == {"low", "urgent"} and doc["meta"]["classes"] == "*=low, ana=urgent"
+    assert doc["by_class"]["urgent"]["jobs"] == doc["by_user"]["ana"]["jobs"]
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["--generate", "--cluster", "1xsim:dgx1", "--policy", "random"], "unknown policy random"),
     (["--generate", "--cluster", "3xsim:nope"], "unknown simulated inventory"),
@@ -82,6 +88,8 @@ def test_a_week_of_one_philly_virtual_cluster():
     (["--trace", "/nonexistent/trace.csv", "--cluster", "1xsim:dgx1"], "no trace file"),
     (["--generate", "--cluster", "1xsim:dgx1", "--grace", "soon"], "soon"),
     (["--generate", "--cluster", "1xsim:dgx1", "--load", "0"], "--load"),
+    (["--generate", "--cluster", "1xsim:dgx1", "--class", "ana"], "write USER=CLASS"),
+    (["--generate", "--cluster", "1xsim:dgx1", "--class", "ana=vip"], "unknown priority"),
     (["--trace", str(PHILLY), "--cluster", "1xsim:dgx1", "--from", "last week"], "last week"),
     (["--trace", str(PHILLY), "--cluster", "1xsim:dgx1", "--from", "2017-11-01", "--to", "2017-10-01"],
      "--to must come after --from"),
