@@ -6,6 +6,14 @@ cheaper lower-priority work and holds the GPUs being freed, or waits with a
 reason. A waiting job near the top of the queue holds the GPUs it will get when
 running jobs end (by their time limits), so lower jobs backfill around it only
 where they cannot delay it.
+
+A pass must stay fast on a long queue (the simulator runs one per event). Most
+jobs take the verdict of an earlier job of the same shape and priority while
+nothing has changed. What the pass works out per node (the best free set, a
+preemption plan, the set that frees soonest) is kept per job shape and
+recomputed only on the nodes a start, preemption or hold changed. Bounds that
+only tighten during a pass (the most free GPUs on one node, the lowest priority
+that may be preempted) answer whole questions at once.
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ class _Hold:
         return self.due is None or job_end > self.due
 
 
-@dataclass
+@dataclass(slots=True)
 class _OnGpus:
     """A job occupying GPUs on one node, as the pass sees it."""
 
@@ -68,6 +76,14 @@ class _OnGpus:
     mask: int
     end: float  #: expected end by time limit; inf when unknown
     candidate: bool  #: may be preempted in this pass
+
+
+@dataclass
+class _Answers:
+    """A per-node question's answers for one job shape, and how much of the change log they reflect."""
+
+    by_node: dict[str, object]
+    seen: int
 
 
 @dataclass
@@ -102,32 +118,57 @@ class _Pass:
         #: bumped on every change; per node, so a change on one node keeps what is known of the others
         self.version = 0
         self.node_version = {name: 0 for name in self.nodes}
+        #: the nodes changed, in order: per-node answers are recomputed on the nodes changed since asked
+        self.change_log: list[str] = []
+        self._answers: dict[tuple, _Answers] = {}
+        self._freeing_memo: dict[tuple, list[tuple[float, int]]] = {}
+        self._soonest_memo: dict[tuple, tuple | None] = {}
+        self._plan_memo: dict[tuple, NodePlan | None] = {}
         self.holds_made = 0
         self._memo: dict = {}
         self._settled: dict = {}
         self._never: dict = {}
         self._quotas = self.policy.max_gpus_per_user is not None or bool(self.policy.user_gpu_quota)
         self._eligible: dict = {}
+        #: no job of this priority or lower finds a victim on any node (candidates only drop out in a pass)
+        self.lowest_victim: float = inf
+        self.queued: list[Job] = []
+        self.held: list[Job] = []
         for job in self.jobs:
-            if not job.state.holds_gpus or job.placement is None:
-                continue
-            self.in_use[job.user] = self.in_use.get(job.user, 0) + job.spec.gpus
-            preempting = job.state is JobState.PREEMPTING
-            if preempting:
-                self.victims.add(job.id)
-            for alloc in job.placement.allocations:
-                if alloc.node not in self.nodes:
-                    continue
-                mask = indices_to_mask(alloc.gpu_indices)
-                self.free[alloc.node] &= ~mask
-                self.on_gpus[alloc.node].append(_OnGpus(job, mask, job.expected_end() or inf, self._preemptible(job)))
-                if preempting and job.preempted_for is not None:
-                    self.inflight.setdefault(job.preempted_for, []).append((alloc.node, mask, job.id))
+            state = job.state
+            if state is _QUEUED:
+                self.queued.append(job)
+            elif state is _HELD:
+                self.held.append(job)
+            elif state in _ON_GPUS and job.placement is not None:
+                self._occupy(job)
+        self.most_free = self._count_most_free()
         if self.inflight:
-            queued = {j.id: j for j in self.jobs if j.state is JobState.QUEUED}
+            queued = {j.id: j for j in self.queued}
             self.inflight = {i: where for i, where in self.inflight.items() if i in queued}
             for preemptor in order_queue((queued[i] for i in self.inflight), self.usage):
                 self._hold_inflight_target(preemptor)
+
+    def _occupy(self, job: Job) -> None:
+        """Enter a job that holds GPUs: its GPUs are taken, and it may be a victim or a preemption in flight."""
+        spec = job.spec
+        self.in_use[spec.user] = self.in_use.get(spec.user, 0) + spec.gpus
+        preempting = job.state is _PREEMPTING
+        if preempting:
+            self.victims.add(job.id)
+        end = job.expected_end() or inf
+        candidate = self._preemptible(job)
+        for alloc in job.placement.allocations:
+            name = alloc.node
+            if name not in self.nodes:
+                continue
+            mask = indices_to_mask(alloc.gpu_indices)
+            self.free[name] &= ~mask
+            self.on_gpus[name].append(_OnGpus(job, mask, end, candidate))
+            if candidate and spec.priority < self.lowest_victim:
+                self.lowest_victim = spec.priority
+            if preempting and job.preempted_for is not None:
+                self.inflight.setdefault(job.preempted_for, []).append((name, mask, job.id))
 
     @cached_property
     def states(self) -> dict[int, JobState]:
@@ -146,10 +187,17 @@ class _Pass:
             target = best_set(node.topology, usable | freeing, job.spec.gpus_per_node)
             self.holds[name].append(_Hold(job.id, job.priority, target.mask if target else freeing, None))
 
+    def _count_most_free(self) -> int:
+        """The most free GPUs on one node that is up: no job needing more per node fits anywhere.
+
+        GPUs only get taken during a pass, so this bound stays true until the next start recounts it.
+        """
+        return max((self.free[n.name].bit_count() for n in self.up), default=0)
+
     def _preemptible(self, job: Job) -> bool:
         return (
             self.policy.preemption
-            and job.state is JobState.RUNNING
+            and job.state is _RUNNING
             and job.spec.preemptible
             and job.started_at is not None
             and self.now - job.started_at >= self.policy.min_runtime_s
@@ -159,25 +207,24 @@ class _Pass:
     # -- the pass -------------------------------------------------------------------
 
     def run(self) -> Decisions:
-        queue = order_queue((j for j in self.jobs if j.state is JobState.QUEUED), self.usage)
+        queue = order_queue(self.queued, self.usage)
         if self.reservation_list:
             self._drain_reservations()
             queue = self._serve_reservations_first(queue)
-        settled, never, pending, inflight = self._settled, self._never, self.pending, self.inflight
+        settled, pending, inflight, quotas = self._settled, self.pending, self.inflight, self._quotas
         make_pending = tuple.__new__  # skips NamedTuple's Python-level __new__
         for job in queue:
             # The fast path: most of a long queue waits for the same reasons as a job
-            # of the same shape and priority before it, while nothing has changed.
+            # of the same shape and priority before it, while nothing has changed. Only
+            # jobs that can fit the lab and name no reservation settle a verdict (_blocked).
             spec = job.spec
-            shape = spec.resource_shape
-            if (never.get(shape, _UNKNOWN) is None and not spec.depends_on and spec.reservation is None
-                    and job.id not in inflight and (not self._quotas or self._plain(job))):  # _plain, cheap parts first
-                verdict = settled.get((self.version, shape, spec.priority))
-                if verdict is not None:
-                    pending.append(make_pending(Pending, (job.id, *verdict)))
-                    continue
+            verdict = settled.get((self.version, spec.resource_shape, spec.priority))
+            if (verdict is not None and not spec.depends_on and job.id not in inflight
+                    and (not quotas or self._plain(job))):
+                pending.append(make_pending(Pending, (job.id, *verdict)))
+                continue
             self._serve(job)
-        for job in sorted((j for j in self.jobs if j.state is JobState.HELD), key=lambda j: j.id):
+        for job in sorted(self.held, key=lambda j: j.id):
             self._wait(job, PendingReason.HELD, f"held; `labq release {job.id}` puts it back in the queue")
         return Decisions(tuple(self.starts), tuple(self.preemptions), tuple(self.pending))
 
@@ -316,36 +363,53 @@ class _Pass:
     def _changed(self, nodes: Iterable[str]) -> None:
         self.version += 1
         for name in nodes:
+            self.change_log.append(name)
             self.node_version[name] += 1
 
-    def _per_node(self, kind: str, node: Node, shape: tuple, compute, *extra):
-        """``compute(node)``, remembered while that node has not changed."""
-        key = (kind, node.name, self.node_version[node.name], shape, *extra)
-        value = self._memo.get(key, _UNKNOWN)
-        if value is _UNKNOWN:
-            value = self._memo[key] = compute(node)
-        return value
+    def _on_each_node(self, kind: str, job: Job, shape: tuple, compute, *extra) -> dict[str, object]:
+        """``compute(node)`` for each of the job's nodes, by node name; remembered per node until it changes.
+
+        One table per question and job shape, kept in step with the change log: after a start,
+        a preemption or a hold, a pass over a long queue recomputes the answer on the one or two
+        nodes that changed, not on every node of the lab.
+        """
+        key = (kind, shape, *extra)
+        answers = self._answers.get(key)
+        if answers is None:
+            answers = self._answers[key] = _Answers({n.name: compute(n) for n in self._candidate_nodes(job)},
+                                                    len(self.change_log))
+        elif answers.seen < len(self.change_log):
+            by_node = answers.by_node
+            for name in set(self.change_log[answers.seen:]):
+                if name in by_node:
+                    by_node[name] = compute(self.nodes[name])
+            answers.seen = len(self.change_log)
+        return answers.by_node
 
     # -- placing ----------------------------------------------------------------------
 
     def _best_nodes(self, job: Job, shape: tuple, **available) -> list[tuple[Node, SetChoice]] | None:
         """The best GPU set on each of the job's nodes, best nodes first; None if too few fit."""
         spec = job.spec
+        if self.most_free < spec.gpus_per_node:
+            return None  # no node has that many free GPUs, whatever else keeps the job off them
         flags = tuple(sorted(available.items()))
         key = ("place", self.version, shape, flags)
         if key in self._memo:
             return self._memo[key]
-        options = []
-        for node in self._candidate_nodes(job):
-            choice = self._per_node(
-                "set", node, shape,
-                lambda n: best_set(n.topology, self._available(job, n, **available), spec.gpus_per_node), flags)
-            if choice is not None:
-                options.append((node, choice))
+        choices = self._on_each_node("set", job, shape, lambda n: self._best_set_on(job, n, **available), flags)
+        options = [(self.nodes[name], choice) for name, choice in choices.items() if choice is not None]
         options.sort(key=lambda o: (-o[1].score, o[1].loss, o[0].name))
         result = options[: spec.nodes] if len(options) >= spec.nodes else None
         self._memo[key] = result
         return result
+
+    def _best_set_on(self, job: Job, node: Node, **available) -> SetChoice | None:
+        """The best GPU set for ``job`` on ``node``; a node without enough free GPUs is passed over at once."""
+        k = job.spec.gpus_per_node
+        if self.free[node.name].bit_count() < k:
+            return None
+        return best_set(node.topology, self._available(job, node, **available), k)
 
     def _place(self, job: Job, shape: tuple) -> Placement | None:
         chosen = self._best_nodes(job, shape)
@@ -364,6 +428,7 @@ class _Pass:
             self.free[alloc.node] &= ~mask
             self.on_gpus[alloc.node].append(_OnGpus(job, mask, self._end_of(job), False))
         self.in_use[job.user] = self.in_use.get(job.user, 0) + job.spec.gpus
+        self.most_free = self._count_most_free()
         self.starts.append(Start(job.id, placement))
         self._changed(placement.nodes)
 
@@ -373,14 +438,13 @@ class _Pass:
         """Plan preemption for ``job`` (or keep waiting on one in flight); True if it now waits for that."""
         if not self.policy.preemption and job.id not in self.inflight:
             return False
+        if job.priority <= self.lowest_victim and job.id not in self.inflight and job.spec.reservation is None:
+            return False  # no victim anywhere, no reservation to reclaim: no node has a plan
         key = ("preempt", self.version, shape, job.priority)
         if self._memo.get(key) is False:
             return False
-        plans = []
-        for node in self._candidate_nodes(job):
-            plan = self._per_node("plan", node, shape, lambda n: self._plan_on(job, n), job.priority)
-            if plan is not None:
-                plans.append(plan)
+        plans = self._on_each_node("plan", job, shape, lambda n: self._plan_on(job, n), job.priority)
+        plans = [plan for plan in plans.values() if plan is not None]
         plans.sort(key=lambda p: p.cost)
         if len(plans) < job.spec.nodes:
             if job.id not in self.inflight:
@@ -415,10 +479,25 @@ class _Pass:
         return True
 
     def _plan_on(self, job: Job, node: Node) -> NodePlan | None:
+        """The cheapest preemption on ``node`` that gives ``job`` its GPUs, or None.
+
+        Jobs with no preemption in flight and no reservation of their own get the same plan
+        when they ask as many GPUs at one priority and must keep off the same GPUs, whatever
+        their time limits: one plan serves them all until the node changes.
+        """
         end = self._end_of(job)
         blocked = self._held_against(job, node.name, end) | ~self._eligible_on(job, node)
         if self.reservation_list:
             blocked |= self._reserved_against(job, node.name, end, borrow=False)
+        if job.id in self.inflight or job.spec.reservation:
+            return self._plan_against(job, node, blocked)
+        key = (node.name, self.node_version[node.name], blocked, job.spec.gpus_per_node, job.priority)
+        plan = self._plan_memo.get(key, _UNKNOWN)
+        if plan is _UNKNOWN:
+            plan = self._plan_memo[key] = self._plan_against(job, node, blocked)
+        return plan
+
+    def _plan_against(self, job: Job, node: Node, blocked: int) -> NodePlan | None:
         available = self.free[node.name] & ~blocked
         for where, mask, _ in self.inflight.get(job.id, []):
             if where == node.name:
@@ -477,8 +556,13 @@ class _Pass:
                     else "a preemptible job may borrow reserved GPUs until they are needed")
             return (PendingReason.RESERVATION,
                     f"the free GPUs are reserved ({'; '.join(names)}) before this job would end; {hint}", None)
-        most, where = max(((self._available(job, n).bit_count(), n.name) for n in self._candidate_nodes(job)),
-                          default=(0, ""))
+        most, where = 0, ""
+        if self.most_free:  # else no node has a free GPU for any job
+            # reserved GPUs are lent only while none of the reservation's jobs waits: a table for each such state
+            counts = self._on_each_node("free", job, shape,
+                                        lambda n: self._available(job, n).bit_count() if self.free[n.name] else 0,
+                                        len(self.wanted))
+            most, where = max(((count, name) for name, count in counts.items()), default=(0, ""))
         place = "one node" if spec.nodes == 1 else f"each of {spec.nodes} nodes"
         have = f"at most {most} free together, on {where}" if most else "none is free"
         return PendingReason.RESOURCES, f"needs {spec.gpus_per_node} suitable GPUs on {place}; {have}", None
@@ -486,24 +570,9 @@ class _Pass:
     def _hold_future(self, job: Job) -> float | None:
         """Hold the GPUs ``job`` gets soonest as running jobs end; return when, if known."""
         spec = job.spec
-        end = self._end_of(job)
-        options = []
-        for node in self._candidate_nodes(job):
-            blocked = self._held_against(job, node.name, end) | ~self._eligible_on(job, node)
-            if self.reservation_list:
-                blocked |= self._reserved_against(job, node.name, end, borrow=False)
-            have = self.free[node.name] & ~blocked
-            when = self.now
-            choice = best_set(node.topology, have, spec.gpus_per_node)
-            for entry in sorted(self.on_gpus[node.name], key=lambda e: (e.end, e.job.id)):
-                if choice is not None:
-                    break
-                if entry.mask & ~blocked:
-                    have |= entry.mask & ~blocked
-                    when = max(when, entry.end)
-                    choice = best_set(node.topology, have, spec.gpus_per_node)
-            if choice is not None:
-                options.append((when, -choice.score, choice.loss, node.name, choice.mask))
+        shape = self._shape(job)
+        options = self._on_each_node("future", job, shape, lambda n: self._soonest_on(job, n))
+        options = [option for option in options.values() if option is not None]
         if len(options) < spec.nodes:
             return None
         options.sort()
@@ -514,6 +583,49 @@ class _Pass:
         self.holds_made += 1
         self._changed(name for *_, name, _ in chosen)
         return None if due == inf else due
+
+    def _soonest_on(self, job: Job, node: Node) -> tuple | None:
+        """The GPU set ``job`` gets soonest on ``node`` as its running jobs end: (when, -score, loss, node, mask)."""
+        name = node.name
+        blocked = ~self._eligible_on(job, node)
+        if self.holds[name] or self.reservation_list:
+            end = self._end_of(job)
+            blocked |= self._held_against(job, name, end)
+            if self.reservation_list:
+                blocked |= self._reserved_against(job, name, end, borrow=False)
+        key = (name, self.node_version[name], blocked, job.spec.gpus_per_node)
+        option = self._soonest_memo.get(key, _UNKNOWN)
+        if option is _UNKNOWN:
+            option = self._soonest_memo[key] = self._soonest_set(node, blocked, job.spec.gpus_per_node)
+        return option
+
+    def _soonest_set(self, node: Node, blocked: int, k: int) -> tuple | None:
+        """The first ``k``-GPU set outside ``blocked`` that ``node`` frees: shared by jobs of any time limit."""
+        for when, have in self._freeing(node, blocked):
+            if have.bit_count() >= k:  # best_set finds a set exactly when k GPUs are there
+                choice = best_set(node.topology, have, k)
+                return (when, -choice.score, choice.loss, node.name, choice.mask)
+        return None
+
+    def _freeing(self, node: Node, blocked: int) -> list[tuple[float, int]]:
+        """The GPUs of ``node`` outside ``blocked`` that are free now, then as each running job ends.
+
+        Steps of (when, GPUs), soonest first. They depend on the job only through the GPUs it
+        must keep off, so jobs of every size and time limit share them until the node changes.
+        """
+        key = (node.name, self.node_version[node.name], blocked)
+        steps = self._freeing_memo.get(key)
+        if steps is None:
+            have = self.free[node.name] & ~blocked
+            when = self.now
+            steps = [(when, have)]
+            for entry in sorted(self.on_gpus[node.name], key=lambda e: (e.end, e.job.id)):
+                if entry.mask & ~blocked:
+                    have |= entry.mask & ~blocked
+                    when = max(when, entry.end)
+                    steps.append((when, have))
+            self._freeing_memo[key] = steps
+        return steps
 
     # -- gates before placement -------------------------------------------------------
 
@@ -572,6 +684,8 @@ class _Pass:
 
 
 _UNKNOWN = object()
+_QUEUED, _HELD, _RUNNING, _PREEMPTING = JobState.QUEUED, JobState.HELD, JobState.RUNNING, JobState.PREEMPTING
+_ON_GPUS = frozenset(state for state in JobState if state.holds_gpus)
 
 
 def _gpu_list(mask: int) -> str:

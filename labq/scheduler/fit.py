@@ -27,12 +27,32 @@ def _mib(value: int) -> str:
     return f"{value / 1024:g} GiB" if value % 1024 == 0 or value > 10240 else f"{value} MiB"
 
 
+def _fits_when_idle(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> bool:
+    """Whether enough nodes have enough suitable GPUs: the usual answer, found at the first nodes that fit.
+
+    Checked before anything else because why_never_fits runs for every job shape in every pass,
+    and on a lab of many alike nodes the first node settles it.
+    """
+    gpn = spec.gpus_per_node
+    missing = spec.nodes
+    for node in nodes:
+        if spec.node is not None and node.name != spec.node:
+            continue
+        if sum(1 for g in node.gpus if gpu_matches(spec, g.model, g.memory_mib)) >= gpn:
+            missing -= 1
+            if not missing:
+                return True
+    return False
+
+
 def why_never_fits(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> str | None:
     """None if some set of the given nodes could run ``spec`` when idle; else why not, and what would fit."""
     if spec.gpus == 0:
         return None
     if not nodes:
         return "the lab has no nodes yet: start an agent (labq agent) first"
+    if _fits_when_idle(spec, nodes):
+        return None
     gpn = spec.gpus_per_node
     if spec.node is not None:
         named = [n for n in nodes if n.name == spec.node]

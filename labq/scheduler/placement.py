@@ -24,6 +24,9 @@ from math import comb
 from labq.models.topology import Topology
 
 EXACT_LIMIT = 16  #: nodes with more GPUs than this use the greedy search
+#: answers remembered per topology (of up to 2**16 * 16 questions a 16-GPU topology can be asked)
+CHOICES_KEPT = 100_000
+_UNASKED = object()
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,8 @@ class _SetTable:
         self.full = (1 << n) - 1
         self.scores = scores
         self.by_size = by_size
+        #: best_set's answers by (free, k): a scheduling pass asks the same few questions of many nodes
+        self.choices: dict[tuple[int, int], SetChoice | None] = {}
 
 
 @lru_cache(maxsize=128)
@@ -128,6 +133,16 @@ def best_set(topology: Topology, free: int, k: int) -> SetChoice | None:
     if topology.size > EXACT_LIMIT:
         return _greedy(topology, free, k)
     table = _table(topology)
+    choice = table.choices.get((free, k), _UNASKED)
+    if choice is _UNASKED:
+        if len(table.choices) >= CHOICES_KEPT:
+            table.choices.clear()
+        choice = table.choices[free, k] = _search(table, free, k)
+    return choice
+
+
+def _search(table: _SetTable, free: int, k: int) -> SetChoice | None:
+    """best_set's exact search, over the subsets of the free GPUs or over the best k-subsets."""
     scores = table.scores
     free_score = scores[free]
     best: SetChoice | None = None

@@ -14,6 +14,7 @@ small exhaustive search; cost compares, in order:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from labq.models.job import Job
 from labq.models.topology import Topology
@@ -33,8 +34,9 @@ class NodePlan:
     victims: tuple[Victim, ...]
     target: SetChoice
 
-    @property
+    @cached_property
     def cost(self) -> tuple:
+        """Computed once: the victim search and the choice among nodes compare plans by it many times."""
         evicted = sum(v.job.spec.gpus for v in self.victims)
         top = max((v.job.priority for v in self.victims), default=-1)
         lost = sum(v.work_at_risk_s for v in self.victims)
