@@ -137,7 +137,7 @@ class _Simulation:
             self.clock.at(job.submit, "arrive", job)
         for r in self.workload.reservations:
             self.clock.at(r.booked, "book", r)
-        done_events = 0
+        done_events, report_at = 0, 5000
         while self.clock.heap or self.retry_at < inf:
             now = min(self.clock.next_time(), self.retry_at)
             if now == self.retry_at:
@@ -151,7 +151,8 @@ class _Simulation:
                 self.samples[-1] = Sample(now, self.queued, self.running, self.busy)
             else:
                 self.samples.append(Sample(now, self.queued, self.running, self.busy))
-            if self.progress is not None and done_events % 5000 < 1:
+            if self.progress is not None and done_events >= report_at:
+                report_at = done_events + 5000
                 self.progress(now, len(self.ended), len(self.trace))
             if not self.clock.heap and self.queued and self.retry_at == inf and self.busy == 0:
                 break  # nothing runs and nothing will arrive: what waits now waits for ever
