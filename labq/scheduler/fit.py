@@ -16,6 +16,11 @@ def eligible_mask(spec: JobSpec, node: Node) -> int:
     """GPUs of ``node`` that the job may use, whatever runs on them now."""
     if spec.node is not None and spec.node != node.name:
         return 0
+    if spec.gpu_model is None and spec.min_gpu_memory_mib <= 0:  # most jobs: any GPU not busy outside labq
+        mask = (1 << len(node.gpus)) - 1
+        for index in node.unmanaged_busy:
+            mask &= ~(1 << index)
+        return mask
     mask = 0
     for gpu in node.gpus:
         if gpu.index not in node.unmanaged_busy and gpu_matches(spec, gpu.model, gpu.memory_mib):
