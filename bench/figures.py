@@ -1,8 +1,10 @@
-"""The one table every benchmark prints: figure, value, goal, and whether the goal was met."""
+"""What every benchmark prints: the table of figures against goals, and profiles' largest shares."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 
 def print_figures(title: str, fig: Mapping[str, object], targets: Mapping[str, tuple[str, bool]],
@@ -19,3 +21,26 @@ def print_figures(title: str, fig: Mapping[str, object], targets: Mapping[str, t
         text = f"{value:12.{digits}f}" if isinstance(value, float) else f"{value!s:>12}"
         verdict = "" if met is None else ("met" if met else "MISSED")
         print(f"{name:<{width}}  {text}  {shown:<18}  {verdict}".rstrip())
+
+
+def profile_lines(stats: dict, what: str, *, own: int = 10, including: int = 14, folders: int = 1,
+                  ours: str | None = None) -> list[str]:
+    """The largest shares of a profile (``pstats.Stats(...).stats``): by own time, by time including
+    callees, and (``ours``: a pattern of file paths) labq's own functions by time including callees."""
+    total = sum(tt for _, _, tt, _, _ in stats.values()) or 1e-9
+
+    def name(key) -> str:
+        path, line, func = key
+        return f"{func} ({'/'.join(Path(path).parts[-folders:])}:{line})" if line else func
+
+    def ranked(items, column: int, top: int) -> list[str]:
+        return [f"    {kv[1][column] / total:6.1%}  {kv[1][1]:>9} calls  {name(kv[0])}"
+                for kv in sorted(items, key=lambda kv: -kv[1][column])[:top]]
+
+    lines = [f"cProfile of {what}: {total * 1000:.0f} ms in all (with the profiler's overhead)",
+             "  by own time (tottime), share of the total:", *ranked(stats.items(), 2, own),
+             "  by time including callees (cumtime), share of the total:", *ranked(stats.items(), 3, including)]
+    mine = [kv for kv in stats.items() if ours and re.search(ours, kv[0][0])]
+    if mine:
+        lines += ["  labq's own functions by cumtime, share of the total:", *ranked(mine, 3, 8)]
+    return lines

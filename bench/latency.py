@@ -108,7 +108,8 @@ class Lab:
                 raise RuntimeError(f"gave up waiting for {what}; run with --keep and see the logs in {self.root}")
             time.sleep(0.02)
 
-    def start(self, gpus: str) -> Client:
+    def serve_leader(self) -> Client:
+        """Starts the leader on ``leader.toml`` and returns a client with the first admin's token."""
         self.spawn("leader.log", "leader", "--no-mdns", "--config", str(self.root / "leader.toml"),
                    "--data-dir", str(self.data))
         served = re.compile(r"serving (http://127\.0\.0\.1:\d+)")
@@ -117,6 +118,10 @@ class Lab:
         creds = self.home / ".config" / "labq" / "credentials"
         self.wait(lambda: creds.exists() and "token" in load_credentials(creds), "the first admin's token")
         self.client = Client(self.url, load_credentials(creds)["token"])
+        return self.client
+
+    def start(self, gpus: str) -> Client:
+        self.serve_leader()
         self.spawn("agent.log", "agent", "--leader", self.url, "--gpus", gpus, "--name", "ws1",
                    "--data-dir", str(self.data))
         self.wait(lambda: any(n["name"] == "ws1" and n["health"] == "up" for n in self.client.nodes()),

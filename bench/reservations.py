@@ -79,9 +79,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from figures import print_figures
+from figures import print_figures, profile_lines
 from latency import Lab, ms, pct, say
-from labq.client import Client, load_credentials
+from labq.client import Client
 from labq.leader.transitions import exited, placed, preempting, running
 from labq.models.job import Job, JobSpec, JobState
 from labq.models.node import Node
@@ -128,14 +128,7 @@ class LeaderOnly(Lab):
 
     def start_leader(self) -> Client:
         (self.root / "leader.toml").write_text(CONFIG)
-        self.spawn("leader.log", "leader", "--no-mdns", "--config", str(self.root / "leader.toml"),
-                   "--data-dir", str(self.data))
-        served = re.compile(r"serving (http://127\.0\.0\.1:\d+)")
-        self.wait(lambda: served.search(self.log("leader.log")), "the leader to serve")
-        self.url = served.search(self.log("leader.log"))[1]
-        creds = self.home / ".config" / "labq" / "credentials"
-        self.wait(lambda: creds.exists() and "token" in load_credentials(creds), "the first admin's token")
-        self.client = Client(self.url, load_credentials(creds)["token"])
+        self.serve_leader()
         say(f"leader {self.url} up in {self.root}")
         return self.client
 
@@ -318,32 +311,14 @@ def pure_replay(admin: Client, rows: list[dict], nodes: list[Node], profile: boo
         for row in rows:
             book(request(row), nodes, standing, jobs, now=now, limits=limits)
         prof.disable()
-        lines = profile_lines(prof, f"book() on the same {len(rows)} requests")
+        lines = profile_lines(pstats.Stats(prof).stats, f"book() on the same {len(rows)} requests")
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(3):
             schedule(jobs, nodes, now=now, reservations=standing, policy=policy)
         prof.disable()
-        lines += profile_lines(prof, "3 scheduling passes on the same state")
+        lines += profile_lines(pstats.Stats(prof).stats, "3 scheduling passes on the same state")
     return fig, lines
-
-
-def profile_lines(prof: cProfile.Profile, what: str) -> list[str]:
-    stats = pstats.Stats(prof).stats
-    total = sum(tt for _, _, tt, _, _ in stats.values())
-
-    def name(key) -> str:
-        path, line, func = key
-        return f"{func} ({Path(path).name}:{line})" if line else func
-
-    lines = [f"cProfile of {what}: {total * 1000:.0f} ms in all (with the profiler's overhead)",
-             "  by own time (tottime), share of the total:"]
-    for key, (_, nc, tt, _, _) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:10]:
-        lines.append(f"    {tt / total:6.1%}  {nc:>9} calls  {name(key)}")
-    lines.append("  by time including callees (cumtime), share of the total:")
-    for key, (_, nc, _, ct, _) in sorted(stats.items(), key=lambda kv: -kv[1][3])[:14]:
-        lines.append(f"    {ct / total:6.1%}  {nc:>9} calls  {name(key)}")
-    return lines
 
 
 def part_booking(args, root: Path, problems: list[str], raw: dict) -> tuple[dict, list[str]]:

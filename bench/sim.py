@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from figures import profile_lines  # noqa: E402
 from labq.sim.cluster import parse_cluster, vc_cluster  # noqa: E402
 from labq.sim.engine import SimOptions, simulate  # noqa: E402
 from labq.sim.model import SimResult, Workload  # noqa: E402
@@ -101,10 +102,9 @@ def run_policy(policy: str, vcs: dict[str, Workload], problems: list[str], profi
     overall["utilization"] = round(utilization(results), 4)
     out = {"wall_s": round(wall, 2), "goal_s": GOAL_S, "met": wall <= GOAL_S, "overall": overall, "per_vc": per_vc}
     if prof:
-        stats = pstats.Stats(prof)
-        say(f"profile of {policy} (tottime, top 15):")
-        for (file, line, fn), (_, nc, tt, ct, _) in sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:15]:
-            say(f"  {tt:7.2f} s {ct:7.2f} s cum {nc:>9} calls  {fn} ({Path(file).name}:{line})")
+        for line in profile_lines(pstats.Stats(prof).stats, f"the {policy} runs", own=15, folders=2,
+                                  ours=r"/labq/(sim|scheduler)/"):
+            say(line)
     return out
 
 

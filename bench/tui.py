@@ -87,7 +87,7 @@ try:
 except ImportError:  # running from a checkout without an installed labq
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from figures import print_figures
+from figures import print_figures, profile_lines
 from latency import LABQ, ms, pct, say
 from reservations import LeaderOnly, dgx1
 from labq.client import Client
@@ -899,29 +899,11 @@ def slowest_imports() -> list[str]:
     return [f"{c / 1000:7.1f} ms  {name}" for c, name in sorted(rows, reverse=True)[:6]]
 
 
-def profile_lines(path: Path, what: str) -> list[str]:
+def profile_of(path: Path, what: str) -> list[str]:
     if not path.exists():
         return [f"(no profile of {what})"]
-    stats = pstats.Stats(str(path)).stats
-    total = sum(tt for _, _, tt, _, _ in stats.values())
-
-    def name(key) -> str:
-        file, line, func = key
-        return f"{func} ({'/'.join(Path(file).parts[-2:])}:{line})" if line else func
-
-    lines = [f"cProfile of {what}: {total * 1000:.0f} ms in all (with the profiler's overhead)",
-             "  by own time (tottime), share of the total:"]
-    for key, (_, nc, tt, _, _) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:12]:
-        lines.append(f"    {tt / total:6.1%}  {nc:>9} calls  {name(key)}")
-    lines.append("  by time including callees (cumtime), share of the total:")
-    for key, (_, nc, _, ct, _) in sorted(stats.items(), key=lambda kv: -kv[1][3])[:18]:
-        lines.append(f"    {ct / total:6.1%}  {nc:>9} calls  {name(key)}")
-    ours = [kv for kv in stats.items() if re.search(r"/(tui|labq)/", kv[0][0])]
-    if ours:
-        lines.append("  labq's own functions (tui/, labq/) by cumtime, share of the total:")
-        for key, (_, nc, _, ct, _) in sorted(ours, key=lambda kv: -kv[1][3])[:8]:
-            lines.append(f"    {ct / total:6.1%}  {nc:>9} calls  {name(key)}")
-    return lines
+    return profile_lines(pstats.Stats(str(path)).stats, what, own=12, including=18, folders=2,
+                         ours=r"/(tui|labq)/")
 
 
 def profile_run(lab: LeaderOnly, children: Children, expect: int, out_dir: Path) -> list[str]:
@@ -947,7 +929,7 @@ def profile_run(lab: LeaderOnly, children: Children, expect: int, out_dir: Path)
              ("make_rows.prof", f"make_row() alone, for each of the {expect} jobs")]
     lines = []
     for name, what in parts:
-        lines += profile_lines(out_dir / name, what)
+        lines += profile_of(out_dir / name, what)
     return lines + ["slowest imports of labq.tui.app (cumulative, one run):", *[f"  {x}" for x in slowest_imports()]]
 
 

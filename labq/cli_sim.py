@@ -79,7 +79,7 @@ def _sim(args: argparse.Namespace) -> int:
                              min_runtime_s=parse_duration(args.min_runtime, bare_seconds=True))
     except ValueError as err:
         raise UsageError(str(err)) from None
-    workload, notes, meta = _workload(args)
+    workload, notes, meta = _workload(args, sum(n.gpu_count for n in nodes))
     if args.classes:
         workload = _reclassed(workload, args.classes)
         meta["classes"] = ", ".join(args.classes)
@@ -105,8 +105,9 @@ def _sim(args: argparse.Namespace) -> int:
     return _print(args, results)
 
 
-def _workload(args: argparse.Namespace):
-    """The workload, notes about it for stderr, and what the report should say it was."""
+def _workload(args: argparse.Namespace, gpus: int):
+    """The workload (a generated one sized to the cluster's ``gpus``), notes about it for stderr, and
+    what the report should say it was."""
     if args.generate:
         from labq.sim.workload import generate
 
@@ -115,9 +116,6 @@ def _workload(args: argparse.Namespace):
                 raise UsageError(f"--{name} must be 1 or more")
         if not 0 < args.load <= 10:
             raise UsageError("--load is a share of the GPUs: between 0 and 10, e.g. 0.8")
-        from labq.sim.cluster import parse_cluster
-
-        gpus = sum(n.gpu_count for n in parse_cluster(args.cluster))
         workload = generate(seed=args.seed, days=args.days, users=args.users, gpus=gpus, load=args.load)
         return workload, [], {"workload": f"generated: seed {args.seed}, {args.days} days, {args.users} users, "
                                           f"load {args.load:g}"}
