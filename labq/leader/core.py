@@ -294,7 +294,8 @@ class Leader:
     def sync(self, who: Principal, agent: str, report: SyncReport) -> SyncReply:
         if who.kind != "agent" or who.name != agent:
             raise errors.forbidden(f"only agent {agent} may sync as {agent}")
-        deadline = time.monotonic() + report.wait_s
+        # an agent is heard only when it reports, so a poll never outlasts half its lease
+        deadline = time.monotonic() + min(report.wait_s, self.config.lease_s / 2)
         with self.lock:
             session = self.agents[agent]
             changed = self._take_report(session, report)
@@ -304,8 +305,7 @@ class Leader:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
-                    self.changed.wait(left)
-                    session.last_seen = self.clock()
+                    self.changed.wait(left)  # waiting is not hearing: last_seen stays at the report
             session.delivered = self._orders_for(session)
             self._replies += 1
             return replace(session.delivered, seq=self._replies, epoch=self.epoch)
