@@ -38,12 +38,14 @@ from labq.protocol.agents import (
     AttemptReport, Registration, RunOrder, StopOrder, SyncReport, decode_reply, encode_registration, encode_sync,
 )
 from labq.protocol.errors import ApiError
+from labq.workers import Backoff, RetryLog, Supervisor
 
 log = logging.getLogger("labq.agent")
 LONG_POLL_S = 20.0
 KILL_AFTER_S = 10.0  #: after the grace, TERM; this long after TERM, KILL
 WATCH_EVERY_S = 0.1  #: how often the agent looks for exits and new checkpoints to report at once
 CHECKPOINT_NEWS_S = 2.0
+GRACE_RETRY_S = 1.0  #: when stopping a job after its grace failed, the next try
 LOG_CHUNK = 1 << 20
 
 
@@ -81,25 +83,27 @@ class Agent:
         self._reported_running: set[tuple[int, int]] = set()  #: as the leader last heard it
         self._kick = threading.Event()
         self._logs = _LogServer(self, (config.logs_host, 0))
-        self._threads: list[threading.Thread] = []
+        self.workers = Supervisor()
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._threads = [threading.Thread(target=self._logs.serve_forever, name="labq-agent-logs", daemon=True),
-                         threading.Thread(target=self._sync_loop, name="labq-agent-sync", daemon=True),
-                         threading.Thread(target=self._watch_exits, name="labq-agent-exits", daemon=True)]
-        for thread in self._threads:
-            thread.start()
+        self.workers.spawn("labq-agent-logs", self._logs.serve_forever)
+        self.workers.spawn("labq-agent-sync", self._sync_loop)
+        self.workers.spawn("labq-agent-exits", self._watch_exits)
+
+    def check(self) -> list[str]:
+        """For the process's main thread: restart a worker thread that died (``WorkerFailed`` if it keeps dying)."""
+        return self.workers.check()
 
     def stop(self) -> None:
         """Stop the daemon; the jobs keep running and are re-adopted by the next agent."""
         self._stop.set()
         self._kick.set()
+        self.workers.stopping = True
         self._logs.shutdown()
         self._logs.server_close()
-        for thread in self._threads:  # daemons: a sync blocked in a long poll is not waited for
-            thread.join(timeout=1.0)
+        self.workers.join(timeout=1.0)  # daemons: a sync blocked in a long poll is not waited for
 
     @property
     def logs_url(self) -> str:
@@ -164,22 +168,34 @@ class Agent:
             if err.status == 401:  # the leader forgot us (a recovered database): join again
                 self.token = None
             raise
+        try:
+            reply = decode_reply(doc)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+            raise ValueError(f"the leader's sync reply is not understood ({type(err).__name__}: {err})") from None
         self.runtime.heartbeat()
         self.last_contact = time.monotonic()
-        self.fence_after_s, self.lease_s = doc["fence_after_s"], doc["lease_s"]
-        self.apply(decode_reply(doc))
+        self.fence_after_s, self.lease_s = reply.fence_after_s, reply.lease_s
+        self.apply(reply)
 
     def _sync_loop(self) -> None:
-        wait_s, backoff = 0.0, 1.0  # the first sync after a start gets every order at once
+        """Sync for as long as the agent runs: no error of the network, the leader or this machine ends it.
+
+        A failed sync is logged (once per kind of failure, then every minute) and retried after a
+        short backoff with jitter, capped so that the agent is back within about 2 s of its leader.
+        """
+        wait_s = 0.0  # the first sync after a start gets every order at once
+        backoff, trouble = Backoff(), RetryLog(log, f"cannot sync with the leader at {self.config.leader}")
         while not self._stop.is_set():
             try:
                 self.sync_once(wait_s)
-                wait_s, backoff = self.poll_s, 1.0
-            except (OSError, ApiError, ValueError) as err:
-                log.warning("cannot sync with the leader at %s: %s", self.config.leader, err)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 15.0)
+            except Exception as err:  # noqa: BLE001 - a daemon loop outlives every error of one round
+                trouble.failed(err)
+                self._stop.wait(backoff.next())
                 wait_s = 0.0
+            else:
+                trouble.ok()
+                backoff.reset()
+                wait_s = self.poll_s
 
     @property
     def poll_s(self) -> float:
@@ -194,18 +210,24 @@ class Agent:
         starts and ends between two looks must be reported too. New checkpoints are
         reported at most every ``CHECKPOINT_NEWS_S``, however often a job saves.
         """
-        told_at = 0.0
-        while not self._stop.wait(WATCH_EVERY_S):
-            running = [s for s in self.runtime.attempts() if s.state is AttemptState.RUNNING]
-            exited = self._reported_running - {(s.job_id, s.attempt) for s in running}
-            news = time.monotonic() - told_at >= CHECKPOINT_NEWS_S and any(
-                self._checkpoints_told.get((s.job_id, s.attempt)) != self._checkpoint_at(s) for s in running)
-            if (exited or news) and self.token is not None:
-                told_at = time.monotonic()
-                try:
+        told_at, pause = 0.0, WATCH_EVERY_S
+        backoff, trouble = Backoff(cap=2.0), RetryLog(log, "cannot report an exit or a checkpoint at once")
+        while not self._stop.wait(pause):
+            try:
+                running = [s for s in self.runtime.attempts() if s.state is AttemptState.RUNNING]
+                exited = self._reported_running - {(s.job_id, s.attempt) for s in running}
+                news = time.monotonic() - told_at >= CHECKPOINT_NEWS_S and any(
+                    self._checkpoints_told.get((s.job_id, s.attempt)) != self._checkpoint_at(s) for s in running)
+                if (exited or news) and self.token is not None:
+                    told_at = time.monotonic()
                     self.sync_once(0.0)
-                except (OSError, ApiError, ValueError) as err:
-                    log.warning("cannot report an exit: %s", err)
+            except Exception as err:  # noqa: BLE001 - the sync loop retries too; this loop goes on
+                trouble.failed(err)
+                pause = max(WATCH_EVERY_S, backoff.next())
+            else:
+                trouble.ok()
+                backoff.reset()
+                pause = WATCH_EVERY_S
 
     def _checkpoint_at(self, status) -> float | None:
         at = self.notes.get(status.job_id, status.attempt).checkpoint_at()
@@ -298,12 +320,21 @@ class Agent:
 
     def _grace_over(self, job_id: int, attempt: int) -> None:
         self._timers.pop((job_id, attempt), None)
-        if not any(s.job_id == job_id and s.attempt == attempt and s.state is AttemptState.RUNNING
-                   for s in self.runtime.attempts()):
-            return  # it stopped within its grace
-        log.info("job %d attempt %d still runs after its grace: TERM, then KILL", job_id, attempt)
-        self.notes.update(job_id, attempt, escalated=True)
-        self.runtime.stop(job_id, attempt, KILL_AFTER_S)
+        try:
+            if not any(s.job_id == job_id and s.attempt == attempt and s.state is AttemptState.RUNNING
+                       for s in self.runtime.attempts()):
+                return  # it stopped within its grace
+            log.info("job %d attempt %d still runs after its grace: TERM, then KILL", job_id, attempt)
+            self.notes.update(job_id, attempt, escalated=True)
+            self.runtime.stop(job_id, attempt, KILL_AFTER_S)
+        except Exception as err:  # noqa: BLE001 - a job past its grace must still be stopped: try again soon
+            log.warning("cannot stop job %d attempt %d after its grace: %s: %s; trying again in %g s", job_id,
+                        attempt, type(err).__name__, err, GRACE_RETRY_S)
+            if not self._stop.is_set():
+                timer = threading.Timer(GRACE_RETRY_S, self._grace_over, (job_id, attempt))
+                timer.daemon = True
+                self._timers[(job_id, attempt)] = timer
+                timer.start()
 
     def _managed_pids(self) -> frozenset[int]:
         """Every process of every running job: its whole process group, dataloader workers and all."""
@@ -373,7 +404,10 @@ class _LogHandler(BaseHTTPRequestHandler):
             return self._answer(404, b"no such path")
         job_id, attempt = int(parts[2]), int(parts[3])
         query = urllib.parse.parse_qs(url.query)
-        offset = int(query.get("offset", ["0"])[0] or 0)
+        offset_text = query.get("offset", ["0"])[-1] or "0"
+        if not offset_text.isdigit() or len(offset_text) > 18:
+            return self._answer(400, b"offset must be a whole number of bytes")
+        offset = int(offset_text)
         running = any(s.job_id == job_id and s.attempt == attempt and s.state is AttemptState.RUNNING
                       for s in agent.runtime.attempts())
         try:

@@ -150,16 +150,13 @@ def _leader(args) -> int:
 
         print(DEFAULT_TOML, end="")
         return 0
-    from labq.leader.main import wait_for_signal
-
     config, running = _start(args)
     print(f"agents join with the token in {config.data_dir / 'join-token'}", file=sys.stderr)
     if not args.no_mdns:
         from labq.leader.main import advertise
 
         advertise(running, socket.gethostname().split(".")[0])
-    wait_for_signal(running)
-    return 0
+    return _serve(running.stop, [running.leader.check, _serving(running)])
 
 
 def _open_agent(args, leader_url: str, join_token: str, data_dir: Path):
@@ -204,15 +201,29 @@ def _agent(args) -> int:
                            ) from None
     leader_url = args.leader or _find_leader(token)
     agent = _open_agent(args, leader_url, token, data_dir)
-    try:
-        agent.register()
-    except Exception as err:
-        raise CliError(f"cannot register with the leader at {leader_url}: {err}") from None
+    _first_registration(agent, leader_url)
     agent.start()
     advertiser = None if args.no_mdns else _advertise_agent(agent, token)
     print(f"labq agent {args.name} serving the leader at {leader_url}", file=sys.stderr)
-    _wait(lambda: (advertiser.close() if advertiser else None, agent.stop()))
-    return 0
+    return _serve(lambda: (advertiser.close() if advertiser else None, agent.stop()), [agent.check])
+
+
+def _first_registration(agent, leader_url: str) -> None:
+    """A refusal (a wrong join token, a bad name) stops the agent with why; a leader that cannot be reached
+    yet does not: the agent starts and its sync loop registers as soon as the leader answers."""
+    from labq.cli import CliError
+    from labq.protocol.errors import ApiError
+
+    try:
+        agent.register()
+    except ApiError as err:
+        if err.status < 500:
+            raise CliError(f"the leader at {leader_url} refused this agent: {err.message}") from None
+        print(f"labq agent: the leader at {leader_url} cannot take the agent yet ({err.message}); "
+              "it keeps trying", file=sys.stderr)
+    except Exception as err:  # noqa: BLE001 - down, restarting, unreachable: the sync loop keeps trying
+        print(f"labq agent: cannot reach the leader at {leader_url} yet ({type(err).__name__}: {err}); "
+              "it keeps trying", file=sys.stderr)
 
 
 def _find_leader(join_token: str) -> str:
@@ -246,7 +257,7 @@ def _advertise_agent(agent, join_token: str):
 
 def _up(args) -> int:
     from labq.cli import CliError
-    from labq.leader.main import join_token_path, wait_for_signal
+    from labq.leader.main import join_token_path
 
     config, running = _start(args)
     try:
@@ -257,8 +268,7 @@ def _up(args) -> int:
         raise
     agent.start()
     print(f"labq up: node {args.name} is ready; submit with: labq submit -- COMMAND", file=sys.stderr)
-    wait_for_signal(running, also_stop=agent.stop)
-    return 0
+    return _serve(lambda: (agent.stop(), running.stop()), [running.leader.check, _serving(running), agent.check])
 
 
 def _demo(args) -> int:
@@ -267,12 +277,39 @@ def _demo(args) -> int:
     return run_demo(keep=args.keep)
 
 
-def _wait(stop) -> None:
+def _serving(running):
+    """A check that the leader's HTTP thread still serves."""
+    from labq.workers import WorkerFailed
+
+    def check() -> list[str]:
+        if not running.thread.is_alive():
+            raise WorkerFailed("the leader's HTTP server thread stopped; see the errors above")
+        return []
+    return check
+
+
+def _serve(stop, checks, every_s: float = 1.0) -> int:
+    """Run until SIGINT or SIGTERM (exit 0), looking after the worker threads every second: a dead one is
+    started again, and one that keeps dying stops the daemon with exit status 1, so that its service
+    manager restarts it instead of it idling on without a part."""
+    import logging
     import signal
     import threading
+
+    from labq.workers import WorkerFailed
 
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    done.wait()
+    status = 0
+    while not done.wait(every_s):
+        try:
+            for check in checks:
+                check()
+        except WorkerFailed as err:
+            logging.getLogger("labq").error("stopping: %s", err)
+            print(f"labq: stopping: {err}", file=sys.stderr)
+            status = 1
+            break
     stop()
+    return status

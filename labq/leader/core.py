@@ -35,6 +35,7 @@ from labq.protocol.codec import decode_job, decode_node, encode_job, encode_node
 from labq.protocol.requests import ActionRequest, SubmitRequest, UserRequest
 from labq.scheduler import Policy, decay_usage, schedule, why_never_fits
 from labq.store import Change, CommitFailed, DeleteRecord, InvalidChange, PutJob, PutRecord, Store
+from labq.workers import Supervisor
 
 log = logging.getLogger("labq.leader")
 
@@ -69,7 +70,7 @@ class Leader:
         self._stopping = threading.Event()
         self.epoch = secrets.token_hex(6)  #: this process: agents order its sync replies by (epoch, seq)
         self._replies = 0
-        self._thread: threading.Thread | None = None
+        self.workers = Supervisor()
         state = store.load()
         now = clock()
         self.jobs: dict[int, Job] = {i: decode_job(doc) for i, doc in state.jobs.items()}
@@ -400,17 +401,21 @@ class Leader:
         self._wake.set()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="labq-scheduler", daemon=True)
-        self._thread.start()
+        self.workers.spawn("labq-scheduler", self._loop)
+
+    def check(self) -> list[str]:
+        """For the process's main thread: restart the scheduler thread if it died (``WorkerFailed`` if it keeps
+        dying)."""
+        return self.workers.check()
 
     def stop(self) -> None:
         self._stopping.set()
+        self.workers.stopping = True
         self._wake.set()
         with self.lock:
             self.changed.notify_all()
         self.events.close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self.workers.join(timeout=10)
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
