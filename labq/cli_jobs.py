@@ -6,6 +6,10 @@ and the HTTP client is loaded only by a command that talks to the leader.
 
 Exit codes: 0 ok; 1 the operation failed; 2 bad usage or input; 3 credentials or
 permission; 4 the leader cannot be reached.
+
+Whatever a command prints that came from a user (names, the leader's error messages that
+echo them) goes through ``escape_controls``; the tables of ``labq.render`` escape their own.
+A job's log (``labq logs``) is the job's own output and is written as it is, like ``docker logs``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from labq import units
 from labq.protocol.errors import ApiError
+from labq.terminal_text import escape_controls
 
 if TYPE_CHECKING:
     from labq.client import Client
@@ -190,10 +195,10 @@ def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse
         try:
             return command(args)
         except UsageError as err:
-            print(f"labq: error: {err}", file=sys.stderr)
+            print(f"labq: error: {escape_controls(err)}", file=sys.stderr)
             return 2
         except ApiError as err:
-            print(f"labq: error: {err}", file=sys.stderr)
+            print(f"labq: error: {escape_controls(err)}", file=sys.stderr)
             return exit_code(err)
         except KeyboardInterrupt:
             return 0 if getattr(args, "interruptible", False) else 130
@@ -221,7 +226,7 @@ def _submit(args: argparse.Namespace) -> int:
     body = build_submit_body(args)
     job = _client(args).submit(body)
     name = job["spec"].get("name")
-    return _emit(args, job, lambda: f"submitted job {job['id']}" + (f" ({name})" if name else ""))
+    return _emit(args, job, lambda: f"submitted job {job['id']}" + (f" ({escape_controls(name)})" if name else ""))
 
 
 def _list_jobs(client: Client, args: argparse.Namespace) -> list[dict]:
@@ -281,7 +286,7 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
         except ApiError as err:
             if err.code != "unreachable":
                 raise
-            body = f"{err}\nretrying..."
+            body = f"{escape_controls(err)}\nretrying..."
         stamp = time.strftime("%H:%M:%S")
         sys.stdout.write(f"\x1b[H\x1b[2Jlabq ls, live ({stamp}); Ctrl-C to stop\n\n{body}\n")
         sys.stdout.flush()
@@ -332,7 +337,8 @@ def _follow(client: Client, job_id: int, attempt: int | None, out: BinaryIO) -> 
                 return 0
             if job["state"] in ("queued", "held") or job["attempt"] <= ended:  # else the leader is yet to hear
                 if job["state"] in ("queued", "held") and job["state"] != said:
-                    print(f"labq: job {job_id} is {job['state']}; waiting for it to start", file=sys.stderr)
+                    print(f"labq: job {job_id} is {escape_controls(job['state'])}; waiting for it to start",
+                          file=sys.stderr)
                     said = job["state"]
                 time.sleep(1)
                 continue
@@ -368,11 +374,11 @@ def _action(action: str) -> Callable[[argparse.Namespace], int]:
             except ApiError as err:
                 if err.code == "unreachable" or err.status == 401:
                     raise
-                print(f"labq: error: job {job_id}: {err}", file=sys.stderr)
+                print(f"labq: error: job {job_id}: {escape_controls(err)}", file=sys.stderr)
                 codes.append(exit_code(err))
                 continue
             codes.append(0)
-            print(f"job {job_id}: {_state_phrase(job, action)}")
+            print(f"job {job_id}: {escape_controls(_state_phrase(job, action))}")
         failed = [c for c in codes if c]
         if not failed:
             return 0
@@ -421,7 +427,7 @@ def _gpus(args: argparse.Namespace) -> int:
 def _whoami(args: argparse.Namespace) -> int:
     client = _client(args)
     me = client.whoami()
-    print(f"{me['user']}{' (admin)' if me.get('admin') else ''} at {client.url}")
+    print(escape_controls(f"{me['user']}{' (admin)' if me.get('admin') else ''} at {client.url}"))
     return 0
 
 
@@ -433,6 +439,7 @@ def _user_add(args: argparse.Namespace) -> int:
     client = _client(args)
     user, token = client.add_user(args.name, args.admin)
     role = "admin" if user.get("admin") else "user"
+    name = escape_controls(args.name)
     try:
         me = pwd.getpwuid(os.getuid()).pw_name
     except KeyError:  # a container's uid with no passwd entry
@@ -451,13 +458,14 @@ def _user_add(args: argparse.Namespace) -> int:
     if target is not None:
         try:
             path = save_credentials(client.url, token, *target)
-            owned = f", owned by {args.name}" if target[1] is not None else ""
-            print(f"added {role} {args.name}; saved the token to {path} (mode 0600{owned})")
+            owned = f", owned by {name}" if target[1] is not None else ""
+            print(escape_controls(f"added {role} {name}; saved the token to {path} (mode 0600{owned})"))
             return 0
         except (OSError, ApiError) as err:
-            print(f"labq: warning: could not save the token ({err}); here it is instead", file=sys.stderr)
-    print(f"added {role} {args.name}. The token is shown only now (running this again makes a new one).")
-    print(f"{args.name} puts these two lines in ~/.config/labq/credentials (chmod 600):\n")
+            print(f"labq: warning: could not save the token ({escape_controls(err)}); here it is instead",
+                  file=sys.stderr)
+    print(f"added {role} {name}. The token is shown only now (running this again makes a new one).")
+    print(f"{name} puts these two lines in ~/.config/labq/credentials (chmod 600):\n")
     print(credentials_text(client.url, token))
     if "127.0.0.1" in client.url or "localhost" in client.url:
         print("(from another machine, use the leader's host name instead of this loopback address)")
@@ -474,7 +482,7 @@ def _user_ls(args: argparse.Namespace) -> int:
 
 def _user_rm(args: argparse.Namespace) -> int:
     user = _client(args).remove_user(args.name)
-    print(f"removed user {user.get('name', args.name)}; their token no longer works")
+    print(f"removed user {escape_controls(user.get('name', args.name))}; their token no longer works")
     return 0
 
 

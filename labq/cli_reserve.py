@@ -2,7 +2,8 @@
 
 Times are read and shown in the user's time zone (``--tz``, default the
 machine's); the leader works in Unix time. A refused booking exits 1 and prints
-the alternatives, each with the command that books it.
+the alternatives, each with the command that books it. Names and the leader's
+reasons are printed escaped (``escape_controls``), a line at a time.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from collections.abc import Mapping
 
 from labq.cli_jobs import UsageError, _client, _command, parse_size_mib
+from labq.terminal_text import escape_controls
 
 
 def build_reserve_body(args: argparse.Namespace, now: float, tz) -> dict:
@@ -59,6 +61,10 @@ def build_reserve_body(args: argparse.Namespace, now: float, tz) -> dict:
 
 def answer_text(answer: Mapping, now: float, tz) -> str:
     """What ``labq reserve`` says: booked (or would book) where, whom it displaces; or why not and what works."""
+    return "\n".join(escape_controls(line) for line in _answer_lines(answer, now, tz))
+
+
+def _answer_lines(answer: Mapping, now: float, tz) -> list[str]:
     from labq.when import format_when
 
     if answer["accepted"]:
@@ -73,7 +79,7 @@ def answer_text(answer: Mapping, now: float, tz) -> str:
                       for d in answer["displaced"]]
         if answer["booked"]:
             lines.append(f"  run jobs in it with: labq submit --reservation {r['name']} ...")
-        return "\n".join(lines)
+        return lines
     lines = ["cannot book it: " + "; ".join(answer["reasons"])]
     if answer["alternatives"]:
         lines.append("  what would work:")
@@ -82,7 +88,7 @@ def answer_text(answer: Mapping, now: float, tz) -> str:
             lines.append(f"    {a['gpus']} GPU(s) on {a['node']} (score {a['score']}), "
                          f"{format_when(a['start'], now, tz)} to {format_when(a['end'], now, tz)}: "
                          f"labq reserve --gpus {a['gpus']} --start \"{_iso(a['start'], tz)}\" --for {hours:g}h")
-    return "\n".join(lines)
+    return lines
 
 
 def reservations_table(reservations: list[Mapping], now: float, tz) -> str:
@@ -127,7 +133,7 @@ def _reserve(args: argparse.Namespace) -> int:
         if args.action != "cancel" or not args.target:
             raise UsageError("to cancel a booking: labq reserve cancel NAME")
         r = _client(args).cancel_reservation(args.target)
-        print(json.dumps(r, indent=2) if args.json else f"cancelled {r['name']}")
+        print(json.dumps(r, indent=2) if args.json else f"cancelled {escape_controls(r['name'])}")
         return 0
     now, tz = time.time(), _zone(args)
     answer = _client(args).reserve(build_reserve_body(args, now, tz))

@@ -3,6 +3,11 @@
 Pure functions of API dicts (``labq.protocol.codec`` shapes) and ``now``, so every
 output is testable without a leader. Tables are plain aligned text, colored with
 ANSI codes only on a terminal: no table library, so ``labq ls`` starts fast.
+
+Names, commands, reasons and the rest come from users: every table cell and every
+line goes out through ``escape_controls``, so no row splits and no escape sequence
+reaches the terminal. Lines are escaped before they are joined, so the only line
+breaks in the output are ours.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from labq.models.priority import priority_name
+from labq.terminal_text import escape_controls
 
 _COLORS = {"running": "32", "starting": "32", "queued": "33", "held": "35", "preempting": "35",
            "failed": "31", "timeout": "31", "cancelled": "2", "succeeded": "34",
@@ -48,9 +54,12 @@ def format_mib(mib: int | float | None) -> str:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, color: bool = False,
           color_column: str | None = None, max_width: Mapping[str, int] | None = None) -> str:
-    """Left-aligned columns two spaces apart; ``color`` paints ``color_column``'s state words."""
+    """Left-aligned columns two spaces apart; ``color`` paints ``color_column``'s state words.
+
+    Every cell is escaped (``escape_controls``), then clipped to its ``max_width``."""
     limits = max_width or {}
-    cells = [[_clip(str(v) if v is not None else "-", limits.get(h)) for h, v in zip(headers, row)] for row in rows]
+    cells = [[_clip(escape_controls(v) if v is not None else "-", limits.get(h)) for h, v in zip(headers, row)]
+             for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     painted = headers.index(color_column) if color and color_column in headers else -1
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
@@ -130,14 +139,22 @@ def estimate_text(estimated_start: float | None, now: float) -> str:
 
 def why_text(job: Mapping, pending: Mapping | None, now: float) -> str:
     """The answer to "why is my job not running?" in a sentence or two."""
-    state, where = job["state"], placement_text(job)
+    return "\n".join(escape_controls(line) for line in _why_lines(job, pending, now))
+
+
+def _why_lines(job: Mapping, pending: Mapping | None, now: float) -> list[str]:
     if pending:
         lines = [f"job {job['id']} waits: {pending['reason']}: {pending['detail']}"]
         if pending.get("waiting_for"):
             lines.append(f"  waiting for job {pending['waiting_for']}")
         if estimate := estimate_text(pending.get("estimated_start"), now):
             lines.append(f"  {estimate}")
-        return "\n".join(lines)
+        return lines
+    return [_why_sentence(job)]
+
+
+def _why_sentence(job: Mapping) -> str:
+    state, where = job["state"], placement_text(job)
     if state == "queued":
         return f"job {job['id']} is queued; the scheduler has not placed it yet"
     if state == "held":
@@ -210,7 +227,7 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
         facts.append(("env", f"{key}={value}"))
     title = f"job {job['id']}" + (f" ({spec['name']})" if spec.get("name") else "")
     title += f": {job['state']}, attempt {job.get('attempt', 1)}"
-    lines = [title] + [f"  {k:<12}{v}" for k, v in facts]
+    lines = [escape_controls(line) for line in [title] + [f"  {k:<12}{v}" for k, v in facts]]
     if job.get("attempts"):
         lines += ["  attempts", *("    " + line for line in attempts_table(job, now).splitlines())]
     return "\n".join(lines)
