@@ -68,6 +68,7 @@ class Agent:
 
         self.runtime = Runtimes(config.state_dir, config.name, lab=cluster_id(token_hash(config.join_token)))
         self.checkpoints = config.state_dir / "checkpoints"
+        self.checkpoint_root: str | None = None  #: the admin's shared checkpoint storage, when set
         self.notes = NotesBook(config.state_dir / "attempts")
         self._timers: dict[tuple[int, int], threading.Timer] = {}
         self._checkpoints_told: dict[tuple[int, int], float | None] = {}  #: as the leader last heard them
@@ -105,6 +106,16 @@ class Agent:
         self._logs.server_close()
         self.workers.join(timeout=1.0)  # daemons: a sync blocked in a long poll is not waited for
 
+    def runs_jobs_as(self) -> str:
+        """Which account this agent's jobs run as, in a sentence for its start-up message."""
+        if self.config.run_as_job_user:
+            root = "allowed" if self.runtime.process.allow_root else "refused"
+            return (f"jobs run as their lab user's Unix account here (uid 0 {root}, as the leader's "
+                    "[jobs] allow_root says)")
+        import getpass
+
+        return f"jobs run as {getpass.getuser()}, this agent's own account (jobs of other users are refused)"
+
     @property
     def logs_url(self) -> str:
         host, port = self._logs.server_address[:2]
@@ -137,8 +148,10 @@ class Agent:
                               self.config.join_token, timeout=30)
         self.token, self.logs_token = reply["agent_token"], reply["logs_token"]
         self.fence_after_s, self.lease_s = reply["fence_after_s"], reply["lease_s"]
-        roots = (*reply.get("allowed_mount_roots", ()), *filter(None, [reply.get("checkpoint_root")]))
-        self.runtime.set_policy(tuple(roots), tuple(reply.get("allowed_images", ())))
+        self.checkpoint_root = reply.get("checkpoint_root") or None
+        areas = (str(self.checkpoints), *filter(None, [self.checkpoint_root]))
+        self.runtime.set_policy(tuple(reply.get("allowed_mount_roots", ())), tuple(reply.get("allowed_images", ())),
+                                checkpoint_areas=areas, allow_root=bool(reply.get("allow_root", False)))
         log.info("registered %s with %d GPU(s) (%s)", self.config.name, len(inv.gpus), inv.source)
 
     def sync_once(self, wait_s: float) -> None:
@@ -262,31 +275,30 @@ class Agent:
 
     def _launch(self, order: RunOrder) -> None:
         folder = Path(order.checkpoint_dir) if order.checkpoint_dir else self.checkpoints / str(order.job_id)
+        user = order.user if self.config.run_as_job_user else None
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
+            _own_checkpoint_folder(folder, user)
+        except (OSError, ValueError) as err:
+            why = err.strerror if isinstance(err, OSError) else str(err)
             log.warning("job %d attempt %d cannot start: checkpoint folder %s: %s", order.job_id, order.attempt,
-                        folder, err.strerror)
+                        folder, why)
             self.runtime.refuse(order.job_id, order.attempt, f"cannot make the checkpoint folder {folder} on "
-                                f"{self.config.name}: {err.strerror}")
+                                f"{self.config.name}: {why}")
             return
         self.notes.update(order.job_id, order.attempt, checkpoint_dir=str(folder))
         env = dict(order.env, LABQ_CHECKPOINT_DIR=str(folder))
         gpu_env = {k: env.pop(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES") if k in env}
-        user = order.user if self.config.run_as_job_user else None
-        if user is not None:
-            _give_to(folder, user)
         log.info("starting job %d attempt %d on GPUs %s", order.job_id, order.attempt, order.gpu_indices)
         try:
             if order.runtime == "docker":
                 from labq.agent.docker_runtime import DockerLaunch
 
-                mounts = (*(Mount(*m) for m in order.mounts), Mount(str(folder), str(folder)))
+                mounts = tuple(Mount(*m) for m in order.mounts)
                 visible = tuple(map(str, order.gpu_indices)) if order.simulated else order.gpu_uuids
                 launch = DockerLaunch(order.job_id, order.attempt, order.command, env, order.workdir, user, {},
                                       self.fence_after_s, order.checkpoint_signal, order.grace_s, image=order.image,
                                       mounts=mounts, shm_size_mib=order.shm_size_mib, simulated=order.simulated,
-                                      gpu_uuids=visible)
+                                      gpu_uuids=visible, checkpoint_dir=str(folder))
             else:
                 launch = Launch(order.job_id, order.attempt, order.command, env, order.workdir, user, gpu_env,
                                 self.fence_after_s, order.checkpoint_signal, order.grace_s)
@@ -366,14 +378,25 @@ def processes_in_groups(groups: set[int]) -> set[int]:
     return found
 
 
-def _give_to(folder: Path, user: str) -> None:
-    import pwd
+def _own_checkpoint_folder(folder: Path, user: str | None) -> None:
+    """Make the job's checkpoint folder its user's alone (mode 0700), refusing one that is not a plain folder.
 
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        return
-    os.chown(folder, entry.pw_uid, entry.pw_gid)
+    On shared checkpoint storage someone may have put a symlink where a job's folder goes, to
+    have the job write elsewhere or mount another folder: such a folder is refused.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    if folder.is_symlink() or not folder.is_dir():
+        raise ValueError("it is not a plain folder (a symlink?); remove it and requeue the job")
+    if user is not None:
+        import pwd
+
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            pass  # the launch refuses the job for want of the account, with a clearer message
+        else:
+            os.chown(folder, entry.pw_uid, entry.pw_gid)
+    os.chmod(folder, 0o700)
 
 
 class _LogServer(ThreadingHTTPServer):

@@ -40,7 +40,9 @@ import docker
 import docker.errors
 
 from labq.agent.process_runtime import AttemptState, AttemptStatus, Launch
-from labq.isolation import IsolationError, check_env, check_image, check_mounts, container_settings
+from labq.isolation import (
+    IsolationError, check_env, check_image, check_mounts, container_settings, refuse_checkpoint_folders,
+)
 from labq.models.job import Mount
 
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -56,6 +58,7 @@ class DockerLaunch(Launch):
     shm_size_mib: int = 1024
     simulated: bool = False
     gpu_uuids: tuple[str, ...] = ()  #: the placed GPUs' UUIDs; their indices on a simulated node
+    checkpoint_dir: str = ""  #: the job's own checkpoint folder, made by the agent, mounted at the same path
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ class DockerRuntime:
 
     def __init__(self, root: Path, node: str, *, allowed_roots: tuple[str, ...] = (),
                  allowed_images: tuple[str, ...] = (), client: docker.DockerClient | None = None,
-                 lab: str = "") -> None:
+                 lab: str = "", checkpoint_areas: tuple[str, ...] = ()) -> None:
         self.root = Path(root)
         self.node = node
         #: the lab (cluster id): no two attempts of one of its jobs run at once on this engine,
@@ -105,6 +108,7 @@ class DockerRuntime:
         self.lab = lab
         self.allowed_roots = tuple(allowed_roots)
         self.allowed_images = tuple(allowed_images)
+        self.checkpoint_areas = tuple(checkpoint_areas)  #: no mount from these: each job gets its own folder
         self._logs = self.root / "logs"
         self._refused = self.root / "refused"
         for folder in (self.root, self._logs, self._refused):
@@ -129,7 +133,9 @@ class DockerRuntime:
             raise ValueError(f"bad job id or attempt: {spec.job_id}.{spec.attempt}")
         check_image(spec.image, self.allowed_images)
         check_env(spec.env)
-        mounts = check_mounts(spec.mounts, self.allowed_roots)
+        mounts = refuse_checkpoint_folders(check_mounts(spec.mounts, self.allowed_roots), self.checkpoint_areas)
+        if spec.checkpoint_dir:
+            mounts.append(Mount(os.path.realpath(spec.checkpoint_dir), spec.checkpoint_dir))
         uid, gid, groups = _user_ids(spec.user)
         settings = container_settings(uid, gid, spec.gpu_uuids, spec.simulated, spec.shm_size_mib, mounts,
                                       groups=groups)

@@ -94,8 +94,9 @@ class _RunAs:
     groups: tuple[int, ...] | None
 
 
-def _run_as(user: str | None) -> _RunAs:
-    """Resolve the user before anything touches disk: only root may start jobs as someone else."""
+def _run_as(user: str | None, allow_root: bool = False) -> _RunAs:
+    """Resolve the user before anything touches disk: only root may start jobs as someone else, and no job
+    runs as uid 0 unless the admin allows it (``[jobs] allow_root``)."""
     uid = os.geteuid()
     try:
         me = pwd.getpwuid(uid)
@@ -103,6 +104,10 @@ def _run_as(user: str | None) -> _RunAs:
     except KeyError:  # a container uid without a passwd entry
         own = _RunAs(os.environ.get("USER", str(uid)), os.environ.get("HOME", "/"), None, None, None)
     if user is None or user == own.name:
+        if uid == 0 and not allow_root:
+            raise ValueError(_ROOT_REFUSED.format(
+                user=user or own.name, how=f"user {user!r} is uid 0 on this machine" if user else
+                "the agent runs as root and the job names no other user"))
         return own
     if uid != 0:
         raise ValueError(f"cannot run a job as user {user!r}: the agent runs as {own.name!r} (uid {uid}), "
@@ -111,7 +116,13 @@ def _run_as(user: str | None) -> _RunAs:
         pw = pwd.getpwnam(user)
     except KeyError:
         raise ValueError(f"cannot run a job as user {user!r}: no such user on this machine") from None
+    if pw.pw_uid == 0 and not allow_root:
+        raise ValueError(_ROOT_REFUSED.format(user=user, how=f"user {user!r} is uid 0 on this machine"))
     return _RunAs(pw.pw_name, pw.pw_dir, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid)))
+
+
+_ROOT_REFUSED = ("job of user {user!r} refused: jobs never run as root (uid 0) here, and {how}; submit as an "
+                 "ordinary user, or an admin sets allow_root = true in the leader's [jobs] section")
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -133,8 +144,9 @@ def _alive(started: dict[str, Any] | None) -> bool:
 class ProcessRuntime:
     """Starts, watches and stops job attempts under ``root``; any number of these may come and go."""
 
-    def __init__(self, root: Path, python: str = sys.executable) -> None:
+    def __init__(self, root: Path, python: str = sys.executable, allow_root: bool = False) -> None:
         self.root = Path(root)
+        self.allow_root = allow_root  #: whether a job may run as uid 0 (the leader's ``[jobs] allow_root``)
         self._attempts = self.root / "attempts"
         self._logs = self.root / "logs"
         self._python = python
@@ -153,7 +165,7 @@ class ProcessRuntime:
             raise ValueError("a job needs a command")
         if spec.job_id < 0 or spec.attempt < 0:
             raise ValueError(f"bad job id or attempt: {spec.job_id}.{spec.attempt}")
-        run_as = _run_as(spec.user)
+        run_as = _run_as(spec.user, self.allow_root)
         key = (spec.job_id, spec.attempt)
         folder = self._folder(*key)
         if folder.exists() or self._forgotten_log(*key).exists():

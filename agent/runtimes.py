@@ -24,6 +24,7 @@ class Runtimes:
         self.process = ProcessRuntime(state_dir / "runtime")
         self.allowed_roots: tuple[str, ...] = ()
         self.allowed_images: tuple[str, ...] = ()
+        self.checkpoint_areas: tuple[str, ...] = ()
         self._docker = None
         if (state_dir / "docker").exists():
             try:
@@ -31,12 +32,24 @@ class Runtimes:
             except ValueError as err:
                 log.warning("containers of an earlier agent cannot be re-adopted: %s", err)
 
-    def set_policy(self, allowed_roots: tuple[str, ...], allowed_images: tuple[str, ...]) -> None:
-        """The leader's container policy, checked again here on this machine's resolved paths."""
-        self.allowed_roots = (*allowed_roots, str(self.state_dir / "checkpoints"))
+    def set_policy(self, allowed_roots: tuple[str, ...], allowed_images: tuple[str, ...],
+                   checkpoint_areas: tuple[str, ...] = (), allow_root: bool = False) -> None:
+        """The leader's policy, checked again here on this machine's resolved paths.
+
+        ``allowed_roots`` are the admin's: a job mounts nothing else. ``checkpoint_areas`` hold every job's
+        checkpoint folder: no job may mount in them, since the agent mounts each job's own folder for it.
+        ``allow_root``: whether a process job may run as uid 0 (containers never do).
+        """
+        self.allowed_roots = tuple(allowed_roots)
         self.allowed_images = allowed_images
+        self.checkpoint_areas = tuple(checkpoint_areas)
+        self.process.allow_root = allow_root
         if self._docker is not None:
-            self._docker.allowed_roots, self._docker.allowed_images = self.allowed_roots, allowed_images
+            self._share_policy(self._docker)
+
+    def _share_policy(self, docker_runtime) -> None:
+        docker_runtime.allowed_roots, docker_runtime.allowed_images = self.allowed_roots, self.allowed_images
+        docker_runtime.checkpoint_areas = self.checkpoint_areas
 
     def docker(self):
         if self._docker is None:
@@ -45,8 +58,8 @@ class Runtimes:
 
                 from labq.agent.docker_runtime import DockerRuntime
 
-                self._docker = DockerRuntime(self.state_dir / "docker", self.node, allowed_roots=self.allowed_roots,
-                                             allowed_images=self.allowed_images, lab=self.lab)
+                self._docker = DockerRuntime(self.state_dir / "docker", self.node, lab=self.lab)
+                self._share_policy(self._docker)
             except (ImportError, docker.errors.DockerException) as err:
                 raise ValueError(f"docker is not available on node {self.node}: {err}") from None
         return self._docker

@@ -65,7 +65,7 @@ GPUS, URGENT_GPUS, STEP_S = "sim:ws-4x3090", 2, 0.05
 WARMUPS, SAMPLES, SAVE_EVERY = 2, 12, (2, 5)
 OVERHEAD_GOAL_MS = 500.0
 CONFIG = ('[leader]\nlisten = "127.0.0.1:0"\n[scheduling]\nmin_runtime = "0s"\n'
-          '[jobs]\ndefault_grace = "30s"\nmax_grace = "4m"\n')
+          '[jobs]\ndefault_grace = "30s"\nmax_grace = "4m"\nallow_root = true\n')
 SIGNALLED = re.compile(r"^(\S+ \S+),(\d{3}) \S+ INFO job (\d+) attempt (\d+): SIGUSR1, \S+ to checkpoint \(preempted\)",
                        re.M)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from labq.cli_paths import path_arg
@@ -80,6 +81,9 @@ def _leader_options(parser) -> None:
     parser.add_argument("--listen", default=None, metavar="HOST:PORT", help="address to serve the API on")
     parser.add_argument("--data-dir", type=path_arg, default=None, help="where the database lives")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--admin", default=None, metavar="NAME",
+                        help="a new lab's first admin (default: you; under sudo, $SUDO_USER; root only with "
+                        "allow_root = true in [jobs])")
 
 
 def _agent_options(parser) -> None:
@@ -118,17 +122,66 @@ def _start(args):
 
     configure_logging(args.log_level)
     config = _config(args)
+    admin = _first_admin(args, config)
     try:
         if getattr(args, "recover", False):
             recover_first(config.data_dir, lambda text: _confirm(text, args.yes))
-        running, token = start_leader(config)
+        running, token = start_leader(config, first_admin=admin.name if admin else None)
     except StartError as err:
         raise CliError(str(err)) from None
     print(f"labq leader serving {running.url} (data in {config.data_dir})", file=sys.stderr)
     if token is not None:
-        path = save_credentials(running.url, token)
-        print(f"a new lab: you are its first admin; your token is saved in {path}", file=sys.stderr)
+        if admin is not None and admin.uid is not None:  # root started it for someone: the token is theirs
+            from labq.client import credentials_path
+
+            path = save_credentials(running.url, token, credentials_path(admin.home), admin.uid, admin.gid)
+            print(f"a new lab: {admin.name} is its first admin; their token is saved in {path}", file=sys.stderr)
+        else:
+            path = save_credentials(running.url, token)
+            who = "you are its first admin; your token" if admin is None else f"{admin.name} is its first admin; the token"
+            print(f"a new lab: {who} is saved in {path}", file=sys.stderr)
     return config, running
+
+
+@dataclass(frozen=True)
+class FirstAdmin:
+    name: str
+    uid: int | None = None  #: set when root names another account: the credentials go to its home
+    gid: int | None = None
+    home: str | None = None
+
+
+def _first_admin(args, config) -> FirstAdmin | None:
+    """Who becomes the first admin of a new lab: ``--admin``, else the person who ran it (``$SUDO_USER`` under
+    sudo). root itself only with ``jobs.allow_root``: a lab user root would run its jobs as uid 0. Checked
+    before anything is created; None keeps the account that runs the leader."""
+    import pwd
+
+    from labq.cli import CliError
+    from labq.store.tinydb_store import DB_NAME
+
+    name = getattr(args, "admin", None)
+    if name is None and os.geteuid() != 0:
+        return None
+    if name is None:
+        sudo_user = os.environ.get("SUDO_USER")
+        if sudo_user and sudo_user != "root":
+            name = sudo_user
+    if name is None:
+        if config.allow_root or (config.data_dir / DB_NAME).exists():  # an existing lab has its admins
+            return None
+        raise CliError("labq runs as root here and would make root the lab's first admin, whose jobs would run "
+                       "as uid 0; nothing was created. Name the admin: --admin NAME (an account on this machine; "
+                       "run it with sudo to name yourself), or allow jobs as root with allow_root = true in "
+                       "the [jobs] section of the settings file (--config)")
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return FirstAdmin(name)  # a lab user need not have an account on the leader's machine
+    if entry.pw_uid == 0 and not config.allow_root:
+        raise CliError(f"{name} is uid 0 here and jobs never run as root unless the settings say "
+                       "allow_root = true in [jobs]; name another admin with --admin NAME; nothing was created")
+    return FirstAdmin(name, entry.pw_uid, entry.pw_gid, entry.pw_dir) if os.geteuid() == 0 else FirstAdmin(name)
 
 
 def _confirm(text: str, yes: bool) -> bool:
@@ -204,7 +257,7 @@ def _agent(args) -> int:
     _first_registration(agent, leader_url)
     agent.start()
     advertiser = None if args.no_mdns else _advertise_agent(agent, token)
-    print(f"labq agent {args.name} serving the leader at {leader_url}", file=sys.stderr)
+    print(f"labq agent {args.name} serving the leader at {leader_url}; {agent.runs_jobs_as()}", file=sys.stderr)
     return _serve(lambda: (advertiser.close() if advertiser else None, agent.stop()), [agent.check])
 
 
@@ -267,7 +320,8 @@ def _up(args) -> int:
         running.stop()
         raise
     agent.start()
-    print(f"labq up: node {args.name} is ready; submit with: labq submit -- COMMAND", file=sys.stderr)
+    print(f"labq up: node {args.name} is ready; {agent.runs_jobs_as()}", file=sys.stderr)
+    print("labq up: submit with: labq submit -- COMMAND", file=sys.stderr)
     return _serve(lambda: (agent.stop(), running.stop()), [running.leader.check, _serving(running), agent.check])
 
 

@@ -71,6 +71,22 @@ def check_mounts(mounts: Iterable[Mount], allowed_roots: Iterable[str]) -> list[
     return checked
 
 
+def refuse_checkpoint_folders(mounts: list[Mount], areas: Iterable[str]) -> list[Mount]:
+    """``mounts`` (resolved by ``check_mounts``), or IsolationError for one inside a checkpoint area.
+
+    The folders there are other jobs' checkpoints: a job gets its own mounted by the agent,
+    at ``$LABQ_CHECKPOINT_DIR``, and may mount nothing else from them, whatever the allowed roots say.
+    """
+    resolved = [os.path.realpath(area) for area in areas]
+    for mount in mounts:
+        for area in resolved:
+            if _under(mount.source, area) or _under(area, mount.source):
+                raise IsolationError(f"mount {mount.source}:{mount.target}: it is in or holds the checkpoint "
+                                     f"folders ({area}); a job may see only its own, which labq mounts for it "
+                                     "at $LABQ_CHECKPOINT_DIR")
+    return mounts
+
+
 def check_image(image: str, allowed_images: Sequence[str]) -> None:
     """Any image when ``allowed_images`` is empty; else it must match one of the fnmatch patterns."""
     if not image or not image.strip():

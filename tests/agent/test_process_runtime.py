@@ -66,8 +66,9 @@ class Runtimes:
         self.root = tmp_path / "agent"
         self.opened: list[ProcessRuntime] = []
 
-    def open(self) -> ProcessRuntime:
-        self.opened.append(ProcessRuntime(self.root))
+    def open(self, allow_root: bool = os.geteuid() == 0) -> ProcessRuntime:
+        # the suite may run as root (CI does): these jobs then run as root on purpose, as allow_root = true allows
+        self.opened.append(ProcessRuntime(self.root, allow_root=allow_root))
         return self.opened[-1]
 
     def close(self) -> None:
@@ -272,7 +273,7 @@ AGENT = r"""
 import json, sys, time
 from pathlib import Path
 from labq.agent.process_runtime import Launch, ProcessRuntime
-rt = ProcessRuntime(Path(sys.argv[1]))
+rt = ProcessRuntime(Path(sys.argv[1]), allow_root=True)
 pids = [rt.launch(Launch(job_id, 1, tuple(command), {"LABQ_TEST_ROOT": sys.argv[2]}, workdir=sys.argv[2])).pid
         for job_id, command in json.loads(sys.argv[3])]
 print(json.dumps(pids), flush=True)
@@ -375,6 +376,19 @@ def test_an_attempt_is_launched_once_and_not_forgotten_while_running(runtimes, j
 
 
 # --- users ------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"), reason="needs an agent running as root")
+def test_no_job_runs_as_uid_0_unless_the_admin_allows_it(runtimes, job):
+    rt = runtimes.open(allow_root=False)
+    for job_id, user in ((1, None), (2, "root")):  # the agent's own user, and a lab user named root
+        with pytest.raises(ValueError, match="jobs never run as root .uid 0. here") as refused:
+            rt.launch(job(job_id, "id", "-u", user=user))
+        assert "allow_root = true" in str(refused.value)
+    assert rt.attempts() == []  # refused before anything ran
+    allowed = runtimes.open(allow_root=True)
+    allowed.launch(job(3, "id", "-u", user="root"))
+    assert wait_for(allowed, 3, 1).exit_code == 0 and allowed.read_log(3, 1).strip() == b"0"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only an agent running as root can start jobs as another user")

@@ -43,6 +43,7 @@ def running(agent: Agent) -> set[tuple[int, int]]:
 def test_a_stale_reply_neither_stops_a_new_attempt_nor_restarts_a_stopped_one(tmp_path):
     agent = Agent(AgentConfig("http://127.0.0.1:9", "join", "ws1", tmp_path / "agent"),
                   open_inventory("sim:ws-4x3090", "ws1"))
+    agent.runtime.set_policy((), (), allow_root=True)  # the suite may run as root: this job then runs as root
     order = RunOrder(7, 2, os.environ.get("USER", "root"), (sys.executable, "-c", "import time; time.sleep(60)"),
                      {"LABQ_TEST_ROOT": str(tmp_path)}, str(tmp_path), (0,), ("SIM-0",), 2.0, "SIGUSR1",
                      simulated=True)
