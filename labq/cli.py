@@ -10,7 +10,6 @@ import argparse
 import json
 import sys
 
-from labq.cli_paths import path_arg
 from collections.abc import Sequence
 
 EPILOG = """\
@@ -23,6 +22,7 @@ examples:
   labq place sim:dgx1 --gpus 2           the GPU pair labq would give a 2-GPU job
   labq place sim:ws-4x3090 --gpus 1 --busy 0
   labq store check                       is the leader's database sound?
+  labq store backup DIR                  a consistent copy of the lab, while the leader runs
   labq checkpoint                        (inside a job) report a finished checkpoint
 """
 
@@ -90,30 +90,12 @@ def _parser() -> argparse.ArgumentParser:
         "itself.")
     ckpt.set_defaults(run=_checkpoint)
 
-    store = sub.add_parser("store", help="check or recover the leader's database",
-                           description="Look after the leader's data folder while the leader is stopped.")
-    store_sub = store.add_subparsers(title="store commands", metavar="COMMAND")
-    check = store_sub.add_parser("check", help="report on the database without changing anything",
-                                 description="Read the database, its previous copy and the archive; change nothing. "
-                                 "Exits 1 if the database is damaged.")
-    recover = store_sub.add_parser(
-        "recover", help="go back to the last good copy of a damaged database",
-        description="Make the previous good copy the database, after saying what will be lost. "
-        "The damaged file is kept beside it, renamed.")
-    for p in (check, recover):
-        p.add_argument("--data-dir", type=path_arg, default=None, metavar="DIR",
-                       help="the leader's data folder (default: $LABQ_DATA_DIR or ~/.local/share/labq)")
-    check.add_argument("--json", action="store_true", help="print JSON")
-    check.set_defaults(run=_store_check)
-    recover.add_argument("--yes", action="store_true", help="do not ask before recovering")
-    recover.set_defaults(run=_store_recover)
-    store.set_defaults(run=lambda args: (store.print_help(), 0)[1])
-
-    from labq import cli_daemons, cli_jobs, cli_sim
+    from labq import cli_daemons, cli_jobs, cli_sim, cli_store
 
     cli_jobs.add_commands(sub)
     cli_daemons.add_commands(sub)
     cli_sim.add_sim_command(sub)
+    cli_store.add_commands(sub)
     return parser
 
 
@@ -210,54 +192,6 @@ def _place(args: argparse.Namespace) -> int:
     print(f"GPUs {','.join(map(str, choice.gpus))} on sim:{inv.name}")
     print(f"  score {choice.score} ({links} NVLink links within the set, PCIe points {choice.score % NVLINK_WEIGHT})")
     print(f"  connectivity the free GPUs lose: {choice.loss}")
-    return 0
-
-
-def _data_dir(args: argparse.Namespace):
-    from labq.paths import default_data_dir
-
-    return args.data_dir or default_data_dir()
-
-
-def _store_check(args: argparse.Namespace) -> int:
-    from labq.store.check import check_data_dir
-
-    data_dir = _data_dir(args)
-    if not data_dir.is_dir():
-        raise CliError(f"{data_dir} is not a folder: no leader has used it yet (or give --data-dir)")
-    reports = check_data_dir(data_dir)
-    if args.json:
-        print(json.dumps({"data_dir": str(data_dir), "files": [r.as_dict() for r in reports]}, indent=2))
-    else:
-        print(f"data folder {data_dir}")
-        for r in reports:
-            print(f"  {'ok     ' if r.ok else 'DAMAGED'} {r.name:<16} {r.detail}")
-        if not reports[0].ok:
-            print(f"\nTo go back to the last good copy: labq store recover --data-dir {data_dir}")
-    return 0 if reports[0].ok else 1
-
-
-def _store_recover(args: argparse.Namespace) -> int:
-    from labq.store import StoreError, plan_recovery, recover
-
-    data_dir = _data_dir(args)
-    try:
-        plan = plan_recovery(data_dir)
-    except StoreError as err:
-        raise CliError(str(err)) from None
-    print(plan.describe())
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise CliError("not recovering without a yes: run it in a terminal, or add --yes")
-        if input("Recover? [y/N] ").strip().lower() not in ("y", "yes"):
-            print("Nothing was changed.")
-            return 1
-    try:
-        kept = recover(plan)
-    except StoreError as err:
-        raise CliError(str(err)) from None
-    print(f"Recovered: the database is commit {plan.good_seq} again." +
-          (f" The damaged file is kept as {kept}." if kept else ""))
     return 0
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 from labq.store.archive import Archive
 from labq.store.contract import JOBS, META, StoreError
 from labq.store.files import Disk, replace_atomically
-from labq.store.tinydb_store import ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, decode, encode, take_leader_lock
+from labq.store.tinydb_store import (
+    ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, decode, encode, recover_hint, take_leader_lock,
+)
 
 
 @dataclass(frozen=True)
@@ -55,13 +57,11 @@ def plan_recovery(data_dir: str | os.PathLike) -> RecoveryPlan:
     else:
         raise StoreError(f"{current} is fine: there is nothing to recover")
     if not previous.exists():
-        raise StoreError(f"there is no previous copy ({previous}) to recover from",
-                         "Restore the data folder from a backup.")
+        raise StoreError(f"there is no previous copy ({previous}) to recover from", recover_hint(data_dir))
     try:
         good = decode(previous.read_bytes(), previous)
     except StoreError as err:
-        raise StoreError(f"the previous copy is damaged too: {str(err).splitlines()[0]}",
-                         "Restore the data folder from a backup.") from None
+        raise StoreError(f"the previous copy is damaged too: {err.args[0]}", recover_hint(data_dir)) from None
     meta = good[META]["1"]
     lost = Archive(data_dir / ARCHIVE_DIR, Disk()).after(meta["seq"])
     return RecoveryPlan(data_dir, problem, meta["seq"], len(good.get(JOBS, {})), meta["next_job_id"],

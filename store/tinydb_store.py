@@ -50,11 +50,46 @@ LOCK_NAME = "leader.lock"
 ARCHIVE_DIR = "archive"
 
 
-def recover_hint(data_dir: Path) -> str:
-    return (f"Nothing was changed. To go back to the last good copy ({PREVIOUS_NAME}) and start, run:\n"
-            f"    labq leader --recover --data-dir {data_dir}\n"
+def recover_hint(data_dir: Path, *, checked: bool = False) -> str:
+    """What to do about a damaged database in ``data_dir``: only steps that work there.
+
+    It looks at the previous copy (reading only): ``--recover`` is suggested only when that
+    copy is sound, else a restore from a backup. ``checked``: said after ``labq store check``.
+    """
+    lines = [] if checked else ["Nothing was changed. To see which files are sound: "
+                                f"labq store check --data-dir {data_dir}"]
+    problem = previous_copy_problem(data_dir)
+    if problem is None:
+        return "\n".join(lines + [
+            f"To go back to the last good copy ({PREVIOUS_NAME}) and start, run:",
+            f"    labq leader --recover --data-dir {data_dir}",
             f"(or labq store recover --data-dir {data_dir} to recover without starting). "
-            f"Both say what will be lost before they do anything.")
+            f"Both say what will be lost before they do anything."])
+    archive = data_dir / ARCHIVE_DIR
+    return "\n".join(lines + [
+        f"The previous copy, {data_dir / PREVIOUS_NAME}, {problem}: there is no good copy here to go back to.",
+        "Restore the data folder from a backup made with `labq store backup`:",
+        f"    labq store restore BACKUP --data-dir {data_dir} --force",
+        f"where BACKUP is the backup's folder. The files it replaces (the database, the previous copy and "
+        f"the archive of finished jobs, {archive}) are moved into {data_dir}/replaced-<time>/, not deleted.",
+        f"Without a backup: move {data_dir} aside and start a new lab; the finished jobs stay readable, "
+        f"one JSON line each, in the archive files it had ({archive}/jobs-YYYY-MM.jsonl)."])
+
+
+def previous_copy_problem(data_dir: Path) -> str | None:
+    """What is wrong with the previous copy ("is missing", "is damaged too"); None if it is sound."""
+    previous = data_dir / PREVIOUS_NAME
+    try:
+        raw = previous.read_bytes()
+    except FileNotFoundError:
+        return "is missing"
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    try:
+        decode(raw, previous)
+    except StoreError:
+        return "is damaged too"
+    return None
 
 
 def _dumps(data: dict) -> bytes:
@@ -78,27 +113,42 @@ def encode(data: dict) -> bytes:
 
 
 def decode(raw: bytes, path: Path) -> dict:
-    """Parse and check a database file; raise with what is wrong. Never writes."""
-    hint = recover_hint(path.parent)
+    """Parse and check a database file; raise with what is wrong. Never writes.
+
+    Damage is raised without advice (``hint``): what to do depends on the rest of the data
+    folder (is the previous copy sound?), which the caller adds with ``recover_hint``.
+    """
     if not raw.strip():
-        raise CorruptDatabase(f"{path} is empty ({len(raw)} bytes): it was cut off or never written", hint)
+        raise CorruptDatabase(f"{path} is empty ({len(raw)} bytes): it was cut off or never written")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise CorruptDatabase(f"{path} is not text (a byte that is not UTF-8 at {err.start} of {len(raw)}): "
-                              f"it is damaged", hint) from None
+                              f"it is damaged") from None
     try:
         data = json.loads(text)
     except ValueError as err:
         raise CorruptDatabase(f"{path} is not valid JSON ({err.msg}; character {err.pos} of {len(text)}): "
-                              f"it is truncated or damaged", hint) from None
+                              f"it is truncated or damaged") from None
     try:
         meta = data[META]["1"]
         schema = meta["schema"]
     except (KeyError, TypeError):
-        raise CorruptDatabase(f"{path} is not a labq database: it has no {META} table", hint) from None
+        raise CorruptDatabase(f"{path} is not a labq database: it has no {META} table") from None
+    # The checksum first: a changed digit in the schema number is damage, not another labq.
+    meta.pop("checksum", None)
+    stamp = _CHECKSUM.match(raw, len(_PREFIX)) if raw.startswith(_PREFIX) else None
+    body = _PREFIX + raw[stamp.end():] if stamp else b""
+    if stamp is None or stamp.group(1).decode() != hashlib.sha256(body).hexdigest():
+        if schema == SCHEMA:
+            raise CorruptDatabase(f"{path} fails its checksum: it was changed or damaged on disk")
+        raise CorruptDatabase(
+            f"{path} may be damaged: its schema number reads {schema!r} (this labq reads schema {SCHEMA}) "
+            f"and it fails its checksum, so a changed character is likelier than another labq version "
+            f"(if another version did write it, use that version instead of recovering)")
     if not isinstance(schema, int) or isinstance(schema, bool):
-        raise SchemaMismatch(f"{path} has an unknown schema {schema!r}", hint)
+        raise SchemaMismatch(f"{path} has an unknown schema {schema!r}",
+                             "Nothing was changed. Open it with the labq version that wrote it.")
     if schema > SCHEMA:
         raise SchemaMismatch(
             f"{path} was written by a newer labq (schema {schema}); this labq reads schema {SCHEMA}",
@@ -106,14 +156,9 @@ def decode(raw: bytes, path: Path) -> dict:
     if schema < SCHEMA:
         raise SchemaMismatch(f"{path} has schema {schema}, older than any this labq can read ({SCHEMA})",
                              "Nothing was changed. Open it with the labq version that wrote it.")
-    meta.pop("checksum", None)
-    stamp = _CHECKSUM.match(raw, len(_PREFIX)) if raw.startswith(_PREFIX) else None
-    body = _PREFIX + raw[stamp.end():] if stamp else b""
-    if stamp is None or stamp.group(1).decode() != hashlib.sha256(body).hexdigest():
-        raise CorruptDatabase(f"{path} fails its checksum: it was changed or damaged on disk", hint)
     for key in ("seq", "next_job_id", "ids_reserved_until"):
         if not isinstance(meta.get(key), int):
-            raise CorruptDatabase(f"{path}: {META} has no integer {key}", hint)
+            raise CorruptDatabase(f"{path}: {META} has no integer {key}")
     return data
 
 
@@ -164,7 +209,10 @@ class TinyDBStore:
         remove_stale_temp_files(self.data_dir, [DB_NAME, PREVIOUS_NAME])
         if self.path.exists():
             raw = self.path.read_bytes()
-            data = decode(raw, self.path)
+            try:
+                data = decode(raw, self.path)
+            except CorruptDatabase as err:
+                raise CorruptDatabase(err.args[0], recover_hint(self.data_dir)) from None
         else:
             leftovers = [p.name for p in (self.previous,) if p.exists()] + [
                 f"{ARCHIVE_DIR}/{p.name}" for p in self.archive.files()]
