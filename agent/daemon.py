@@ -202,6 +202,8 @@ class Agent:
             try:
                 self.sync_once(wait_s)
             except Exception as err:  # noqa: BLE001 - a daemon loop outlives every error of one round
+                if self._stop.is_set():
+                    return  # stopping: the leader's answer was cut by our own shutdown
                 trouble.failed(err)
                 self._stop.wait(backoff.next())
                 wait_s = 0.0
@@ -235,6 +237,8 @@ class Agent:
                     told_at = time.monotonic()
                     self.sync_once(0.0)
             except Exception as err:  # noqa: BLE001 - the sync loop retries too; this loop goes on
+                if self._stop.is_set():
+                    return
                 trouble.failed(err)
                 pause = max(WATCH_EVERY_S, backoff.next())
             else:

@@ -213,13 +213,11 @@ def _leader(args) -> int:
 
 
 def _open_agent(args, leader_url: str, join_token: str, data_dir: Path):
-    import socket
-
     from labq.agent.daemon import Agent, AgentConfig
     from labq.agent.inventory import NoGpuFound, open_inventory
     from labq.cli import CliError
 
-    args.name = args.name or socket.gethostname().split(".")[0]
+    _node_name(args)
     try:
         inventory = open_inventory(args.gpus, args.name)
         inventory.read()
@@ -236,11 +234,26 @@ def _open_agent(args, leader_url: str, join_token: str, data_dir: Path):
                              logs_host="127.0.0.1" if local else "0.0.0.0"), inventory)
 
 
+def _node_name(args) -> str:
+    """``--name``, by default the host name; checked by the lab's one rule for names before anything starts."""
+    import socket
+
+    from labq.cli import CliError
+    from labq.protocol.names import name_problem
+
+    args.name = args.name or socket.gethostname().split(".")[0]
+    problem = name_problem(args.name, "the node name")
+    if problem is not None:
+        raise CliError(f"{problem}; choose one with --name")
+    return args.name
+
+
 def _agent(args) -> int:
     from labq.cli import CliError
     from labq.leader.main import configure_logging
     from labq.paths import default_data_dir
 
+    _node_name(args)
     configure_logging(args.log_level)
     data_dir = args.data_dir or default_data_dir()
     token = os.environ.get("LABQ_JOIN_TOKEN")
@@ -312,6 +325,7 @@ def _up(args) -> int:
     from labq.cli import CliError
     from labq.leader.main import join_token_path
 
+    _node_name(args)
     config, running = _start(args)
     try:
         agent = _open_agent(args, running.url, join_token_path(config).read_text().strip(), config.data_dir)

@@ -9,6 +9,7 @@ waiting job and why, a preemption, logs. The jobs are tiny shell loops.
 from __future__ import annotations
 
 import getpass
+import os
 import shutil
 import sys
 import tempfile
@@ -48,7 +49,9 @@ def _ls(client: Client) -> None:
 def run_demo(keep: bool = False) -> int:
     folder = Path(tempfile.mkdtemp(prefix="labq-demo-"))
     user = getpass.getuser()
-    config = replace(LeaderConfig(data_dir=folder / "leader", port=0), min_runtime_s=0.0, default_grace_s=2.0)
+    # the tour's jobs run as whoever runs it: as root only because root asked for the tour
+    config = replace(LeaderConfig(data_dir=folder / "leader", port=0), min_runtime_s=0.0, default_grace_s=2.0,
+                     allow_root=os.geteuid() == 0)
     running, token = start_leader(config, first_admin=user)
     agent = None
     try:
