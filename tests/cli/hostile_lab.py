@@ -10,6 +10,7 @@ database. The agent stays away: its node, renamed, goes down.
 from __future__ import annotations
 
 import copy
+import hashlib
 import signal
 import unicodedata
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ ENV_VALUE = "v\n\x1b[5mblink"
 WORKDIR = "/tmp/\x1b[Hw"
 GPU_MODEL = "RTX\x1b[2J 3090"
 ARCHIVED = "old\u2028\x1b[1mjob"  #: a finished job's name, in the archive
+USER_TOKEN = "lq_hostile-user-token"  #: USER's token, to be USER
 
 
 @dataclass
@@ -45,7 +47,7 @@ def make_hostile(lab: Lab) -> HostileJobs:
     finished = lab.submit("sleep", "300", name="done")
     lab.labq("hold", str(running), str(waiting), str(finished))
     lab.start_agent("ws1")
-    lab.labq("reserve", "--gpus", "1", "--start", "in 2d", "--for", "1h", "--name", "paper")
+    lab.labq("reserve", "--gpus", "1", "--start", "in 1d", "--for", "1d", "--name", "paper")
     for proc in (lab.agents.pop("ws1"), lab.leader):
         lab.kill(proc, signal.SIGTERM)
 
@@ -76,7 +78,8 @@ def make_hostile(lab: Lab) -> HostileJobs:
         booking.update(name=RESERVATION, node=NODE, note=f"re-pinned from {NODE}")
         changes += [DeleteRecord("reservations", "paper"), PutRecord("reservations", RESERVATION, booking)]
         admin = next(iter(state.records["users"].values()))
-        changes.append(PutRecord("users", USER, {**admin, "admin": False, "token_sha256": "0" * 64}))
+        changes.append(PutRecord("users", USER, {**admin, "admin": False,
+                                                  "token_sha256": hashlib.sha256(USER_TOKEN.encode()).hexdigest()}))
         store.commit(changes)
     finally:
         store.close()

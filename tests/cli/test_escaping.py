@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from labq.cli_reserve import answer_text
 from labq.terminal_text import escape_controls
 from tests.cli.hostile_lab import (
     ARCHIVED, COMMAND, ENV_VALUE, GPU_MODEL, NAME, NODE, RESERVATION, USER, WORKDIR, make_hostile, raw_controls,
@@ -97,8 +98,17 @@ def test_an_error_that_echoes_a_name_is_escaped(hostile):
 def test_a_booking_answer_quoting_a_node_or_a_user_is_escaped(hostile):
     text = shown(hostile, "reserve", "--gpus", "1", "--start", "in 3d", "--for", "1h", "--node", "nope", check=False)
     assert text == f"cannot book it: there is no node 'nope'; nodes: {escape_controls(NODE)}\n"
-    text = shown(hostile, "reserve", "--gpus", "4", "--start", "in 3d", "--for", "1h", "--dry-run", check=False)
-    lines = text.splitlines()
-    assert lines[0].startswith(f"would book (dry run) ") and f" on {escape_controls(NODE)} (GPUs " in lines[0], text
-    assert lines[2].startswith(f"    job {hostile.jobs.running} ({escape_controls(USER)}) at "), text
-    assert len(lines) == 3, text
+
+
+def test_booking_answers_name_nodes_reservations_and_users_escaped():
+    booked = {"accepted": True, "booked": True, "displaced": [{"job_id": 7, "user": USER, "signal_at": 100.0}],
+              "reservation": {"name": RESERVATION, "gpus": 1, "node": NODE, "gpu_indices": [0], "score": 0,
+                              "start": 200.0, "end": 300.0}}
+    refused = {"accepted": False, "reasons": [f"capacity: {NODE} is down"],
+               "alternatives": [{"gpus": 1, "node": NODE, "score": 0, "start": 200.0, "end": 300.0}]}
+    for answer, lines in ((booked, 4), (refused, 3)):
+        text = answer_text(answer, 0.0, "UTC")
+        assert raw_controls(text) == [] and len(text.splitlines()) == lines, text
+        assert escape_controls(NODE) in text
+    assert escape_controls(RESERVATION) in answer_text(booked, 0.0, "UTC")
+    assert f"job 7 ({escape_controls(USER)})" in answer_text(booked, 0.0, "UTC")
