@@ -4,6 +4,10 @@ The app keeps what the leader said (jobs, pending reasons, nodes, reservations) 
 reactive version when a part changes; screens watch those versions and redraw. All network I/O
 runs in thread workers that end by posting a message: the feed (``labq.tui.feed``) and one worker
 per action.
+
+What came from users (names, the leader's error messages that echo them) is shown escaped
+(``labq.terminal_text.escape_controls``) and as ``rich.text.Text`` or with ``markup=False``, never
+as markup: a job named ``[red]x`` shows ``[red]x``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from textual.reactive import reactive
 
 from labq.client import Client
 from labq.protocol.errors import ApiError
+from labq.terminal_text import escape_controls
 from labq.tui.feed import Connection, JobEvent, JobsChanged, LabLoaded, LeaderFeed, NodesChanged, ReservationsChanged
 from labq.tui.query import Row, make_row
 
@@ -139,7 +144,7 @@ class LabqApp(App):
 
     @on(Connection)
     def connection(self, message: Connection) -> None:
-        self.status = "" if message.up else f"leader unreachable, reconnecting: {message.detail}"
+        self.status = "" if message.up else f"leader unreachable, reconnecting: {escape_controls(message.detail)}"
         self.connected = message.up  # after the status: watchers of connected read it
 
     # -- acting on jobs -------------------------------------------------------------------------
@@ -179,12 +184,13 @@ class LabqApp(App):
 
     @on(ActionDone)
     def action_done(self, message: ActionDone) -> None:
-        self.status = message.text
-        self.notify(message.text, severity="error" if message.error else "information")
+        text = escape_controls(message.text)  # the leader's errors echo names
+        self.status = text
+        self.notify(text, severity="error" if message.error else "information", markup=False)
         self.jobs_version += 0  # screens show self.status on their next redraw
         screen = self.screen
         if hasattr(screen, "show_status"):
-            screen.show_status(message.text, message.error)
+            screen.show_status(text, message.error)
 
     # -- screens -------------------------------------------------------------------------------
 

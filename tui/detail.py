@@ -1,4 +1,8 @@
-"""Enter on a job: its spec, attempts, placement drawn on its node's link matrix, and its events."""
+"""Enter on a job: its spec, attempts, placement drawn on its node's link matrix, and its events.
+
+Everything here is ``rich.text.Text`` of escaped strings (``escape_controls``): nothing from a user
+is read as markup or reaches the terminal raw.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from labq.render import show_text
+from labq.terminal_text import escape_controls
 
 
 class JobDetailScreen(Screen):
@@ -44,8 +49,8 @@ class JobDetailScreen(Screen):
         events = app.job_events.get(self.job_id, ())
         lines = ["events seen since the TUI started:"] + [
             f"  {time.strftime('%H:%M:%S', time.localtime(at))}  "
-            + ", ".join(f"{k}={v}" for k, v in data.items() if k != "job_id") for at, data in events]
-        self.query_one("#events", Static).update("\n".join(lines) if events else "no events seen yet")
+            + escape_controls(", ".join(f"{k}={v}" for k, v in data.items() if k != "job_id")) for at, data in events]
+        self.query_one("#events", Static).update(Text("\n".join(lines) if events else "no events seen yet"))
 
     def _placement(self, job: dict) -> Text:
         """The link matrix of each node the job is on, with its GPUs' rows highlighted."""
@@ -58,8 +63,8 @@ class JobDetailScreen(Screen):
             if node is None:
                 continue
             mine = set(alloc["gpu_indices"])
-            out.append(f"\n{alloc['node']}: GPUs {','.join(map(str, sorted(mine)))} (score {alloc.get('score', 0)})\n",
-                       style="bold")
+            out.append(f"\n{escape_controls(alloc['node'])}: GPUs {','.join(map(str, sorted(mine)))} "
+                       f"(score {alloc.get('score', 0)})\n", style="bold")
             matrix = link_matrix(node.get("topology"))
             offset = 0
             for line in matrix.plain.split("\n"):

@@ -1,13 +1,21 @@
-"""Small modal screens: confirm, ask for one value, and the submit form."""
+"""Small modal screens: confirm, ask for one value, and the submit form.
+
+Questions quote names (``Cancel reservation NAME?``): they are shown escaped and as text, never as
+markup. So are the values a form starts with (a resubmitted job's name and command): a control
+character in them shows as ``\\n`` or ``\\x1b``, and is submitted so unless the user edits it.
+"""
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
+
+from labq.terminal_text import escape_controls
 
 
 class Confirm(ModalScreen[bool]):
@@ -21,7 +29,7 @@ class Confirm(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(self.question, classes="question")
+            yield Static(Text(escape_controls(self.question)), classes="question")
             with Horizontal(classes="buttons"):
                 yield Button("Yes (y)", variant="error", id="yes")
                 yield Button("No (n)", id="no")
@@ -45,7 +53,7 @@ class Ask(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label(self.question, classes="question")
+            yield Label(Text(escape_controls(self.question)), classes="question")
             yield Input(self.value, placeholder=self.placeholder, id="answer")
 
     @on(Input.Submitted)
@@ -74,7 +82,7 @@ class SubmitForm(ModalScreen[dict | None]):
             with Grid(classes="fields"):
                 for key, label, hint in self.FIELDS:
                     yield Label(label)
-                    yield Input(self.values.get(key, ""), placeholder=hint, id=f"f-{key}")
+                    yield Input(escape_controls(self.values.get(key, "")), placeholder=hint, id=f"f-{key}")
             yield Static("", id="form-error", classes="error")
             with Horizontal(classes="buttons"):
                 yield Button("Submit", variant="primary", id="submit")
@@ -112,7 +120,7 @@ class SubmitForm(ModalScreen[dict | None]):
         try:
             self.dismiss(self.body())
         except ValueError as err:
-            self.query_one("#form-error", Static).update(str(err))
+            self.query_one("#form-error", Static).update(Text(escape_controls(err)))
 
     @on(Button.Pressed, "#cancel")
     def action_cancel(self) -> None:

@@ -1,10 +1,17 @@
-"""``l``: a job's log, followed live from whichever node runs it; ``/`` searches, ``n`` finds the next."""
+"""``l``: a job's log, followed live from whichever node runs it; ``/`` searches, ``n`` finds the next.
+
+``labq logs`` hands a job's output to the terminal as it is; here the screen is the TUI's, so the
+output is shown as text (``shown_output``): colors dropped, a carriage return taken as a line break,
+every other control character escaped. The lines searched are the lines shown.
+"""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
+from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -14,8 +21,16 @@ from textual.widgets import Footer, Input, Log, Static
 from textual.worker import get_current_worker
 
 from labq.protocol.errors import ApiError
+from labq.terminal_text import escape_controls
 
 POLL_S = 0.5
+_SGR = re.compile(r"\x1b\[[0-9;:]*m")  #: a color or style sequence
+
+
+def shown_output(chunk: str) -> str:
+    """A job's output as this screen shows it: no colors (the log has none), a progress bar's ``\\r``
+    redraws one a line, every control character but line breaks and tabs escaped."""
+    return escape_controls(_SGR.sub("", chunk).replace("\r\n", "\n").replace("\r", "\n"), keep="\n\t")
 
 
 @dataclass
@@ -38,7 +53,7 @@ class LogsScreen(Screen):
         self._partial = ""
 
     def compose(self) -> ComposeResult:
-        yield Static(f" log of job {self.job_id}" + (f", attempt {self.attempt}" if self.attempt else ""),
+        yield Static(Text(f" log of job {self.job_id}" + (f", attempt {self.attempt}" if self.attempt else "")),
                      id="banner")
         yield Log(id="log", highlight=False)
         yield Input(placeholder="search; Enter finds, n the next", id="search")
@@ -61,7 +76,7 @@ class LogsScreen(Screen):
                 self.post_message(LogChunk("", True, str(err)))
                 return
             if data or done:
-                self.post_message(LogChunk(data.decode(errors="replace"), done))
+                self.post_message(LogChunk(shown_output(data.decode(errors="replace")), done))
             if done:
                 return
             time.sleep(POLL_S)
@@ -75,9 +90,9 @@ class LogsScreen(Screen):
             self._partial = parts.pop()  # a line the next chunk finishes
             self.lines += parts
         if message.error:
-            log.write_line(f"labq: {message.error}")
+            log.write_line(f"labq: {escape_controls(message.error)}")
         elif message.done:
-            self.query_one("#banner", Static).update(f" log of job {self.job_id}: ended")
+            self.query_one("#banner", Static).update(Text(f" log of job {self.job_id}: ended"))
 
     def action_back(self) -> None:
         box = self.query_one("#search", Input)
@@ -109,6 +124,7 @@ class LogsScreen(Screen):
                 log = self.query_one(Log)
                 log.scroll_to(y=i, animate=False)
                 self.query_one("#banner", Static).update(
-                    f" log of job {self.job_id}: line {i + 1}: {self.lines[i][:120]}")
+                    Text(f" log of job {self.job_id}: line {i + 1}: {self.lines[i][:120]}"))
                 return
-        self.query_one("#banner", Static).update(f" log of job {self.job_id}: {self.needle!r} not found")
+        self.query_one("#banner", Static).update(
+            Text(f" log of job {self.job_id}: {escape_controls(repr(self.needle))} not found"))

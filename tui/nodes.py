@@ -2,6 +2,7 @@
 
 The top line lists every node with its health; ``[`` and ``]`` (or the arrows) move between them. The
 screen redraws when the leader says the nodes or the jobs changed, and every few seconds for the lease age.
+Node names, GPU models and users are shown escaped (``escape_controls``), as text, never as markup.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from labq.render import format_duration, gpu_rows, models_text, table, topology_text
+from labq.terminal_text import escape_controls
 
 HEALTH_STYLES = {"up": "green", "draining": "yellow", "down": "dim", "lost": "bold red", "not admitted": "magenta"}
 LEASE_TICK_S = 2.0
@@ -93,7 +95,7 @@ class NodesScreen(Screen):
         banner = self.query_one("#banner", Static)
         banner.set_class(not app.connected, "down")
         banner.update(node_list(app.nodes, node["name"] if node else None, self.size.width or 80)
-                      if app.connected else f" {app.status or 'connecting to the leader...'}")
+                      if app.connected else Text(f" {app.status or 'connecting to the leader...'}"))
         if node is None:
             self.query_one("#node-head", Static).update(
                 "no nodes: start `labq agent` on a workstation (or `labq up`)")
@@ -108,10 +110,10 @@ class NodesScreen(Screen):
 
 def node_list(nodes: list[Mapping], current: str | None, width: int) -> Text:
     """`` nodes: ws1 up  ws2 lost`` with the node shown in reverse; nodes before it drop off when it would not fit."""
-    entries = [(n["name"], n.get("health", "?")) for n in nodes]
+    at = next((i for i, n in enumerate(nodes) if n["name"] == current), 0)
+    entries = [(escape_controls(n["name"]), escape_controls(n.get("health", "?"))) for n in nodes]
     if not entries:
         return Text(" nodes: none yet")
-    at = next((i for i, (name, _) in enumerate(entries) if name == current), 0)
     first = 0
     while first < at and 8 + sum(len(a) + len(b) + 3 for a, b in entries[first:at + 1]) > width:
         first += 1
@@ -126,15 +128,15 @@ def node_list(nodes: list[Mapping], current: str | None, width: int) -> Text:
 def node_head(node: Mapping, now: float) -> Text:
     """The node's name, health, lease age, GPUs and where it was found."""
     out = Text()
-    out.append(node["name"], style="bold")
+    out.append(escape_controls(node["name"]), style="bold")
     out.append("  ")
-    out.append(node.get("health", "?"), style=HEALTH_STYLES.get(node.get("health"), ""))
+    out.append(escape_controls(node.get("health", "?")), style=HEALTH_STYLES.get(node.get("health"), ""))
     seen = node.get("last_seen")
     out.append(f"  lease age {format_duration(now - seen)}" if seen else "  never heard from")
-    out.append(f"  {models_text(node.get('gpus') or [])}")
+    out.append(f"  {escape_controls(models_text(node.get('gpus') or []))}")
     if node.get("simulated"):
         out.append("  simulated", style="dim")
-    found = " ".join(str(x) for x in (node.get("found"), node.get("address")) if x)
+    found = escape_controls(" ".join(str(x) for x in (node.get("found"), node.get("address")) if x))
     out.append(f"\nlinks: {topology_text(node.get('topology'))}" + (f"  found: {found}" if found else ""))
     return out
 

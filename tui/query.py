@@ -2,6 +2,9 @@
 
 A filter is words: ``user:alice``, ``state:running``, ``node:ws1``, ``class:high`` or free text
 (matched against the whole row); a word with a leading ``!`` must not match. All words must hold.
+
+A row's texts are escaped (``escape_controls``): a name with a newline or an escape sequence shows
+as ``\\n`` or ``\\x1b`` on its one line, and a filter matches what is shown.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from dataclasses import dataclass
 
 from labq.models.priority import priority_name
 from labq.render import format_duration, job_note, placement_text
+from labq.terminal_text import escape_controls
 
 COLUMNS = ("ID", "USER", "NAME", "STATE", "CLASS", "GPUS", "NODE:GPUS", "TIME", "REASON / EST. START")
 #: the letter that sorts by each column, after ``o``
@@ -47,12 +51,12 @@ def make_row(job: Mapping, pending: Mapping | None, now: float) -> Row:
     name = spec.get("name") or " ".join(spec.get("command") or [])
     klass = priority_name(spec.get("priority", 200))
     where = placement_text(job)
-    cells = (str(job["id"]), spec.get("user", ""), name, state, klass, str(spec.get("gpus", 1)), where,
-             format_duration(seconds), reason)
-    nodes = tuple(a["node"] for a in (job.get("placement") or {}).get("allocations") or ())
+    cells = tuple(escape_controls(c) for c in (job["id"], spec.get("user", ""), name, state, klass,
+                                                spec.get("gpus", 1), where, format_duration(seconds), reason))
+    nodes = tuple(escape_controls(a["node"]) for a in (job.get("placement") or {}).get("allocations") or ())
     keys = (job["id"], spec.get("user", ""), name.lower(), state, -spec.get("priority", 200), spec.get("gpus", 1),
             where, seconds, reason)
-    return Row(job["id"], cells, keys, cells[1], state, nodes, klass, " ".join(cells).lower())
+    return Row(job["id"], cells, keys, cells[1], cells[3], nodes, klass, " ".join(cells).lower())
 
 
 def parse_filter(text: str) -> Callable[[Row], bool]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -9,6 +10,7 @@ from textual.events import Key
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
+from labq.terminal_text import escape_controls
 from labq.tui.dialogs import Ask, Confirm, SubmitForm
 from labq.tui.job_table import JobTable
 from labq.tui.query import COLUMNS, SORT_KEYS
@@ -91,23 +93,23 @@ class QueueScreen(Screen):
         banner = self.query_one("#banner", Static)
         self._tags_counted = len(self.table.tagged)
         if not app.connected:
-            banner.update(f" {app.status or 'connecting to the leader...'}")
+            banner.update(Text(f" {app.status or 'connecting to the leader...'}"))
             return
         table = self.table
-        who = app.me.get("user", "?") + (" (admin)" if app.admin else "")
+        who = escape_controls(app.me.get("user", "?")) + (" (admin)" if app.admin else "")
         counts = {}
         for row in app.rows.values():
             counts[row.state] = counts.get(row.state, 0) + 1
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         shown = f"{len(table.shown)} of {len(app.rows)}" if table.filter_text else f"{len(app.rows)}"
         mode = " | READ-ONLY" if app.readonly else ""
-        banner.update(f" labq | {who}{mode} | {shown} jobs: {summary or 'none'}"
-                      + (f" | filter: {table.filter_text}" if table.filter_text else "")
-                      + (f" | {len(table.tagged)} tagged" if table.tagged else ""))
+        banner.update(Text(f" labq | {who}{mode} | {shown} jobs: {summary or 'none'}"
+                           + (f" | filter: {escape_controls(table.filter_text)}" if table.filter_text else "")
+                           + (f" | {len(table.tagged)} tagged" if table.tagged else "")))
 
     def show_status(self, text: str, error: bool = False) -> None:
         status = self.query_one("#status", Static)
-        status.update(text)
+        status.update(Text(escape_controls(text)))
         status.set_class(error, "error")
 
     # -- filter and sort ------------------------------------------------------------------------

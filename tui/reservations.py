@@ -2,7 +2,8 @@
 
 The booking form asks the leader as the user types (a dry run, after a short pause) and shows its answer
 in place: where it would be pinned and whom it displaces, or why not and what would work instead. Times
-are read and shown in the user's time zone.
+are read and shown in the user's time zone. Names and the leader's answers are shown escaped
+(``escape_controls``), as text, never as markup.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 
 from labq.cli_reserve import answer_text, reservations_table
 from labq.protocol.errors import ApiError
+from labq.terminal_text import escape_controls
 from labq.tui.dialogs import Confirm
 from labq.tui.timeline import LEGEND, timeline_lines
 from labq.when import EXAMPLES, local_zone
@@ -93,8 +95,8 @@ class ReservationsScreen(Screen):
         mode = " | READ-ONLY" if app.readonly else ""
         banner = self.query_one("#banner", Static)
         banner.set_class(not app.connected, "down")
-        banner.update(f" reservations | the next {self.days} day{'s' * (self.days != 1)} (+/- to change){mode}"
-                      if app.connected else f" {app.status or 'connecting to the leader...'}")
+        banner.update(Text(f" reservations | the next {self.days} day{'s' * (self.days != 1)} (+/- to change){mode}"
+                           if app.connected else f" {app.status or 'connecting to the leader...'}"))
         width = max(20, (self.size.width or app.size.width) - 2)
         lines = timeline_lines(app.nodes, app.reservations, app.jobs.values(), app.clock(), self.days, width,
                                tz=self.tz)
@@ -130,7 +132,7 @@ class ReservationsScreen(Screen):
 
     def show_status(self, text: str, error: bool = False) -> None:
         status = self.query_one("#status", Static)
-        status.update(Text(text.splitlines()[0] if text else ""))
+        status.update(Text(escape_controls(text.splitlines()[0]) if text else ""))
         status.set_class(error, "error")
 
     # -- keys -----------------------------------------------------------------------------------
@@ -156,7 +158,7 @@ class ReservationsScreen(Screen):
 
         def answer(yes: bool | None) -> None:
             if yes:
-                self.show_status(f"cancelling {name}...")
+                self.show_status(f"cancelling {escape_controls(name)}...")
                 self.cancel_reservation(name)
 
         self.app.push_screen(Confirm(f"Cancel reservation {name}? Its GPUs go back to everyone."), answer)
@@ -288,10 +290,11 @@ class BookingForm(ModalScreen[str | None]):
         return {key: self.query_one(f"#b-{key}", Input).value for key, _, _ in self.FIELDS}
 
     def show_answer(self, text: str, style: str = "") -> None:
-        self.query_one("#answer", Static).update(Text(text, style=style))
+        """``text``'s line breaks are the caller's: one from a user comes escaped (``escape_controls``)."""
+        self.query_one("#answer", Static).update(Text(escape_controls(text, keep="\n"), style=style))
 
     def note(self, text: str, style: str = "") -> None:
-        self.query_one("#booking-note", Static).update(Text(text, style=style))
+        self.query_one("#booking-note", Static).update(Text(escape_controls(text), style=style))
 
     # -- asking as the user types ---------------------------------------------------------------
 
@@ -311,7 +314,7 @@ class BookingForm(ModalScreen[str | None]):
             body = booking_body(self.fields(), self.app.clock(), self.tz)
         except ValueError as err:
             self._seq += 1  # an answer on its way is for other fields
-            self.show_answer(str(err), "red")
+            self.show_answer(escape_controls(err), "red")
             return
         if body is None:
             self._seq += 1
@@ -341,7 +344,7 @@ class BookingForm(ModalScreen[str | None]):
             return  # the fields changed since
         self.note("")
         if message.answer is None:
-            self.show_answer(f"the leader says: {message.error}", "red")
+            self.show_answer(f"the leader says: {escape_controls(message.error)}", "red")
             return
         answer = message.answer
         text = answer_text(answer, self.app.clock(), self.tz)
@@ -351,7 +354,7 @@ class BookingForm(ModalScreen[str | None]):
             self.booked = answer["reservation"]["name"]
             self.show_answer(text, "bold green")
             self.query_one("#book", Button).label = "Done"
-            self.app.notify(text.splitlines()[0])
+            self.app.notify(text.splitlines()[0], markup=False)
         else:
             self.show_answer(text, "green")
 
@@ -370,7 +373,7 @@ class BookingForm(ModalScreen[str | None]):
         try:
             body = booking_body(self.fields(), self.app.clock(), self.tz)
         except ValueError as err:
-            self.show_answer(str(err), "red")
+            self.show_answer(escape_controls(err), "red")
             return
         if body is None:
             self.note("say how many GPUs, the start and how long first", "red")

@@ -9,7 +9,8 @@ of the node names; a column is ``days * 86400 / columns`` seconds.
     ws2  <night=====]...|.......................|.......................|........
 
 ``[name===]`` is a reservation; ``<`` and ``>`` say it began before the window or goes on after it;
-``*`` is where a running job's time limit ends; ``|`` is midnight in the user's zone.
+``*`` is where a running job's time limit ends; ``|`` is midnight in the user's zone. Node and
+reservation names are drawn escaped (``escape_controls``): one character a cell, none a control.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, time, timedelta, tzinfo
+
+from labq.terminal_text import escape_controls
 
 DAY_S = 86400.0
 FREE, MIDNIGHT, FILL, JOB_END = ".", "|", "=", "*"
@@ -39,7 +42,7 @@ def timeline_lines(nodes: Sequence[Mapping], reservations: Iterable[Mapping], jo
     reservations, jobs = list(reservations), list(jobs)
     names = [n["name"] for n in nodes]
     names += sorted({r["node"] for r in reservations if r.get("node")} - set(names))
-    label = min(LABEL_MAX, max([LABEL_MIN, *(len(n) for n in names)]))
+    label = min(LABEL_MAX, max([LABEL_MIN, *(len(escape_controls(n)) for n in names)]))
     columns = max(1, width - label - 1)
     span = max(days, 1e-9) * DAY_S
 
@@ -54,12 +57,12 @@ def timeline_lines(nodes: Sequence[Mapping], reservations: Iterable[Mapping], jo
         for _, c in midnights:
             cells[c] = MIDNIGHT
         for r in sorted((r for r in reservations if r.get("node") == name), key=lambda r: r["start"]):
-            _bar(cells, r["name"], column(r["start"]), column(r["end"]))
+            _bar(cells, escape_controls(r["name"]), column(r["start"]), column(r["end"]))
         for end in _job_ends(jobs, name):
             c = math.floor(column(end))
             if 0 <= c < columns and cells[c] in (FREE, MIDNIGHT, FILL):
                 cells[c] = JOB_END
-        lines.append(_fit(name, label) + " " + "".join(cells))
+        lines.append(_fit(escape_controls(name), label) + " " + "".join(cells))
     return [line[:width] for line in lines]
 
 
