@@ -199,7 +199,11 @@ def test_backup_while_submitting_then_restore_into_a_fresh_leader_that_resumes_t
     done = client.submit({**body, "command": ["true"], "name": "finished-before"})
     client.action(done["id"], "cancel")
     assert client.job(done["id"])[0]["state"] == "cancelled"  # finished: in the archive now
-    acked: list[tuple[float, dict]] = [(time.monotonic(), client.submit({**body, "name": f"q{i}"})) for i in range(3)]
+    acked: list[tuple[float, float, dict]] = []  # (sent, acknowledged, job)
+    for i in range(3):
+        sent = time.monotonic()
+        doc = client.submit({**body, "name": f"q{i}"})
+        acked.append((sent, time.monotonic(), doc))
 
     stop = threading.Event()
 
@@ -208,8 +212,9 @@ def test_backup_while_submitting_then_restore_into_a_fresh_leader_that_resumes_t
         n = 0
         while not stop.is_set():
             n += 1
+            sent = time.monotonic()
             doc = submitter.submit({**body, "name": f"during-{n}"})
-            acked.append((time.monotonic(), doc))
+            acked.append((sent, time.monotonic(), doc))
 
     thread = threading.Thread(target=submit_forever)
     thread.start()
@@ -219,14 +224,14 @@ def test_backup_while_submitting_then_restore_into_a_fresh_leader_that_resumes_t
         out = json.loads(lab.labq("store", "backup", str(lab.root / "backup"), "--data-dir", str(lab.data),
                                   "--json").stdout)
         ended = time.monotonic()
-        lab.wait(lambda: acked[-1][0] > ended + 0.2, "submits after the backup")
+        lab.wait(lambda: acked[-1][0] > ended + 0.2, "submits sent after the backup")
     finally:
         stop.set()
         thread.join()
-    before = [doc for at, doc in acked if at < began]
-    after = [doc for at, doc in acked if at > ended]
+    before = [doc for _, at, doc in acked if at < began]  # acknowledged before the backup began
+    after = [doc for sent, _, doc in acked if sent > ended]  # sent after it ended
     assert after and out["manifest"]["seq"] > 1
-    assert any(began < at < ended for at, _ in acked)  # the leader committed during the backup
+    assert any(began < at < ended for _, at, _ in acked)  # the leader committed during the backup
     assert out["restore"] == f"labq store restore {lab.root / 'backup'} --data-dir DATA_DIR"
 
     # the backup folder is taken now
@@ -247,7 +252,7 @@ def test_backup_while_submitting_then_restore_into_a_fresh_leader_that_resumes_t
     for doc in after:
         with pytest.raises(ApiError):
             client.job(doc["id"])
-    newest = max(doc["id"] for _, doc in acked)
+    newest = max(doc["id"] for _, _, doc in acked)
     assert client.submit({**body, "name": "after-restore"})["id"] > newest  # no id handed out twice
 
     # a restore over this running leader is refused, and changes nothing
