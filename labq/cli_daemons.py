@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from labq.cli_paths import path_arg
+from labq.terminal_text import escape_controls
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -284,11 +285,11 @@ def _first_registration(agent, leader_url: str) -> None:
         agent.register()
     except ApiError as err:
         if err.status < 500:
-            raise CliError(f"the leader at {leader_url} refused this agent: {err.message}") from None
-        print(f"labq agent: the leader at {leader_url} cannot take the agent yet ({err.message}); "
+            raise CliError(f"the leader at {leader_url} refused this agent: {escape_controls(err.message)}") from None
+        print(f"labq agent: the leader at {leader_url} cannot take the agent yet ({escape_controls(err.message)}); "
               "it keeps trying", file=sys.stderr)
     except Exception as err:  # noqa: BLE001 - down, restarting, unreachable: the sync loop keeps trying
-        print(f"labq agent: cannot reach the leader at {leader_url} yet ({type(err).__name__}: {err}); "
+        print(f"labq agent: cannot reach the leader at {leader_url} yet ({type(err).__name__}: {escape_controls(err)}); "
               "it keeps trying", file=sys.stderr)
 
 
@@ -317,7 +318,7 @@ def _advertise_agent(agent, join_token: str):
     try:
         return Advertiser("agent", agent.config.name, port, props).start()
     except Exception as err:  # discovery is a hint: an agent without multicast still works
-        print(f"labq agent: cannot advertise over mDNS: {err}", file=sys.stderr)
+        print(f"labq agent: cannot advertise over mDNS: {escape_controls(err)}", file=sys.stderr)
         return None
 
 
@@ -376,7 +377,7 @@ def _serve(stop, checks, every_s: float = 1.0) -> int:
                 check()
         except WorkerFailed as err:
             logging.getLogger("labq").error("stopping: %s", err)
-            print(f"labq: stopping: {err}", file=sys.stderr)
+            print(f"labq: stopping: {escape_controls(err)}", file=sys.stderr)
             status = 1
             break
     stop()
