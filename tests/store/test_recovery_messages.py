@@ -119,7 +119,11 @@ def test_with_the_previous_copy_missing_the_store_names_the_backup_not_recover(d
 
 
 def test_following_the_both_damaged_advice_restores_the_lab(lab):  # noqa: F811
+    from labq.client import credentials_path, load_credentials
+
     lab.start_leader()
+    saved = credentials_path(lab.home)  # the leader saves them just after it says it serves
+    lab.wait(lambda: "token" in load_credentials(saved), "the first admin's credentials")
     kept = lab.submit("sleep", "300", gpus=1)
     lab.labq("cancel", str(lab.submit("true")))
     backup = lab.root / "backup"
