@@ -40,7 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except CliError as err:
-        print(f"labq: error: {err}", file=sys.stderr)
+        from labq.terminal_text import escape_controls
+
+        print(f"labq: error: {escape_controls(err)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

@@ -130,8 +130,7 @@ def _start(args):
         running, token = start_leader(config, first_admin=admin.name if admin else None)
     except StartError as err:
         raise CliError(str(err)) from None
-    print(f"labq leader serving {running.url} (data in {config.data_dir})", file=sys.stderr)
-    if token is not None:
+    if token is not None:  # saved before the line that says it serves, which people and scripts wait for
         if admin is not None and admin.uid is not None:  # root started it for someone: the token is theirs
             from labq.client import credentials_path
 
@@ -141,6 +140,7 @@ def _start(args):
             path = save_credentials(running.url, token)
             who = "you are its first admin; your token" if admin is None else f"{admin.name} is its first admin; the token"
             print(f"a new lab: {who} is saved in {path}", file=sys.stderr)
+    print(f"labq leader serving {running.url} (data in {config.data_dir})", file=sys.stderr)
     return config, running
 
 

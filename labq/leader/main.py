@@ -1,9 +1,8 @@
-"""Running the leader as a daemon: open the store, serve the API, stop cleanly on a signal."""
+"""Running the leader as a daemon: open the store, serve the API, stop everything in order."""
 
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -107,21 +106,14 @@ def advertise(running: RunningLeader, name: str) -> None:
     threading.Thread(target=start, name="labq-mdns", daemon=True).start()
 
 
-def wait_for_signal(running: RunningLeader, also_stop: Callable[[], None] | None = None) -> None:
-    """Serve until SIGINT or SIGTERM, then stop everything in order."""
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
-    done.wait()
-    if also_stop is not None:
-        also_stop()
-    running.stop()
-
-
 def join_token_path(config: LeaderConfig) -> Path:
     return config.data_dir / JOIN_TOKEN_FILE
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    """The daemons' log: one line a record, with anything a user or a peer wrote escaped."""
+    from labq.log_text import EscapingFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(EscapingFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
