@@ -178,7 +178,8 @@ def _why_no_room(r: Reservation, lab: _Lab) -> str:
     nodes = [n for n in lab.nodes.values() if r.node is None or n.name == r.node]
     up = [n for n in nodes if n.schedulable]
     if not up:
-        return "capacity: no node that is up" + (f" ({r.node} is {nodes[0].health.value})" if nodes else "")
+        states = ", ".join(f"{n.name} is {n.health.value}" for n in nodes)
+        return "capacity: no node that is up" + (f" ({states})" if nodes else "")
     largest = max(lab.suitable(n, r).bit_count() for n in up)
     if largest < r.gpus:
         what = " suitable" if r.gpu_model or r.min_gpu_memory_mib else ""

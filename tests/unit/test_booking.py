@@ -93,6 +93,11 @@ def test_filters_and_nodes_that_are_not_up():
     assert book(ask(8), [ws], [], [], now=NOW, limits=FREE).reasons == (
         "capacity: no node has 8 GPUs (the most is 4)",)
     assert "there is no node 'ws9'" in book(ask(1, node="ws9"), [ws], [], [], now=NOW).reasons[0]
+    lost_ws = make_node("ws", "sim:ws-4x3090", health=NodeHealth.LOST)
+    assert book(ask(1), [lost_ws, lost], [], [], now=NOW, limits=FREE).reasons == (
+        "capacity: no node that is up (ws is lost, big is lost)",)
+    assert book(ask(1, node="ws"), [lost_ws, lost], [], [], now=NOW, limits=FREE).reasons == (
+        "capacity: no node that is up (ws is lost)",)
 
 
 def test_limits_refuse_with_alternatives_inside_them_and_admins_are_exempt():
