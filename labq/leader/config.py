@@ -8,6 +8,7 @@ from pathlib import Path
 
 from labq.models.priority import PriorityClass, parse_priority
 from labq.paths import default_data_dir
+from labq.protocol.names import name_problem
 from labq.units import parse_duration
 
 DEFAULT_TOML = """\
@@ -16,6 +17,8 @@ DEFAULT_TOML = """\
 [leader]
 listen = "127.0.0.1:7733"        # address:port of the API; "0.0.0.0:7733" to serve other machines
 # data_dir = "~/.local/share/labq" # the database, its previous copy, the archive, the join token
+request_timeout = "10s"          # a client silent this long while sending a request is disconnected
+max_connections_per_address = 128 # open connections from one address; more are answered 503 and closed
 
 [scheduling]
 preemption = true                # higher-priority jobs may preempt lower, preemptible ones
@@ -42,6 +45,7 @@ max_time_limit = "0"             # the longest --time accepted; "0": no limit
 #                                # node mounts so a job resumes on any node. Default: each agent's own folder
 allowed_mount_roots = []         # host folders containers may mount (docker runtime)
 allowed_images = []              # images the docker runtime may run; empty: any
+allow_root = false               # true: jobs may run as uid 0 (root); false: a job of root is refused
 
 [reservations]
 max_gpu_hours_per_week = 0       # GPU-hours one user may book a week (from Monday 00:00 UTC); 0: no limit
@@ -69,6 +73,8 @@ class LeaderConfig:
     host: str = "127.0.0.1"
     port: int = 7733
     data_dir: Path = field(default_factory=default_data_dir)
+    request_timeout_s: float = 10.0
+    max_connections_per_address: int = 128
     preemption: bool = True
     min_runtime_s: float = 300.0
     fair_share_half_life_s: float = 7 * 86400.0
@@ -85,6 +91,7 @@ class LeaderConfig:
     allowed_mount_roots: tuple[str, ...] = ()
     allowed_images: tuple[str, ...] = ()
     checkpoint_root: str | None = None
+    allow_root: bool = False
     max_reserved_gpu_hours_per_week: float | None = None
     max_reservation_lead_s: float | None = 30 * 86400.0
     max_reservation_s: float | None = 7 * 86400.0
@@ -102,6 +109,8 @@ class LeaderConfig:
                 "is never requeued while its lost agent may still be running it")
         if self.lease_s <= 0 or self.fence_after_s <= self.lease_s:
             raise ConfigError("agents.fence_after must be longer than agents.lease, and the lease positive")
+        if self.request_timeout_s <= 0 or self.max_connections_per_address < 1:
+            raise ConfigError("leader.request_timeout and leader.max_connections_per_address must be positive")
 
     @property
     def url(self) -> str:
@@ -126,7 +135,9 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         if name not in sections:
             raise ConfigError(f"{where}: unknown section [{name}]; sections: {', '.join(sorted(sections))}")
     _take(doc.get("leader", {}), where, "leader", values, {
-        "listen": lambda v: _listen(v, values), "data_dir": lambda v: values.update(data_dir=Path(v).expanduser())})
+        "listen": lambda v: _listen(v, values), "data_dir": lambda v: values.update(data_dir=Path(v).expanduser()),
+        "request_timeout": lambda v: values.update(request_timeout_s=parse_duration(v, bare_seconds=True)),
+        "max_connections_per_address": lambda v: values.update(max_connections_per_address=_count(v))})
     _take(doc.get("scheduling", {}), where, "scheduling", values, {
         "preemption": lambda v: values.update(preemption=_bool(v)),
         "min_runtime": lambda v: values.update(min_runtime_s=parse_duration(v, bare_seconds=True)),
@@ -138,14 +149,15 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         "may_preempt": lambda v: values.update(may_preempt=_class_rules(v))})
     _take(doc.get("quotas", {}), where, "quotas", values, {
         "max_gpus_per_user": lambda v: values.update(max_gpus_per_user=int(v) or None),
-        "users": lambda v: values.update(user_gpu_quota={str(k): int(n) for k, n in dict(v).items()})})
+        "users": lambda v: values.update(user_gpu_quota={_name(k, "user name"): int(n) for k, n in dict(v).items()})})
     _take(doc.get("jobs", {}), where, "jobs", values, {
         "default_grace": lambda v: values.update(default_grace_s=parse_duration(v, bare_seconds=True)),
         "max_grace": lambda v: values.update(max_grace_s=parse_duration(v, bare_seconds=True)),
         "max_time_limit": lambda v: values.update(max_time_limit_s=parse_duration(v, bare_seconds=True) or None),
         "allowed_mount_roots": lambda v: values.update(allowed_mount_roots=tuple(map(str, v))),
         "allowed_images": lambda v: values.update(allowed_images=tuple(map(str, v))),
-        "checkpoint_root": lambda v: values.update(checkpoint_root=_absolute(v))})
+        "checkpoint_root": lambda v: values.update(checkpoint_root=_absolute(v)),
+        "allow_root": lambda v: values.update(allow_root=_bool(v))})
     _take(doc.get("reservations", {}), where, "reservations", values, {
         "max_gpu_hours_per_week": lambda v: values.update(max_reserved_gpu_hours_per_week=_hours(v) or None),
         "max_lead_time": lambda v: values.update(max_reservation_lead_s=parse_duration(v, bare_seconds=True) or None),
@@ -155,7 +167,8 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
     if not isinstance(groups, dict):
         raise ConfigError(f"{where}: [groups] must be a table of name = [users]")
     _take(groups, where, "groups", values, {
-        name: (lambda v, name=name: values.setdefault("groups", {}).update({name: _names(v)})) for name in groups})
+        name: (lambda v, name=name: values.setdefault("groups", {}).update({_name(name, "group name"): _names(v)}))
+        for name in groups})
     _take(doc.get("agents", {}), where, "agents", values, {
         "lease": lambda v: values.update(lease_s=parse_duration(v, bare_seconds=True)),
         "fence_after": lambda v: values.update(fence_after_s=parse_duration(v, bare_seconds=True)),
@@ -202,7 +215,15 @@ def _count(value) -> int:
 def _names(value) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise ValueError('must be a list of user names, e.g. ["alice", "bob"], or ["*"] for everyone')
-    return tuple(value)
+    return tuple(v if v == "*" else _name(v, "user name") for v in value)
+
+
+def _name(value, what: str) -> str:
+    """The protocol's one rule for names (printable, no control characters, bounded)."""
+    problem = name_problem(value, what)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
 
 
 def _class_rules(value) -> dict[int, frozenset[int]]:

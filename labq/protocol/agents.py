@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labq.models.node import Node
-from labq.protocol.codec import decode_node, encode_node
+from labq.models.node import Gpu, Node, NodeHealth
+from labq.models.topology import PcieLevel, Topology
+from labq.protocol.codec import encode_node
 from labq.protocol.errors import bad_request
-from labq.protocol.requests import NAME, Fields
+from labq.protocol.requests import Fields
 
 MAX_WAIT_S = 60.0
+MAX_NODE_GPUS = 128
 #: a job touches this file in LABQ_CHECKPOINT_DIR after each finished save; its mtime is the checkpoint's time
 CHECKPOINT_MARKER = ".labq-checkpoint"
 
@@ -37,14 +39,66 @@ def parse_registration(body: object) -> Registration:
     logs_url = f.string("logs_url", max_len=512)
     version = f.string("version", required=True, max_len=64)
     f.done()
-    if not isinstance(node_doc, dict) or not isinstance(node_doc.get("name"), str) or not NAME.match(
-            node_doc["name"]):
-        raise bad_request("node.name must be a node name: letters, digits and ._@+-", "node")
+    return Registration(parse_node(node_doc), logs_url, version)
+
+
+def parse_node(doc: object) -> Node:
+    """An agent's inventory, field by field: ``decode_node`` trusts the store, this does not trust the network."""
+    f = Fields(doc, "node", "node.")
+    name = f.name("name", "node name", required=True)
+    gpus = _items(f.raw("gpus", required=True), "node.gpus", MAX_NODE_GPUS)
+    topology = Fields(f.raw("topology", required=True), "node.topology", "node.topology.")
+    health = f.string("health", max_len=16) or NodeHealth.UP.value
+    busy = _ints(f.raw("unmanaged_busy") or [], "node.unmanaged_busy", high=MAX_NODE_GPUS)
+    simulated = f.boolean("simulated", default=False)
+    labels = _items(f.raw("labels") or [], "node.labels", 64)
+    f.done()
+    if health not in {h.value for h in NodeHealth}:
+        raise bad_request(f"node.health must be one of {', '.join(h.value for h in NodeHealth)}", "node.health")
+    if not all(isinstance(label, str) and label.isprintable() and len(label) <= 128 for label in labels):
+        raise bad_request("node.labels must be short printable strings", "node.labels")
+    parsed = []
+    for item in gpus:
+        g = Fields(item, "a GPU", "node.gpus.")
+        parsed.append(Gpu(g.integer("index", required=True, high=MAX_NODE_GPUS), g.string("uuid", required=True),
+                          g.string("model", required=True), g.integer("memory_mib", required=True, high=1 << 30)))
+        g.done()
+    n = len(parsed)
+    pcie = _rows(topology.raw("pcie", required=True), "node.topology.pcie", n, {int(v) for v in PcieLevel})
+    nvlinks = _rows(topology.raw("nvlinks", required=True), "node.topology.nvlinks", n, range(64))
+    nvswitch = _ints(topology.raw("nvswitch_links") or [], "node.topology.nvswitch_links", high=64)
+    numa = _items(topology.raw("numa") or [], "node.topology.numa", MAX_NODE_GPUS)
+    topology.done()
+    if not all(v is None or isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1024 for v in numa):
+        raise bad_request("node.topology.numa must list a NUMA node (or null) per GPU", "node.topology.numa")
     try:
-        node = decode_node(node_doc)
-    except (KeyError, TypeError, ValueError) as err:
+        return Node(name, tuple(parsed), Topology(tuple(tuple(PcieLevel(v) for v in row) for row in pcie),
+                                                  tuple(tuple(row) for row in nvlinks), tuple(nvswitch), tuple(numa)),
+                    NodeHealth(health), frozenset(busy), simulated, tuple(labels))
+    except ValueError as err:
         raise bad_request(f"node is not a valid inventory: {err}", "node") from None
-    return Registration(node, logs_url, version)
+
+
+def _items(value: object, what: str, most: int) -> list:
+    if not isinstance(value, list) or len(value) > most:
+        raise bad_request(f"{what} must be a list of at most {most}", what)
+    return value
+
+
+def _ints(value: object, what: str, high: int) -> list[int]:
+    items = _items(value, what, MAX_NODE_GPUS)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= high for v in items):
+        raise bad_request(f"{what} must be a list of whole numbers from 0 to {high}", what)
+    return items
+
+
+def _rows(value: object, what: str, n: int, allowed) -> list[list[int]]:
+    """A square table of ``n`` rows of ``n`` values from ``allowed``."""
+    rows = _items(value, what, MAX_NODE_GPUS)
+    if len(rows) != n or not all(isinstance(row, list) and len(row) == n and all(
+            isinstance(v, int) and not isinstance(v, bool) and v in allowed for v in row) for row in rows):
+        raise bad_request(f"{what} must be a {n}x{n} table, one row per GPU", what)
+    return rows
 
 
 @dataclass(frozen=True)
@@ -93,14 +147,15 @@ def parse_sync(body: object) -> SyncReport:
         raise bad_request("attempts must be a list", "attempts")
     attempts = []
     for item in raw_attempts:
-        a = Fields(item, "an attempt")
+        a = Fields(item, "an attempt", "attempts.")
         attempts.append(AttemptReport(
             a.integer("job_id", required=True, low=1), a.integer("attempt", required=True, low=1),
             a.boolean("running", default=False), a.integer("exit_code", low=-1, high=1 << 16),
             a.integer("signal", low=1, high=128), a.number("started_at"), a.number("ended_at"),
             a.boolean("fenced", default=False), a.boolean("escalated", default=False), a.number("checkpoint_at")))
         a.done()
-    if busy is not None and (not isinstance(busy, list) or not all(isinstance(i, int) for i in busy)):
+    if busy is not None and (not isinstance(busy, list) or len(busy) > MAX_NODE_GPUS or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_NODE_GPUS for i in busy)):
         raise bad_request("unmanaged_busy must be a list of GPU indices", "unmanaged_busy")
     return SyncReport(tuple(attempts), frozenset(busy) if busy is not None else None, wait_s, usage)
 
@@ -108,11 +163,12 @@ def parse_sync(body: object) -> SyncReport:
 def _gpu_usage(raw: object) -> dict[int, dict] | None:
     if raw is None:
         return None
-    if not isinstance(raw, dict) or not all(isinstance(k, str) and k.isdigit() for k in raw):
+    if not isinstance(raw, dict) or len(raw) > MAX_NODE_GPUS or not all(
+            isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 3 for k in raw):
         raise bad_request("gpu_usage must map GPU indices to usage", "gpu_usage")
     usage = {}
     for key, item in raw.items():
-        u = Fields(item, "a GPU's usage")
+        u = Fields(item, "a GPU's usage", "gpu_usage.")
         usage[int(key)] = {"memory_free_mib": u.integer("memory_free_mib", high=1 << 30),
                            "utilization_pct": u.integer("utilization_pct", high=100)}
         u.done()

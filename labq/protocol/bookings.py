@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from labq.models.reservation import BookingAnswer
 from labq.protocol.codec import encode_reservation
 from labq.protocol.errors import bad_request
-from labq.protocol.requests import NAME, USER_NAME, Fields
+from labq.protocol.names import user_name_problem
+from labq.protocol.requests import Fields
 
 MAX_RESERVATION_GPUS = 512
 MAX_WINDOW_S = 366 * 86400.0
@@ -40,13 +41,13 @@ def parse_reserve(body: object) -> ReserveRequest:
     gpus = f.integer("gpus", required=True, low=1, high=MAX_RESERVATION_GPUS)
     start = f.number("start", required=True, high=4e9)
     end = f.number("end", required=True, high=4e9)
-    name = f.string("name", pattern=NAME, what="letters, digits and ._@+-, up to 128")
-    node = f.string("node", pattern=NAME, what="a node name")
+    name = f.name("name", "reservation name")
+    node = f.name("node", "node name")
     gpu_model = f.string("gpu_model")
     memory = f.integer("min_gpu_memory_mib", low=0, high=10**7) or 0
     users = f.raw("users")
-    group = f.string("group", pattern=NAME, what="a group name from the leader's [groups]")
-    owner = f.string("owner", max_len=32, pattern=USER_NAME, what="a user name")
+    group = f.name("group", "group name")
+    owner = f.user_name("owner", "owner")
     dry_run = f.boolean("dry_run", default=False)
     f.done()
     if end <= start:
@@ -55,7 +56,7 @@ def parse_reserve(body: object) -> ReserveRequest:
         raise bad_request("a reservation may last at most a year", "end")
     if users is not None:
         if (not isinstance(users, list) or len(users) > MAX_USERS
-                or not all(isinstance(u, str) and USER_NAME.match(u) for u in users)):
+                or not all(user_name_problem(u) is None for u in users)):
             raise bad_request(f"users must be a list of at most {MAX_USERS} user names", "users")
         if group is not None and users:
             raise bad_request("give users or a group, not both", "group")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from labq.models.job import JobSpec, Mount, Runtime
 from labq.models.priority import parse_priority
 from labq.protocol.errors import ApiError, bad_request
+from labq.protocol.names import MAX_NAME, check_name, check_user_name
 
 MAX_BODY_BYTES = 1 << 20  #: a request body larger than this is refused with 413
 MAX_COMMAND_BYTES = 64 * 1024
@@ -22,70 +23,80 @@ MAX_ARGS = 4096
 MAX_ENV_BYTES = 64 * 1024
 MAX_GPUS = 64
 MAX_TIME_LIMIT_S = 366 * 86400
-MAX_NAME = 128
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
-USER_NAME = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+MAX_QUERY_INT = 2**53  #: the largest number a query parameter or path id may be
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
 
 class Fields:
-    """Typed access to a JSON object's fields; refuses unknown ones at ``done()``."""
+    """Typed access to a JSON object's fields; refuses unknown ones at ``done()``. Errors name the field by its
+    ``path`` in the request (``node.gpus.memory_mib``) when the object is inside another."""
 
-    def __init__(self, body: object, where: str) -> None:
+    def __init__(self, body: object, where: str, path: str = "") -> None:
         if not isinstance(body, Mapping):
-            raise bad_request(f"{where} must be a JSON object")
+            raise bad_request(f"{where} must be a JSON object", path.rstrip(".") or None)
         self.body = body
         self.where = where
+        self.path = path
         self.seen: set[str] = set()
 
     def _get(self, name: str, required: bool):
         self.seen.add(name)
         if name not in self.body or self.body[name] is None:
             if required:
-                raise bad_request(f"{self.where}: {name} is required", name)
+                raise bad_request(f"{self.where}: {name} is required", self.path + name)
             return None
         return self.body[name]
 
-    def string(self, name: str, *, required: bool = False, max_len: int = MAX_NAME,
-               pattern: re.Pattern | None = None, what: str = "") -> str | None:
-        value = self._get(name, required)
+    def string(self, name: str, *, required: bool = False, max_len: int = MAX_NAME) -> str | None:
+        """A short, printable string: no control characters (those are for commands and env values)."""
+        value, field = self._get(name, required), self.path + name
         if value is None:
             return None
         if not isinstance(value, str):
-            raise bad_request(f"{name} must be a string", name)
-        _no_nul(name, value)
-        if len(value.encode()) > max_len:
-            raise bad_request(f"{name} is longer than {max_len} bytes", name)
-        if pattern is not None and not pattern.match(value):
-            raise bad_request(f"{name} {value!r} is not valid{': ' + what if what else ''}", name)
+            raise bad_request(f"{field} must be a string", field)
+        if _utf8_len(field, value) > max_len:
+            raise bad_request(f"{field} is longer than {max_len} bytes", field)
+        if not value.isprintable():
+            odd = next(c for c in value if not c.isprintable())
+            raise bad_request(f"{field} {ascii(value[:64])} contains a control or unprintable character "
+                              f"(U+{ord(odd):04X})", field)
         return value
 
-    def integer(self, name: str, *, required: bool = False, low: int = 0, high: int = 2**31) -> int | None:
+    def name(self, name: str, what: str, *, required: bool = False) -> str | None:
+        """A name of a job, node, reservation or group: ``labq.protocol.names``' one rule."""
         value = self._get(name, required)
+        return None if value is None else check_name(value, what, self.path + name)
+
+    def user_name(self, name: str, what: str = "user name", *, required: bool = False) -> str | None:
+        value = self._get(name, required)
+        return None if value is None else check_user_name(value, what, self.path + name)
+
+    def integer(self, name: str, *, required: bool = False, low: int = 0, high: int = 2**31) -> int | None:
+        value, field = self._get(name, required), self.path + name
         if value is None:
             return None
         if not isinstance(value, int) or isinstance(value, bool):
-            raise bad_request(f"{name} must be an integer", name)
+            raise bad_request(f"{field} must be an integer", field)
         if not low <= value <= high:
-            raise bad_request(f"{name} must be between {low} and {high}, not {value}", name)
+            raise bad_request(f"{field} must be between {low} and {high}, not {value}", field)
         return value
 
     def number(self, name: str, *, required: bool = False, low: float = 0.0, high: float = 1e12) -> float | None:
-        value = self._get(name, required)
+        value, field = self._get(name, required), self.path + name
         if value is None:
             return None
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
-            raise bad_request(f"{name} must be a number", name)
+            raise bad_request(f"{field} must be a number", field)
         if not low <= value <= high:
-            raise bad_request(f"{name} must be between {low:g} and {high:g}, not {value:g}", name)
+            raise bad_request(f"{field} must be between {low:g} and {high:g}, not {value:g}", field)
         return float(value)
 
     def boolean(self, name: str, *, default: bool) -> bool:
-        value = self._get(name, False)
+        value, field = self._get(name, False), self.path + name
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise bad_request(f"{name} must be true or false", name)
+            raise bad_request(f"{field} must be true or false", field)
         return value
 
     def raw(self, name: str, *, required: bool = False):
@@ -94,13 +105,20 @@ class Fields:
     def done(self) -> None:
         unknown = sorted(set(self.body) - self.seen)
         if unknown:
+            shown = [u if u.isprintable() and len(u) <= 64 else ascii(u[:64]) for u in unknown[:5]]
             raise bad_request(f"{self.where}: unknown field{'s' if len(unknown) > 1 else ''} "
-                              f"{', '.join(unknown)}", unknown[0])
+                              f"{', '.join(shown)}{', ...' if len(unknown) > 5 else ''}", self.path + shown[0])
 
 
-def _no_nul(name: str, value: str) -> None:
+def _utf8_len(name: str, value: str) -> int:
+    """The length of ``value`` in UTF-8; 400 for a NUL or a lone surrogate (``labq.protocol.body`` refuses those
+    already; this keeps the parse functions safe for any caller)."""
     if "\x00" in value:
         raise bad_request(f"{name} contains a NUL byte", name)
+    try:
+        return len(value.encode())
+    except UnicodeEncodeError:
+        raise bad_request(f"{name} contains a lone surrogate, which is not a character", name) from None
 
 
 def _command(value: object) -> tuple[str, ...]:
@@ -112,8 +130,7 @@ def _command(value: object) -> tuple[str, ...]:
     for arg in value:
         if not isinstance(arg, str):
             raise bad_request("command must be a list of strings", "command")
-        _no_nul("command", arg)
-        total += len(arg.encode()) + 1
+        total += _utf8_len("command", arg) + 1
     if total > MAX_COMMAND_BYTES:
         raise bad_request(f"command is longer than {MAX_COMMAND_BYTES // 1024} KiB; put long inputs in a file",
                           "command")
@@ -129,15 +146,14 @@ def _env(value: object) -> tuple[tuple[str, str], ...]:
         raise bad_request("env must be an object of NAME: value strings", "env")
     total = 0
     for key, val in value.items():
-        if not isinstance(key, str) or not ENV_NAME.match(key):
+        if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
             raise bad_request(f"env name {key!r} is not valid: letters, digits and _, not starting with a digit",
                               "env")
         if not isinstance(val, str):
             raise bad_request(f"env {key} must be a string", "env")
-        _no_nul("env", val)
         if key.startswith("LABQ_"):
             raise bad_request(f"env {key}: LABQ_ variables are set by labq itself", "env")
-        total += len(key) + len(val.encode()) + 2
+        total += len(key) + _utf8_len("env", val) + 2
     if total > MAX_ENV_BYTES:
         raise bad_request(f"env is larger than {MAX_ENV_BYTES // 1024} KiB", "env")
     return tuple(sorted(value.items()))
@@ -151,7 +167,7 @@ def _mounts(value: object) -> tuple[Mount, ...]:
         raise bad_request("mounts must be a list of {source, target, read_only}", "mounts")
     mounts = []
     for item in value:
-        m = Fields(item, "a mount")
+        m = Fields(item, "a mount", "mounts.")
         source = m.string("source", required=True, max_len=4096)
         target = m.string("target", required=True, max_len=4096)
         read_only = m.boolean("read_only", default=False)
@@ -190,10 +206,10 @@ def parse_submit(body: object) -> SubmitRequest:
     out: dict = {"command": _command(f.raw("command", required=True))}
     out["gpus"] = f.integer("gpus", low=1, high=MAX_GPUS) or 1
     out["nodes"] = f.integer("nodes", low=1, high=MAX_GPUS) or 1
-    out["name"] = f.string("name", pattern=NAME, what="letters, digits and ._@+-, up to 128") or ""
+    out["name"] = f.name("name", "job name") or ""
     out["min_gpu_memory_mib"] = f.integer("min_gpu_memory_mib", low=0, high=10**7) or 0
     out["gpu_model"] = f.string("gpu_model")
-    out["node"] = f.string("node", pattern=NAME, what="a node name")
+    out["node"] = f.name("node", "node name")
     priority = f.raw("priority")
     if priority is not None:
         if isinstance(priority, bool) or not isinstance(priority, (int, str)):
@@ -214,17 +230,8 @@ def parse_submit(body: object) -> SubmitRequest:
     if workdir is not None and not workdir.startswith("/"):
         raise bad_request("workdir must be an absolute path", "workdir")
     out["workdir"] = workdir
-    runtime = f.string("runtime", max_len=16) or "process"
-    try:
-        out["runtime"] = Runtime(runtime)
-    except ValueError:
-        raise bad_request(f"runtime must be process or docker, not {runtime!r}", "runtime") from None
-    out["image"] = f.string("image", max_len=512)
-    out["mounts"] = _mounts(f.raw("mounts"))
-    out["shm_size_mib"] = f.integer("shm_size_mib", low=64, high=1 << 20)
-    if out["mounts"] and out["runtime"] is not Runtime.DOCKER:
-        raise bad_request("mounts are for docker jobs (--image); a process job sees the host's files", "mounts")
-    out["reservation"] = f.string("reservation", pattern=NAME, what="a reservation name")
+    out.update(_runtime(f))
+    out["reservation"] = f.name("reservation", "reservation name")
     after = f.raw("depends_on")
     if after is not None:
         if not isinstance(after, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i > 0
@@ -233,6 +240,32 @@ def parse_submit(body: object) -> SubmitRequest:
         out["depends_on"] = tuple(after)
     f.done()
     return SubmitRequest({k: v for k, v in out.items() if v is not None})
+
+
+def _runtime(f: Fields) -> dict:
+    """One reading of where a job runs: an image means a container; what contradicts that is refused, so a job
+    never runs as a plain process on the host when its sender asked for a container."""
+    runtime = f.string("runtime", max_len=16)
+    image = f.string("image", max_len=512)
+    mounts = _mounts(f.raw("mounts"))
+    shm = f.integer("shm_size_mib", low=64, high=1 << 20)
+    if runtime is not None and runtime not in {r.value for r in Runtime}:
+        raise bad_request(f"runtime must be process or docker, not {runtime!r}", "runtime")
+    if image is not None and not image.strip():
+        raise bad_request("image is empty", "image")
+    if runtime == Runtime.PROCESS.value and image is not None:
+        raise bad_request("runtime is process but an image is given: an image runs in a container; "
+                          'send runtime "docker" (or leave it out) with the image, or no image', "runtime")
+    if runtime == Runtime.DOCKER.value and image is None:
+        raise bad_request("runtime docker needs an image", "image")
+    docker = image is not None
+    if not docker:
+        extra = [name for name, value in (("mounts", mounts), ("shm_size_mib", shm)) if value]
+        if extra:
+            raise bad_request(f"{' and '.join(extra)} {'are' if len(extra) > 1 else 'is'} for container jobs: "
+                              "give an image (--image); a process job runs on the host and sees its files", extra[0])
+    return {"runtime": Runtime.DOCKER if docker else Runtime.PROCESS, "image": image, "mounts": mounts,
+            "shm_size_mib": shm}
 
 
 ACTIONS = ("cancel", "hold", "release", "prio", "top", "edit", "preempt")
@@ -278,20 +311,19 @@ class UserRequest:
 
 def parse_user(body: object) -> UserRequest:
     f = Fields(body, "a user")
-    name = f.string("name", required=True, max_len=32, pattern=USER_NAME,
-                    what="a Unix-style name: lower-case letters, digits, _ . -")
+    name = f.user_name("name", required=True)
     admin = f.boolean("admin", default=False)
     f.done()
     return UserRequest(name, admin)
 
 
-def require_int(value: str, what: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise bad_request(f"{what} must be an integer, not {value!r}") from None
-    if number < 0:
-        raise bad_request(f"{what} must not be negative")
+def require_int(value: str, what: str, *, low: int = 0, high: int = MAX_QUERY_INT) -> int:
+    """A whole number from a query parameter or a path, written in ASCII digits, between ``low`` and ``high``."""
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9]{1,20}", value):
+        raise bad_request(f"{what} must be a whole number, not {ascii(value)[:40]}", what)
+    number = int(value)
+    if not low <= number <= high:
+        raise bad_request(f"{what} must be between {low} and {high}, not {number}", what)
     return number
 
 
