@@ -108,3 +108,52 @@ def test_reservation_names_that_do_not_exist(running_lab):
     got, doc = _raw(running_lab, "POST", "/v1/jobs", json.dumps({"command": ["true"], "reservation": "nope"}).encode(),
                     token)
     assert got == 422 and "no reservation 'nope'" in doc["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers", "status", "words"),
+    [
+        ("POST", "/v1/jobs", b"null", None, 400, "must be a JSON object"),
+        ("POST", "/v1/jobs/1/actions", b"null", None, 400, "must be a JSON object"),
+        ("POST", "/v1/users", b"null", None, 400, "must be a JSON object"),
+        ("POST", "/v1/agents/ws1/sync", b"null", None, 400, "must be a JSON object"),
+        ("POST", "/v1/jobs", b'{"command": ["echo", "\\ud800"]}', None, 400, "lone surrogate"),
+        ("POST", "/v1/jobs", b'{"command":' + b"[" * 100_000, None, 400, "nested deeper"),
+        ("POST", "/v1/jobs", json.dumps({"command": ["true"], "name": "evil\n"}).encode(), None, 400,
+         "control character"),
+        ("POST", "/v1/users", json.dumps({"name": "alice\n"}).encode(), None, 400, "control character"),
+        ("POST", "/v1/jobs", json.dumps({"command": ["true"], "runtime": "process", "image": "busybox"}).encode(),
+         None, 400, "an image is given"),
+        ("POST", "/v1/jobs", b"{}", {"Content-Length": "-1"}, 400, "Content-Length"),
+        ("PATCH", "/v1/jobs", None, None, 405, "takes GET"),
+        ("DELETE", "/v1/users/alice%0A", None, None, 400, "control character"),
+        ("GET", "/v1/jobs?limit=-1", None, None, 400, "limit"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and len(v) < 30 else None,
+)
+def test_reports_of_issue_13_get_a_json_4xx_and_change_nothing(running_lab, method, path, body, headers, status,
+                                                               words):
+    lab = running_lab
+    before = (lab.data / "labq.json").read_bytes()
+    got, doc = _raw(lab, method, path, body, _token(lab), headers)
+    assert got == status, doc
+    assert words in doc["error"]["message"]
+    assert (lab.data / "labq.json").read_bytes() == before
+
+
+def test_a_short_body_does_not_hold_the_leader(running_lab):
+    """A body that never comes is answered after the request timeout (10 s by default), and meanwhile the leader
+    answers everyone else."""
+    import socket
+    import time
+
+    parts = urllib.parse.urlsplit(running_lab.url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=30)
+    try:
+        sock.sendall(b"POST /v1/jobs HTTP/1.1\r\nContent-Length: 100\r\n\r\n{}")
+        start = time.monotonic()
+        assert _raw(running_lab, "GET", "/v1/whoami", None, _token(running_lab))[0] == 200
+        answer = sock.makefile("rb").readline()
+        assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - start < 15
+    finally:
+        sock.close()
