@@ -148,6 +148,8 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
             raise UsageError("--mount is for container jobs: add --image IMAGE")
         body["mounts"] = [parse_mount(m, cwd) for m in args.mount]
     if args.shm_size:
+        if not args.image:
+            raise UsageError("--shm-size is for container jobs: add --image IMAGE")
         body["shm_size_mib"] = parse_size_mib(args.shm_size, "--shm-size")
     return body
 

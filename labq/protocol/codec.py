@@ -31,7 +31,8 @@ def encode_spec(spec: JobSpec) -> dict:
 def decode_spec(doc: dict) -> JobSpec:
     return JobSpec(
         **{name: doc[name] for name in _SPEC_SCALARS if name in doc},
-        runtime=Runtime(doc.get("runtime", "process")),
+        # an image always meant a container: a job stored before submit refused image + process runs in one
+        runtime=Runtime.DOCKER if doc.get("image") else Runtime(doc.get("runtime", "process")),
         command=tuple(doc["command"]),
         env=tuple(sorted(doc.get("env", {}).items())),
         mounts=tuple(Mount(m["source"], m["target"], m.get("read_only", False)) for m in doc.get("mounts", ())),

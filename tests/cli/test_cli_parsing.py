@@ -623,6 +623,7 @@ def test_container_jobs_map_image_mounts_and_shared_memory():
 
 @pytest.mark.parametrize(("args", "words"), [
     (("--mount", "/a:/b", "--", "true"), "--mount is for container jobs"),
+    (("--shm-size", "8G", "--", "true"), "--shm-size is for container jobs"),
     (("--image", "x", "--mount", "/a", "--", "true"), "use HOST_PATH:CONTAINER_PATH"),
     (("--image", "x", "--mount", "/a:b", "--", "true"), "container path must be absolute"),
     (("--image", "x", "--mount", "/a:/b:rx", "--", "true"), "use HOST_PATH:CONTAINER_PATH"),

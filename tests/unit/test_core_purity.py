@@ -28,7 +28,8 @@ def loaded_after(*statements: str) -> list[str]:
 
 
 @pytest.mark.parametrize("module", ["labq.models", "labq.scheduler", "labq.topologies", "labq.protocol",
-                                    "labq.protocol.requests", "labq.protocol.agents"])
+                                    "labq.protocol.requests", "labq.protocol.agents", "labq.protocol.names",
+                                    "labq.protocol.body"])
 def test_core_module_imports_no_io_library(module):
     assert loaded_after(f"import {module}") == []
 

@@ -71,3 +71,13 @@ def test_reservation_windows_are_half_open():
     assert r.admits("alice") and r.admits("bob") and not r.admits("carol")
     with pytest.raises(ValueError, match="end must be after start"):
         Reservation(name="x", owner="alice", gpus=1, start=5.0, end=5.0)
+
+
+def test_a_stored_job_with_an_image_is_a_container_job_whatever_its_runtime_says():
+    from labq.models.job import Runtime
+    from labq.protocol.codec import decode_spec
+
+    # written before submit refused an image with runtime "process": it must not run on the host
+    old = {"user": "alice", "command": ["python", "train.py"], "image": "pytorch/pytorch:2.4", "runtime": "process"}
+    assert decode_spec(old).runtime is Runtime.DOCKER
+    assert decode_spec({"user": "alice", "command": ["true"]}).runtime is Runtime.PROCESS
