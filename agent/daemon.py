@@ -35,14 +35,15 @@ from labq.agent.stops import NotesBook
 from labq.models.job import Mount
 from labq.models.node import Node
 from labq.protocol.agents import (
-    AttemptReport, Registration, RunOrder, StopOrder, SyncReport, decode_reply, encode_registration, encode_sync,
+    KILL_AFTER_TERM_S, AttemptReport, Registration, RunOrder, StopOrder, SyncReport, decode_reply,
+    encode_registration, encode_sync,
 )
 from labq.protocol.errors import ApiError
 from labq.workers import Backoff, RetryLog, Supervisor
 
 log = logging.getLogger("labq.agent")
 LONG_POLL_S = 20.0
-KILL_AFTER_S = 10.0  #: after the grace, TERM; this long after TERM, KILL
+KILL_AFTER_S = KILL_AFTER_TERM_S  #: after the grace, TERM; this long after TERM, KILL
 WATCH_EVERY_S = 0.1  #: how often the agent looks for exits and new checkpoints to report at once
 CHECKPOINT_NEWS_S = 2.0
 GRACE_RETRY_S = 1.0  #: when stopping a job after its grace failed, the next try
@@ -236,15 +237,14 @@ class Agent:
                 if (exited or news) and self.token is not None:
                     told_at = time.monotonic()
                     self.sync_once(0.0)
+                    trouble.ok()  # only a report that went through says the leader is reachable again
+                    backoff.reset()
+                pause = WATCH_EVERY_S
             except Exception as err:  # noqa: BLE001 - the sync loop retries too; this loop goes on
                 if self._stop.is_set():
                     return
                 trouble.failed(err)
                 pause = max(WATCH_EVERY_S, backoff.next())
-            else:
-                trouble.ok()
-                backoff.reset()
-                pause = WATCH_EVERY_S
 
     def _checkpoint_at(self, status) -> float | None:
         at = self.notes.get(status.job_id, status.attempt).checkpoint_at()

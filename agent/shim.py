@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from labq.protocol.agents import FENCE_LOOK_EVERY_S, KILL_AFTER_TERM_S
+
 PR_SET_CHILD_SUBREAPER = 36
 LEFTOVER_GRACE_S = 5.0
-KILL_AFTER_TERM_S = 10.0
-WATCH_EVERY_S = 1.0
+WATCH_EVERY_S = FENCE_LOOK_EVERY_S
 _job: list[int] = []  # the job's pid (= its group) once it runs
 _pending: list[int] = []  # signals that came before it did
 

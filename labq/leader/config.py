@@ -8,6 +8,7 @@ from pathlib import Path
 
 from labq.models.priority import PriorityClass, parse_priority
 from labq.paths import default_data_dir
+from labq.protocol.agents import FENCE_LOOK_EVERY_S, KILL_AFTER_TERM_S
 from labq.protocol.names import name_problem
 from labq.units import parse_duration
 
@@ -39,7 +40,7 @@ max_gpus_per_user = 0            # GPUs one user may hold at once; 0: no limit
 
 [jobs]
 default_grace = "60s"            # time a job gets to checkpoint after its signal
-max_grace = "4m"                 # fence_after + max_grace must stay below requeue_after
+max_grace = "4m"                 # lease/2 + fence_after + max_grace + 12s must stay below requeue_after
 max_time_limit = "0"             # the longest --time accepted; "0": no limit
 # checkpoint_root = "/shared/labq/checkpoints" # LABQ_CHECKPOINT_DIR is ROOT/JOB_ID; put it on storage every
 #                                # node mounts so a job resumes on any node. Default: each agent's own folder
@@ -103,14 +104,22 @@ class LeaderConfig:
     auto_requeue: bool = True
 
     def __post_init__(self) -> None:
-        if self.requeue_after_s <= self.fence_after_s + self.max_grace_s:
-            raise ConfigError(
-                "agents.requeue_after must be longer than agents.fence_after plus jobs.max_grace, so that a job "
-                "is never requeued while its lost agent may still be running it")
         if self.lease_s <= 0 or self.fence_after_s <= self.lease_s:
             raise ConfigError("agents.fence_after must be longer than agents.lease, and the lease positive")
+        if self.requeue_after_s <= self.last_stop_after_s:
+            raise ConfigError(
+                f"agents.requeue_after must be longer than {self.last_stop_after_s:g} s, so that a job is never "
+                "requeued while its lost agent may still be running it: a lost node's job is stopped at the latest "
+                "half a lease (its last long poll), fence_after, jobs.max_grace, the TERM-to-KILL "
+                f"{KILL_AFTER_TERM_S:g} s and {2 * FENCE_LOOK_EVERY_S:g} s of looks after the node's last sync")
         if self.request_timeout_s <= 0 or self.max_connections_per_address < 1:
             raise ConfigError("leader.request_timeout and leader.max_connections_per_address must be positive")
+
+    @property
+    def last_stop_after_s(self) -> float:
+        """How long after a lost node's last sync its jobs may still run there, at the most."""
+        return (self.lease_s / 2 + self.fence_after_s + self.max_grace_s + KILL_AFTER_TERM_S
+                + 2 * FENCE_LOOK_EVERY_S)
 
     @property
     def url(self) -> str:

@@ -20,6 +20,10 @@ MAX_WAIT_S = 60.0
 MAX_NODE_GPUS = 128
 #: a job touches this file in LABQ_CHECKPOINT_DIR after each finished save; its mtime is the checkpoint's time
 CHECKPOINT_MARKER = ".labq-checkpoint"
+#: how an agent stops a job, which the leader's timings rely on: after the grace, TERM; this long after, KILL
+KILL_AFTER_TERM_S = 10.0
+#: how often a job's shim or container watchdog looks at the agent's heartbeat
+FENCE_LOOK_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ allow_root = true  # the suite runs as root (CI does), and its first admin is th
 [agents]
 lease = "2s"
 fence_after = "6s"
-requeue_after = "15s"
+requeue_after = "25s"  # past half a lease, fence_after, max_grace, TERM-to-KILL (10 s) and looks
 """
 
 

@@ -127,7 +127,7 @@ def test_a_lost_agents_jobs_move_only_after_requeue_after(lab):
     lab.wait(lambda: any(n["name"] == "ws1" and n["health"] == "lost" for n in lab.api("nodes")),
              "ws1 to be marked lost")
     assert lab.job(job)["attempt"] == 1  # not yet: the job may still be running there
-    requeued = lab.wait_state(job, "queued", timeout=60)  # after requeue_after (15 s)
+    requeued = lab.wait_state(job, "queued", timeout=60)  # after requeue_after (25 s)
     assert requeued["attempt"] == 2
     # and by then the first attempt's process on ws1 is gone: the job never runs twice
     pid_files = list(lab.data.glob(f"agents/ws1/runtime/attempts/{job}.1/pid.json"))

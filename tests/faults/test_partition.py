@@ -29,7 +29,7 @@ from tests.faults.invariants import (
 )
 from tests.faults.lab import FaultLab, leader_toml, soak, unavailable
 
-LEASE_S, FENCE_S, REQUEUE_S, GRACE_S = 4.0, 14.0, 20.0, 2.0
+LEASE_S, FENCE_S, REQUEUE_S, GRACE_S = 4.0, 14.0, 34.0, 2.0  #: requeue_after past the last stop (33 s)
 SHORT_S = LEASE_S + 2.0  #: past the lease; with a long poll and a reconnect still well inside fence_after
 LOST_SLACK_S = 2.0  #: the leader's timers tick every second; the test looks every 0.1 s
 SAVES_ON_SIGNAL = "trap 'exit 0' USR1; echo ready; while true; do sleep 0.1; done"

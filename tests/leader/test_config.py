@@ -52,7 +52,9 @@ def test_preemption_policy_is_read(tmp_path):
         ('[agents]\nlease = "soon"\n', "agents.lease = 'soon': 'soon' is not a duration"),
         ('[leader]\nlisten = "7733"\n', "must be ADDRESS:PORT"),
         ('[scheduling]\npreemption = "yes"\n', "must be true or false"),
-        ('[agents]\nrequeue_after = "5m"\n', "requeue_after must be longer than agents.fence_after"),
+        ('[agents]\nrequeue_after = "5m"\n', "requeue_after must be longer than 867 s"),
+        # a job that ignores TERM runs until half a lease + fence_after + max_grace + 10 s + looks after the last sync
+        ('[agents]\nlease = "2m"\n', "requeue_after must be longer than 912 s"),
         ("not toml [", "is not valid TOML"),
         ('[scheduling.may_preempt]\nurgent = ["lowest"]\n', "'lowest' is not a class"),
         ('[scheduling.may_preempt]\nnormal = ["high"]\n', "normal may preempt only lower classes"),
