@@ -39,6 +39,7 @@ from labq.protocol.agents import (
     encode_registration, encode_sync,
 )
 from labq.protocol.errors import ApiError
+from labq.protocol.identity import lab_of
 from labq.workers import Backoff, RetryLog, Supervisor
 
 log = logging.getLogger("labq.agent")
@@ -65,9 +66,7 @@ class Agent:
         self.config = config
         self.inventory = inventory
         config.state_dir.mkdir(parents=True, exist_ok=True)
-        from labq.leader.auth import cluster_id, token_hash
-
-        self.runtime = Runtimes(config.state_dir, config.name, lab=cluster_id(token_hash(config.join_token)))
+        self.runtime = Runtimes(config.state_dir, config.name, lab=lab_of(config.join_token))
         self.checkpoints = config.state_dir / "checkpoints"
         self.checkpoint_root: str | None = None  #: the admin's shared checkpoint storage, when set
         self.notes = NotesBook(config.state_dir / "attempts")

@@ -33,7 +33,7 @@ What it measures
     job of "paper" naming it is submitted (normal class, preemptible, 5 h 55 min of work). A pass
     runs at every event (arrival, end, a victim's exit, the drain time start - grace, the start)
     and every 60 s, with ``Policy(min_runtime_s=0)``; decisions are applied with
-    ``labq.leader.transitions`` (a start runs at once; a victim exits min(its checkpoint time,
+    ``labq.models.transitions`` (a start runs at once; a victim exits min(its checkpoint time,
     grace) after the decision and is requeued). Measured, from the booking to the start:
     GPU-seconds with no job on each pinned GPU (GPU-hours a day, minutes and seconds per GPU,
     split into before and within the last grace), beside the idle time per GPU of the other GPUs
@@ -82,7 +82,7 @@ from pathlib import Path
 from figures import print_figures, profile_lines
 from latency import Lab, ms, pct, say
 from labq.client import Client
-from labq.leader.transitions import exited, placed, preempting, running
+from labq.models.transitions import exited, placed, preempting, running
 from labq.models.job import Job, JobSpec, JobState
 from labq.models.node import Node
 from labq.models.priority import PriorityClass

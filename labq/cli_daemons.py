@@ -297,9 +297,9 @@ def _find_leader(join_token: str) -> str:
     """No --leader: the leader of this lab (the one whose cluster id the join token gives), over mDNS."""
     from labq.cli import CliError
     from labq.discovery import DiscoveryError, find_leaders, pick_leader
-    from labq.leader.auth import cluster_id, token_hash
+    from labq.protocol.identity import lab_of
 
-    cluster = cluster_id(token_hash(join_token))
+    cluster = lab_of(join_token)
     try:
         found = pick_leader(find_leaders(3.0, cluster=cluster), cluster=cluster, waited_s=3.0)
     except DiscoveryError as err:
@@ -310,11 +310,11 @@ def _find_leader(join_token: str) -> str:
 
 def _advertise_agent(agent, join_token: str):
     from labq.discovery import Advertiser
-    from labq.leader.auth import cluster_id, token_hash
+    from labq.protocol.identity import lab_of
 
     port = int(agent.logs_url.rsplit(":", 1)[1])
     props = {"node": agent.config.name, "gpus": len(agent.inventory.read().gpus),
-             "cluster": cluster_id(token_hash(join_token))}
+             "cluster": lab_of(join_token)}
     try:
         return Advertiser("agent", agent.config.name, port, props).start()
     except Exception as err:  # discovery is a hint: an agent without multicast still works

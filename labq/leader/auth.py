@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import secrets
@@ -23,16 +22,6 @@ class Principal:
 
 def new_token(kind: str) -> str:
     return f"lq{kind[0]}_{secrets.token_urlsafe(32)}"
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def cluster_id(join_token_sha256: str) -> str:
-    """A short public name for a lab, derived from its join token: leaders and agents agree on it
-    without exchanging anything, and it says nothing about the token itself."""
-    return hashlib.sha256(join_token_sha256.encode()).hexdigest()[:12]
 
 
 def same_hash(a: str, b: str) -> bool:

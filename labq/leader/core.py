@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from labq.leader import transitions as t
-from labq.leader.auth import JOIN_TOKEN_FILE, Principal, new_token, same_hash, token_hash, write_secret
+from labq.models import transitions as t
+from labq.leader.auth import JOIN_TOKEN_FILE, Principal, new_token, same_hash, write_secret
 from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
 from labq.leader.events import EventHub
@@ -32,6 +32,7 @@ from labq.models.priority import MAX_PRIORITY, priority_name
 from labq.protocol import errors
 from labq.protocol.agents import AttemptReport, Registration, RunOrder, StopOrder, SyncReply, SyncReport
 from labq.protocol.codec import decode_job, decode_node, encode_job, encode_node
+from labq.protocol.identity import token_hash
 from labq.protocol.requests import ActionRequest, SubmitRequest, UserRequest
 from labq.scheduler import Policy, decay_usage, schedule, why_never_fits
 from labq.store import Change, CommitFailed, DeleteRecord, InvalidChange, PutJob, PutRecord, Store

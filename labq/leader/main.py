@@ -83,7 +83,7 @@ def advertise(running: RunningLeader, name: str) -> None:
     """Announce the leader over mDNS and watch for agents, in the background: registering a
     name takes seconds, and discovery is only a hint, so a network without multicast loses nothing."""
     from labq.discovery import Advertiser, Browser
-    from labq.leader.auth import cluster_id
+    from labq.protocol.identity import cluster_id
 
     leader = running.leader
     cluster = cluster_id(leader.join_hash)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from math import ceil, inf
 
-from labq.leader import transitions as t
+from labq.models import transitions as t
 from labq.models.job import Job, JobSpec, JobState
 from labq.models.node import Node
 from labq.models.reservation import Reservation

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labq.leader.http import ROUTES
+from labq.leader.routes import ROUTES
 from labq.protocol.requests import MAX_BODY_BYTES
 from tests.leader.loopback_leader import start_loopback_leader
 

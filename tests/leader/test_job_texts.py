@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from labq.leader.http import _JobTexts
+from labq.leader.routes import _JobTexts
 from labq.models.job import JobState
 from labq.protocol.codec import encode_job
 

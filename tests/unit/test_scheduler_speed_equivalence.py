@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from labq.leader.transitions import placed, preempting, running
+from labq.models.transitions import placed, preempting, running
 from labq.models import Job, JobSpec, JobState, Node, NodeAllocation, Placement, PriorityClass
 from labq.models.decisions import Decisions
 from labq.models.job import Attempt, AttemptEnd, StopReason

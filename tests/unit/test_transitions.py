@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labq.leader import transitions as t
+from labq.models import transitions as t
 from labq.models import Job, JobSpec, JobState, NodeAllocation, Placement
 from labq.models.job import AttemptEnd, StopReason
 from labq.protocol.codec import decode_job, encode_job

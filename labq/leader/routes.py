@@ -1,0 +1,226 @@
+"""The leader's API routes: each takes the request's handler, who sent it and the path's parts (and the
+decoded body for POST and PUT), calls the leader and returns (status, JSON document), or streams its answer.
+
+The server (``labq.leader.http``) finds the route, authenticates, decodes the body and turns errors into
+JSON answers; the API is documented in ``labq/protocol/API.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.parse
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from labq.leader.node_logs import fetch_log
+from labq.models.job import Job
+from labq.protocol import errors
+from labq.protocol.agents import encode_reply, parse_registration, parse_sync
+from labq.protocol.bookings import encode_answer, parse_reserve
+from labq.protocol.codec import encode_job, encode_pending, encode_reservation
+from labq.protocol.names import check_name
+from labq.protocol.requests import parse_action, parse_submit, parse_user, require_int
+
+if TYPE_CHECKING:
+    from labq.leader.http import _Handler
+
+KEEPALIVE_S = 15.0
+
+Route = tuple[str, re.Pattern, Callable]
+ROUTES: list[Route] = []
+_NO_HEAD: set[Callable] = set()  #: GET routes that stream their answer: HEAD is refused there
+
+
+def route(method: str, pattern: str, *, head: bool = True):
+    def register(fn):
+        ROUTES.append((method, re.compile(f"^{pattern}$"), fn))
+        if not head:
+            _NO_HEAD.add(fn)
+        return fn
+    return register
+
+
+def _job_id(text: str) -> int:
+    return require_int(text, "job id")
+
+
+# -- people -------------------------------------------------------------------------------
+
+
+@route("GET", "/v1/whoami")
+def _whoami(h: _Handler, who) -> tuple[int, dict]:
+    return 200, {"user": who.name, "kind": who.kind, "admin": who.admin}
+
+
+@route("POST", "/v1/jobs")
+def _submit(h: _Handler, who, body) -> tuple[int, dict]:
+    job = h.server.leader.submit(who, parse_submit(body))
+    return 201, {"job": encode_job(job)}
+
+
+class _JobTexts:
+    """Each unfinished job's JSON, made once per version of the job: jobs are immutable and replaced
+    on every change, so the object itself says whether the text is current. A listing of 10,000 jobs
+    is then a join of strings instead of 10,000 encodings (most of its cost)."""
+
+    def __init__(self) -> None:
+        self._texts: dict[int, tuple[Job, str]] = {}
+
+    def listing(self, jobs: list[Job], live: dict[int, Job]) -> str:
+        texts, parts = self._texts, []
+        for job in jobs:
+            cached = texts.get(job.id)
+            if cached is not None and cached[0] is job:
+                parts.append(cached[1])
+                continue
+            text = json.dumps(encode_job(job), separators=(",", ":"))
+            if live.get(job.id) is job:
+                texts[job.id] = (job, text)
+            parts.append(text)
+        if len(texts) > 2 * len(live) + 1000:  # finished jobs linger until the cache is twice the queue
+            for job_id in [i for i in list(texts) if i not in live]:
+                texts.pop(job_id, None)
+        return "[" + ",".join(parts) + "]"
+
+
+_JOB_TEXTS = _JobTexts()
+
+
+@route("GET", "/v1/jobs")
+def _jobs(h: _Handler, who) -> tuple[int, bytes]:
+    limit = h.arg("limit")
+    ids = tuple(require_int(i, "id") for i in h.query.get("id", ()))
+    if len(ids) > 1000:
+        raise errors.bad_request("at most 1000 ids at once", "id")
+    leader = h.server.leader
+    jobs = leader.visible_jobs(
+        who, user=h.arg("user"), states=tuple(h.query.get("state", ())), everyone=h.arg("all") == "1" or bool(ids),
+        history=h.arg("history") == "1", limit=require_int(limit, "limit") if limit else None, ids=ids)
+    text = '{"jobs":' + _JOB_TEXTS.listing(jobs, leader.jobs)
+    if h.arg("pending") == "1":
+        pending = {str(i): encode_pending(p) for i, p in leader.pending_of(j.id for j in jobs).items()}
+        text += ',"pending":' + json.dumps(pending, separators=(",", ":"))
+    return 200, (text + "}").encode()
+
+
+@route("GET", r"/v1/jobs/([0-9]+)")
+def _job(h: _Handler, who, job_id: str) -> tuple[int, dict]:
+    job, pending = h.server.leader.job(who, _job_id(job_id))
+    return 200, {"job": encode_job(job), "pending": encode_pending(pending)}
+
+
+@route("POST", r"/v1/jobs/([0-9]+)/actions")
+def _action(h: _Handler, who, job_id: str, body) -> tuple[int, dict]:
+    job = h.server.leader.act(who, _job_id(job_id), parse_action(body))
+    return 200, {"job": encode_job(job)}
+
+
+@route("GET", r"/v1/jobs/([0-9]+)/logs", head=False)
+def _logs(h: _Handler, who, job_id: str) -> None:
+    leader = h.server.leader
+    job, _ = leader.job(who, _job_id(job_id))
+    if job.user != who.name and not who.admin:
+        raise errors.forbidden(f"job {job.id} belongs to {job.user}")
+    attempt = require_int(h.arg("attempt"), "attempt") if h.arg("attempt") else job.attempt
+    offset = require_int(h.arg("offset"), "offset") if h.arg("offset") else 0
+    placement = job.placement if attempt == job.attempt else next(
+        (a.placement for a in job.history if a.number == attempt), None)
+    if placement is None:
+        if attempt == job.attempt:
+            raise errors.not_found(f"job {job.id} has not started yet: no log")
+        raise errors.not_found(f"job {job.id} has no attempt {attempt} that ran; it is on attempt {job.attempt}")
+    node = placement.nodes[0]
+    session = leader.agents.get(node)
+    if session is None or not session.logs_url:
+        raise errors.unavailable(f"node {node} does not serve logs")
+    data, next_offset, done = fetch_log(session.logs_url, session.logs_token, job.id, attempt, offset)
+    done = done and not job.state.holds_gpus or (done and attempt != job.attempt)
+    h.send_response(200)
+    h.send_header("Content-Type", "text/plain; charset=utf-8")
+    h.send_header("Content-Length", str(len(data)))
+    h.send_header("X-Labq-Offset", str(next_offset))
+    h.send_header("X-Labq-Done", "1" if done else "0")
+    h.end_headers()
+    h.wfile.write(data)
+
+
+@route("POST", "/v1/reservations")
+def _reserve(h: _Handler, who, body) -> tuple[int, dict]:
+    answer, booked = h.server.leader.bookings.reserve(who, parse_reserve(body))
+    return (201 if booked else 200), encode_answer(answer, booked)
+
+
+@route("GET", "/v1/reservations")
+def _reservations(h: _Handler, who) -> tuple[int, dict]:
+    return 200, {"reservations": [encode_reservation(r) for r in h.server.leader.bookings.view(who)]}
+
+
+@route("DELETE", r"/v1/reservations/([^/]+)")
+def _cancel_reservation(h: _Handler, who, name: str) -> tuple[int, dict]:
+    r = h.server.leader.bookings.cancel(who, check_name(urllib.parse.unquote(name), "reservation name"))
+    return 200, {"reservation": encode_reservation(r)}
+
+
+@route("GET", "/v1/nodes")
+def _nodes(h: _Handler, who) -> tuple[int, dict]:
+    return 200, {"nodes": h.server.leader.nodes_view(who), "unadmitted": h.server.leader.unadmitted()}
+
+
+@route("GET", "/v1/users")
+def _users(h: _Handler, who) -> tuple[int, dict]:
+    return 200, {"users": h.server.leader.list_users(who)}
+
+
+@route("POST", "/v1/users")
+def _add_user(h: _Handler, who, body) -> tuple[int, dict]:
+    user, token = h.server.leader.add_user(who, parse_user(body))
+    return 201, {"user": user, "token": token}
+
+
+@route("DELETE", r"/v1/users/([^/]+)")
+def _remove_user(h: _Handler, who, name: str) -> tuple[int, dict]:
+    return 200, {"user": h.server.leader.remove_user(who, check_name(urllib.parse.unquote(name), "user name"))}
+
+
+@route("GET", "/v1/events", head=False)
+def _events(h: _Handler, who) -> None:
+    if who.kind != "user":
+        raise errors.forbidden("events are for users")
+    hub = h.server.leader.events
+    after = require_int(h.arg("after"), "after") if h.arg("after") else hub.seq
+    h.send_response(200)
+    h.send_header("Content-Type", "text/event-stream")
+    h.send_header("Cache-Control", "no-store")
+    h.end_headers()
+    h.close_connection = True
+    stopping = h.server.leader._stopping
+    while not stopping.is_set():
+        events = hub.after(after, KEEPALIVE_S)
+        if not events:
+            h.wfile.write(b": keepalive\n\n")
+        for event in events:
+            h.wfile.write(f"id: {event.seq}\nevent: {event.kind}\ndata: {json.dumps(event.data)}\n\n".encode())
+            after = event.seq
+        h.wfile.flush()
+
+
+# -- agents ------------------------------------------------------------------------------
+
+
+@route("POST", "/v1/agents/register")
+def _register(h: _Handler, who, body) -> tuple[int, dict]:
+    registration = parse_registration(body)
+    token = h.server.leader.register(who, registration, h.client_address[0])
+    leader = h.server.leader
+    return 200, {"agent_token": token, "logs_token": leader.logs_token(registration.node.name),
+                 "lease_s": leader.config.lease_s, "fence_after_s": leader.config.fence_after_s,
+                 "allowed_mount_roots": list(leader.config.allowed_mount_roots),
+                 "allowed_images": list(leader.config.allowed_images),
+                 "checkpoint_root": leader.config.checkpoint_root, "allow_root": leader.config.allow_root}
+
+
+@route("POST", r"/v1/agents/([^/]+)/sync")
+def _sync(h: _Handler, who, agent: str, body) -> tuple[int, dict]:
+    agent = check_name(urllib.parse.unquote(agent), "node name")
+    return 200, encode_reply(h.server.leader.sync(who, agent, parse_sync(body)))
