@@ -37,11 +37,6 @@ class SimInventory:
         )
 
 
-def _groups(size: int, group: int, within: PcieLevel, across: PcieLevel) -> dict[tuple[int, int], PcieLevel]:
-    """``within`` for pairs in the same block of ``group`` consecutive GPUs, else ``across``."""
-    return {(i, j): within if i // group == j // group else across for i, j in combinations(range(size), 2)}
-
-
 def _two_sockets(
     size: int, switch: int, in_switch: PcieLevel, in_socket: PcieLevel
 ) -> dict[tuple[int, int], PcieLevel]:

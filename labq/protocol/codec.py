@@ -6,7 +6,7 @@ the store or the leader); requests from people go through ``labq.protocol.reques
 
 from __future__ import annotations
 
-from labq.models.decisions import Pending, PendingReason
+from labq.models.decisions import Pending
 from labq.models.job import Attempt, AttemptEnd, Job, JobSpec, JobState, Mount, Runtime, StopReason
 from labq.models.node import Gpu, Node, NodeHealth
 from labq.models.placement import NodeAllocation, Placement
@@ -124,13 +124,6 @@ def encode_pending(pending: Pending | None) -> dict | None:
         return None
     return {"reason": pending.reason.value, "detail": pending.detail, "waiting_for": pending.waiting_for,
             "estimated_start": pending.estimated_start}
-
-
-def decode_pending(job_id: int, doc: dict | None) -> Pending | None:
-    if doc is None:
-        return None
-    return Pending(job_id, PendingReason(doc["reason"]), doc["detail"], doc.get("waiting_for"),
-                   doc.get("estimated_start"))
 
 
 def encode_reservation(r: Reservation) -> dict:
