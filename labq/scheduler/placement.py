@@ -58,10 +58,6 @@ def indices_to_mask(indices) -> int:
     return mask
 
 
-def popcount(mask: int) -> int:
-    return mask.bit_count()
-
-
 class _SetTable:
     """Scores of every subset of one topology's GPUs, and the subsets by size, best first."""
 
