@@ -30,6 +30,7 @@ from labq.models.placement import NodeAllocation, Placement
 from labq.models.priority import priority_name
 from labq.models.reservation import Reservation
 from labq.scheduler.fit import eligible_mask, why_never_fits
+from labq.scheduler.memo import NodeMemo
 from labq.scheduler.placement import SetChoice, best_set, indices_to_mask, mask_to_indices
 from labq.scheduler.policy import Policy, order_queue
 from labq.scheduler.preemption import NodePlan, Victim, plan_on_node
@@ -79,14 +80,6 @@ class _OnGpus:
 
 
 @dataclass
-class _Answers:
-    """A per-node question's answers for one job shape, and how much of the change log they reflect."""
-
-    by_node: dict[str, object]
-    seen: int
-
-
-@dataclass
 class _Pass:
     jobs: list[Job]
     node_list: list[Node]
@@ -112,24 +105,14 @@ class _Pass:
         self.reservations_on: dict[str, list[Reservation]] = {}
         for r in self.reservation_list:
             self.reservations_on.setdefault(r.node, []).append(r)
+        #: GPUs reservations keep from jobs, by question: forgotten when ``wanted`` grows
         self._reserved_memo: dict = {}
         #: active reservations with jobs of their own still waiting: their GPUs are lent to no one
         self.wanted: set[str] = set()
-        #: bumped on every change; per node, so a change on one node keeps what is known of the others
-        self.version = 0
-        self.node_version = {name: 0 for name in self.nodes}
-        #: the nodes changed, in order: per-node answers are recomputed on the nodes changed since asked
-        self.change_log: list[str] = []
-        self._answers: dict[tuple, _Answers] = {}
-        self._freeing_memo: dict[tuple, list[tuple[float, int]]] = {}
-        self._soonest_memo: dict[tuple, tuple | None] = {}
-        self._plan_memo: dict[tuple, NodePlan | None] = {}
+        #: what the pass has worked out, kept until a start, preemption or hold makes it stale
+        self.memo: NodeMemo[Node] = NodeMemo(self.nodes)
         self.holds_made = 0
-        self._memo: dict = {}
-        self._settled: dict = {}
-        self._never: dict = {}
         self._quotas = self.policy.max_gpus_per_user is not None or bool(self.policy.user_gpu_quota)
-        self._eligible: dict = {}
         #: no job of this priority or lower finds a victim on any node (candidates only drop out in a pass)
         self.lowest_victim: float = inf
         self.queued: list[Job] = []
@@ -211,14 +194,14 @@ class _Pass:
         if self.reservation_list:
             self._drain_reservations()
             queue = self._serve_reservations_first(queue)
-        settled, pending, inflight, quotas = self._settled, self.pending, self.inflight, self._quotas
+        settled, pending, inflight, quotas = self.memo.settled, self.pending, self.inflight, self._quotas
         make_pending = tuple.__new__  # skips NamedTuple's Python-level __new__
         for job in queue:
             # The fast path: most of a long queue waits for the same reasons as a job
             # of the same shape and priority before it, while nothing has changed. Only
             # jobs that can fit the lab and name no reservation settle a verdict (_blocked).
             spec = job.spec
-            verdict = settled.get((self.version, spec.resource_shape, spec.priority))
+            verdict = settled.get((spec.resource_shape, spec.priority))
             if (verdict is not None and not spec.depends_on and job.id not in inflight
                     and (not quotas or self._plain(job))):
                 pending.append(make_pending(Pending, (job.id, *verdict)))
@@ -234,16 +217,17 @@ class _Pass:
             return
         if spec.reservation is not None and not self._reservation_open(job):
             return
-        never = self._never.get(spec.resource_shape, _UNKNOWN)
+        lasting = self.memo.lasting
+        never = lasting.get(("never", spec.resource_shape), _UNKNOWN)
         if never is _UNKNOWN:
-            never = self._never[spec.resource_shape] = why_never_fits(spec, self._candidate_nodes(job))
+            never = lasting["never", spec.resource_shape] = why_never_fits(spec, self._candidate_nodes(job))
         if never is not None:
             self._wait(job, PendingReason.RESOURCES, f"no node that is up can run it: {never}")
             return
         if self._quotas and not self._within_quota(job):
             return
         shape = self._shape(job)
-        seen = self.version
+        seen = self.memo.version
         placement = self._place(job, shape)
         if placement is not None:
             self._start(job, placement)
@@ -273,10 +257,11 @@ class _Pass:
 
     def _eligible_on(self, job: Job, node: Node) -> int:
         spec = job.spec
-        key = (node.name, spec.node, spec.min_gpu_memory_mib, spec.gpu_model)
-        mask = self._eligible.get(key)
+        key = ("eligible", node.name, spec.node, spec.min_gpu_memory_mib, spec.gpu_model)
+        lasting = self.memo.lasting
+        mask = lasting.get(key)
         if mask is None:
-            mask = self._eligible[key] = eligible_mask(spec, node)
+            mask = lasting[key] = eligible_mask(spec, node)
         return mask
 
     def _held_against(self, job: Job, node: str, end: float) -> int:
@@ -361,30 +346,15 @@ class _Pass:
         return (job.spec.resource_shape, personal)
 
     def _changed(self, nodes: Iterable[str]) -> None:
-        self.version += 1
-        for name in nodes:
-            self.change_log.append(name)
-            self.node_version[name] += 1
+        self.memo.changed(nodes)
 
     def _on_each_node(self, kind: str, job: Job, shape: tuple, compute, *extra) -> dict[str, object]:
         """``compute(node)`` for each of the job's nodes, by node name; remembered per node until it changes.
 
-        One table per question and job shape, kept in step with the change log: after a start,
-        a preemption or a hold, a pass over a long queue recomputes the answer on the one or two
-        nodes that changed, not on every node of the lab.
+        One table per question and job shape: after a start, a preemption or a hold, a pass over
+        a long queue recomputes the answer on the one or two nodes that changed, not on every node.
         """
-        key = (kind, shape, *extra)
-        answers = self._answers.get(key)
-        if answers is None:
-            answers = self._answers[key] = _Answers({n.name: compute(n) for n in self._candidate_nodes(job)},
-                                                    len(self.change_log))
-        elif answers.seen < len(self.change_log):
-            by_node = answers.by_node
-            for name in set(self.change_log[answers.seen:]):
-                if name in by_node:
-                    by_node[name] = compute(self.nodes[name])
-            answers.seen = len(self.change_log)
-        return answers.by_node
+        return self.memo.each_node((kind, shape, *extra), lambda: self._candidate_nodes(job), compute)
 
     # -- placing ----------------------------------------------------------------------
 
@@ -394,14 +364,15 @@ class _Pass:
         if self.most_free < spec.gpus_per_node:
             return None  # no node has that many free GPUs, whatever else keeps the job off them
         flags = tuple(sorted(available.items()))
-        key = ("place", self.version, shape, flags)
-        if key in self._memo:
-            return self._memo[key]
+        key = ("place", shape, flags)
+        current = self.memo.current
+        if key in current:
+            return current[key]
         choices = self._on_each_node("set", job, shape, lambda n: self._best_set_on(job, n, **available), flags)
         options = [(self.nodes[name], choice) for name, choice in choices.items() if choice is not None]
         options.sort(key=lambda o: (-o[1].score, o[1].loss, o[0].name))
         result = options[: spec.nodes] if len(options) >= spec.nodes else None
-        self._memo[key] = result
+        current[key] = result
         return result
 
     def _best_set_on(self, job: Job, node: Node, **available) -> SetChoice | None:
@@ -440,15 +411,15 @@ class _Pass:
             return False
         if job.priority <= self.lowest_victim and job.id not in self.inflight and job.spec.reservation is None:
             return False  # no victim anywhere, no reservation to reclaim: no node has a plan
-        key = ("preempt", self.version, shape, job.priority)
-        if self._memo.get(key) is False:
+        key = ("preempt", shape, job.priority)
+        if self.memo.current.get(key) is False:
             return False
         plans = self._on_each_node("plan", job, shape, lambda n: self._plan_on(job, n), job.priority)
         plans = [plan for plan in plans.values() if plan is not None]
         plans.sort(key=lambda p: p.cost)
         if len(plans) < job.spec.nodes:
             if job.id not in self.inflight:
-                self._memo[key] = False
+                self.memo.current[key] = False
             return False
         plans = plans[: job.spec.nodes]
         grace = 0.0
@@ -491,10 +462,11 @@ class _Pass:
             blocked |= self._reserved_against(job, node.name, end, borrow=False)
         if job.id in self.inflight or job.spec.reservation:
             return self._plan_against(job, node, blocked)
-        key = (node.name, self.node_version[node.name], blocked, job.spec.gpus_per_node, job.priority)
-        plan = self._plan_memo.get(key, _UNKNOWN)
+        known = self.memo.on_node(node.name)
+        key = ("plan", blocked, job.spec.gpus_per_node, job.priority)
+        plan = known.get(key, _UNKNOWN)
         if plan is _UNKNOWN:
-            plan = self._plan_memo[key] = self._plan_against(job, node, blocked)
+            plan = known[key] = self._plan_against(job, node, blocked)
         return plan
 
     def _plan_against(self, job: Job, node: Node, blocked: int) -> NodePlan | None:
@@ -528,11 +500,11 @@ class _Pass:
         reason, detail, waiting_for = self._why_blocked(job, shape)
         if reason in (PendingReason.RESOURCES, PendingReason.PRIORITY) and self.holds_made < self.policy.hold_depth:
             estimate = self._hold_future(job)
-            if estimate is not None or self.version != seen:
+            if estimate is not None or self.memo.version != seen:
                 self._wait(job, reason, detail, waiting_for, estimate)
                 return
-        if self._plain(job) and self.version == seen:
-            self._settled[(seen, job.spec.resource_shape, job.priority)] = (reason, detail, waiting_for, None)
+        if self._plain(job) and self.memo.version == seen:
+            self.memo.settled[job.spec.resource_shape, job.priority] = (reason, detail, waiting_for, None)
         self._wait(job, reason, detail, waiting_for)
 
     def _why_blocked(self, job: Job, shape: tuple) -> tuple[PendingReason, str, int | None]:
@@ -593,10 +565,11 @@ class _Pass:
             blocked |= self._held_against(job, name, end)
             if self.reservation_list:
                 blocked |= self._reserved_against(job, name, end, borrow=False)
-        key = (name, self.node_version[name], blocked, job.spec.gpus_per_node)
-        option = self._soonest_memo.get(key, _UNKNOWN)
+        known = self.memo.on_node(name)
+        key = ("soonest", blocked, job.spec.gpus_per_node)
+        option = known.get(key, _UNKNOWN)
         if option is _UNKNOWN:
-            option = self._soonest_memo[key] = self._soonest_set(node, blocked, job.spec.gpus_per_node)
+            option = known[key] = self._soonest_set(node, blocked, job.spec.gpus_per_node)
         return option
 
     def _soonest_set(self, node: Node, blocked: int, k: int) -> tuple | None:
@@ -613,8 +586,9 @@ class _Pass:
         Steps of (when, GPUs), soonest first. They depend on the job only through the GPUs it
         must keep off, so jobs of every size and time limit share them until the node changes.
         """
-        key = (node.name, self.node_version[node.name], blocked)
-        steps = self._freeing_memo.get(key)
+        known = self.memo.on_node(node.name)
+        key = ("freeing", blocked)
+        steps = known.get(key)
         if steps is None:
             have = self.free[node.name] & ~blocked
             when = self.now
@@ -624,7 +598,7 @@ class _Pass:
                     have |= entry.mask & ~blocked
                     when = max(when, entry.end)
                     steps.append((when, have))
-            self._freeing_memo[key] = steps
+            known[key] = steps
         return steps
 
     # -- gates before placement -------------------------------------------------------
