@@ -40,18 +40,35 @@ def running(agent: Agent) -> set[tuple[int, int]]:
     return {(s.job_id, s.attempt) for s in agent.runtime.attempts() if s.state is AttemptState.RUNNING}
 
 
-def test_a_stale_reply_neither_stops_a_new_attempt_nor_restarts_a_stopped_one(tmp_path):
+def record_orders(agent: Agent, monkeypatch) -> list[tuple]:
+    """What the agent asks of its runtime: a job starts, is signalled or stops only through these."""
+    asked: list[tuple] = []
+    for name in ("launch", "signal", "stop"):
+        real = getattr(agent.runtime, name)
+
+        def recorded(*args, _name=name, _real=real, **kw):
+            asked.append((_name, *args))
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(agent.runtime, name, recorded)
+    return asked
+
+
+def test_a_stale_reply_neither_stops_a_new_attempt_nor_restarts_a_stopped_one(tmp_path, monkeypatch):
     agent = Agent(AgentConfig("http://127.0.0.1:9", "join", "ws1", tmp_path / "agent"),
                   open_inventory("sim:ws-4x3090", "ws1"))
     agent.runtime.set_policy((), (), allow_root=True)  # the suite may run as root: this job then runs as root
+    asked = record_orders(agent, monkeypatch)
     order = RunOrder(7, 2, os.environ.get("USER", "root"), (sys.executable, "-c", "import time; time.sleep(60)"),
                      {"LABQ_TEST_ROOT": str(tmp_path)}, str(tmp_path), (0,), ("SIM-0",), 2.0, "SIGUSR1",
                      simulated=True)
     try:
         agent.apply(reply(5, "a", order))  # the exit report's answer: run attempt 2
         assert running(agent) == {(7, 2)}
+        assert [what for what, *_ in asked] == ["launch"]
+        # apply decides at once: whatever it asks of the runtime is asked before it returns
         agent.apply(reply(4, "a"))  # the long poll's answer, made before: it knew no attempt 2
-        time.sleep(0.5)
+        assert [what for what, *_ in asked] == ["launch"], "a stale reply signalled or stopped the attempt"
         assert running(agent) == {(7, 2)}, "a stale reply stopped the attempt"
         agent.apply(reply(6, "a"))  # a newer reply without it: the leader moved it away
         deadline = time.monotonic() + 20
@@ -60,8 +77,9 @@ def test_a_stale_reply_neither_stops_a_new_attempt_nor_restarts_a_stopped_one(tm
         assert running(agent) == set()
         agent.apply(reply(7, "a"))  # the next one: the agent forgets the ended attempt
         assert agent.runtime.attempts() == []
+        launches = sum(what == "launch" for what, *_ in asked)
         agent.apply(reply(5, "a", order))  # the stale order to run it
-        time.sleep(0.3)
+        assert sum(what == "launch" for what, *_ in asked) == launches, "a stale reply launched the attempt again"
         assert agent.runtime.attempts() == [], "a stale reply started a stopped attempt again"
         other = replace(order, job_id=8, attempt=1)
         agent.apply(reply(1, "b", other))  # a restarted leader numbers from 1 again, and is heard
