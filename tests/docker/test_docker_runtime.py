@@ -35,6 +35,16 @@ def wait_for(runtime: DockerRuntime, job_id: int, attempt: int = 0, state=EXITED
     raise AssertionError(f"attempt {job_id}.{attempt} not {state.value} after {timeout} s: {runtime.attempts()}")
 
 
+def wait_for_log(runtime: DockerRuntime, job_id: int, text: bytes, attempt: int = 0, timeout: float = 30.0) -> None:
+    """Until the attempt's log holds ``text``: the job has got that far."""
+    deadline = time.monotonic() + timeout
+    while text not in runtime.read_log(job_id, attempt):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"attempt {job_id}.{attempt} did not log {text!r} in {timeout} s: "
+                                 f"{runtime.read_log(job_id, attempt)!r}")
+        time.sleep(0.1)
+
+
 def test_exit_code_log_and_env(make_runtime, job_ids, job_user) -> None:
     runtime = make_runtime()
     job = next(job_ids)
@@ -63,7 +73,7 @@ def test_stop_a_sleeping_job(make_runtime, job_ids, job_user) -> None:
     job = next(job_ids)
     runtime.launch(launch(job, "echo up; sleep 300", job_user))
     assert wait_for(runtime, job, state=RUNNING).pid
-    time.sleep(0.5)
+    wait_for_log(runtime, job, b"up\n")  # the shell runs: the stop below ends a job that is under way
     assert runtime.signal(job, 0, signal.SIGCONT) is True  # running, and harmless
     t0 = time.monotonic()
     runtime.stop(job, 0, grace_s=5)
@@ -80,7 +90,7 @@ def test_a_new_runtime_adopts_the_running_container(make_runtime, job_ids, job_u
     job = next(job_ids)
     first.launch(launch(job, "echo before; sleep 2; echo after; exit 5", job_user))
     wait_for(first, job, state=RUNNING)
-    time.sleep(0.5)
+    wait_for_log(first, job, b"before\n")  # the new runtime takes over a log already under way
     second = DockerRuntime(first.root, first.node, client=docker_client)  # the agent restarted
     [status] = second.attempts()
     assert (status.job_id, status.state) == (job, RUNNING)
