@@ -5,11 +5,34 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def attempt_folder(lab, job: int, attempt: int = 1, node: str = "ws1"):
+    return lab.data / "agents" / node / "runtime" / "attempts" / f"{job}.{attempt}"
+
+
+def job_process_alive(lab, job: int, attempt: int = 1) -> bool:
+    """Whether the attempt's process group (named in its pid.json) still exists."""
+    pid = json.loads((attempt_folder(lab, job, attempt) / "pid.json").read_text())["pid"]
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def log_size(lab, name: str) -> int:
+    path = lab.root / name
+    return path.stat().st_size if path.exists() else 0
+
+
+def logged_since(lab, name: str, start: int) -> str:
+    path = lab.root / name
+    return path.read_bytes()[start:].decode(errors="replace") if path.exists() else ""
 
 
 def test_submit_runs_and_records_exit_code_and_logs(running_lab):
@@ -69,8 +92,11 @@ def test_leader_killed_while_jobs_run_loses_and_duplicates_nothing(running_lab):
     lab = running_lab
     job = lab.submit("sh", "-c", "echo start; sleep 4; echo end")
     lab.wait_state(job, "running")
-    lab.kill(lab.leader, signal.SIGKILL)
-    time.sleep(1)
+    start = log_size(lab, "agent-ws1.log")
+    lab.kill(lab.leader, signal.SIGKILL)  # returns once the leader is gone
+    lab.wait(lambda: "cannot sync with the leader" in logged_since(lab, "agent-ws1.log", start),
+             "the agent to find the leader gone")
+    assert job_process_alive(lab, job), "the job died with the leader"
     lab.start_leader()  # same port, same data
     done = lab.wait_state(job, "succeeded", timeout=60)
     assert done["attempt"] == 1
@@ -81,8 +107,8 @@ def test_agent_killed_while_jobs_run_readopts_them(running_lab):
     lab = running_lab
     job = lab.submit("sh", "-c", "echo start; sleep 4; echo end")
     lab.wait_state(job, "running")
-    lab.kill(lab.agents["ws1"], signal.SIGKILL)
-    time.sleep(0.5)
+    lab.kill(lab.agents["ws1"], signal.SIGKILL)  # returns once the agent is gone
+    assert job_process_alive(lab, job), "the job died with its agent"
     lab.start_agent()
     done = lab.wait_state(job, "succeeded", timeout=60)
     assert done["attempt"] == 1 and done["exit_code"] == 0
@@ -107,10 +133,13 @@ def test_an_agent_cut_off_from_the_leader_fences_its_jobs_and_they_are_requeued(
     job = lab.submit("sh", "-c", "echo attempt $LABQ_ATTEMPT; sleep 300")
     lab.wait_state(job, "running")
     lab.leader.send_signal(signal.SIGSTOP)  # the leader is unreachable; the agent's heartbeat ages
-    try:
-        time.sleep(8)  # past fence_after (6 s): the job's shim stops it
+    ended = attempt_folder(lab, job) / "exit.json"
+    try:  # past fence_after (6 s): the job's shim stops it and says so in exit.json
+        lab.wait(ended.exists, "the shim to fence attempt 1", timeout=60)
     finally:
         lab.leader.send_signal(signal.SIGCONT)
+    assert json.loads(ended.read_text())["fenced"] is True
+    assert not job_process_alive(lab, job)
     back = lab.wait_state(job, "running", timeout=60)
     lab.wait(lambda: lab.job(job)["attempt"] == 2, "the fenced job to run again as attempt 2")
     assert "attempt 2" in lab.labq("logs", str(job)).stdout
