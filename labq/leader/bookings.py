@@ -1,15 +1,15 @@
 """The leader's reservations: booking with an instant answer, listing, cancelling, re-pinning, expiring.
 
 Reservations are records in the store (``reservations``/NAME), loaded with the
-rest of the hot state. The leader's lock is held for every change, as for jobs.
+rest of the hot state. The lab's lock is held for every change, as for jobs.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from labq.leader.auth import Principal
+from labq.leader.state import LabState
 from labq.models.job import Job, JobState
 from labq.models.node import NodeHealth
 from labq.models.reservation import BookingAnswer, Reservation
@@ -19,16 +19,14 @@ from labq.protocol.codec import decode_reservation, encode_reservation
 from labq.scheduler.booking import BookingLimits, book, repin
 from labq.store import DeleteRecord, PutRecord
 
-if TYPE_CHECKING:
-    from labq.leader.core import Leader
-
 #: a reservation is forgotten this long after its end
 KEEP_ENDED_S = 3600.0
 
 
 class Bookings:
-    def __init__(self, leader: Leader, records: dict) -> None:
-        self.leader = leader
+    def __init__(self, state: LabState) -> None:
+        self.state = state
+        records = state.records.get("reservations", {})
         self.by_name: dict[str, Reservation] = {name: decode_reservation(doc) for name, doc in records.items()}
 
     def current(self, now: float) -> list[Reservation]:
@@ -36,65 +34,65 @@ class Bookings:
         return [r for r in self.by_name.values() if r.end > now]
 
     def limits(self) -> BookingLimits:
-        c = self.leader.config
+        c = self.state.config
         return BookingLimits(c.max_reserved_gpu_hours_per_week, c.max_reservation_lead_s, c.max_reservation_s)
 
     def reserve(self, who: Principal, request: ReserveRequest) -> tuple[BookingAnswer, bool]:
         """Answer a booking, and book it if accepted and not a dry run: (answer, booked)."""
         if who.kind != "user":
             raise errors.forbidden("this needs a user's token")
-        leader = self.leader
+        state = self.state
         owner = request.owner or who.name
         if owner != who.name and not who.admin:
             raise errors.forbidden("only admins may book for someone else")
         users = request.users
         if request.group is not None:
-            members = leader.config.groups.get(request.group)
+            members = state.config.groups.get(request.group)
             if members is None:
-                known = ", ".join(sorted(leader.config.groups)) or "none: an admin defines them under [groups]"
+                known = ", ".join(sorted(state.config.groups)) or "none: an admin defines them under [groups]"
                 raise errors.unprocessable(f"there is no group {request.group!r}; groups: {known}", "group")
             users = members
-        with leader.lock:
-            now = leader.clock()
+        with state.lock:
+            now = state.clock()
             if request.start < now - 60:
                 raise errors.bad_request("the reservation would start in the past", "start")
             name = request.name or self._new_name(owner)
             wanted = Reservation(name, owner, request.gpus, max(request.start, now), request.end,
                                  frozenset(users) - {owner}, request.group, request.node, (), request.gpu_model,
                                  request.min_gpu_memory_mib)
-            nodes = [s.node for s in leader.agents.values()]
-            answer = book(wanted, nodes, list(self.by_name.values()), list(leader.jobs.values()), now=now,
+            nodes = state.nodes()
+            answer = book(wanted, nodes, list(self.by_name.values()), list(state.jobs.values()), now=now,
                           limits=self.limits(), exempt=who.admin)
             if not answer.accepted or request.dry_run:
                 return answer, False
             r = answer.reservation
-            leader._commit([PutRecord("reservations", r.name, encode_reservation(r))])
+            state.commit([PutRecord("reservations", r.name, encode_reservation(r))])
             self.by_name[r.name] = r
-        leader.events.publish("reservation", {"name": r.name, "state": "booked", "owner": r.owner})
-        leader.wake()
+        state.events.publish("reservation", {"name": r.name, "state": "booked", "owner": r.owner})
+        state.wake()
         return answer, True
 
     def cancel(self, who: Principal, name: str) -> Reservation:
         if who.kind != "user":
             raise errors.forbidden("this needs a user's token")
-        leader = self.leader
-        with leader.lock:
+        state = self.state
+        with state.lock:
             r = self.by_name.get(name)
             if r is None:
                 raise errors.not_found(f"there is no reservation {name!r}")
             if r.owner != who.name and not who.admin:
                 raise errors.forbidden(f"reservation {name!r} was booked by {r.owner}; only they or an admin may "
                                        "cancel it")
-            leader._commit([DeleteRecord("reservations", name)])
+            state.commit([DeleteRecord("reservations", name)])
             del self.by_name[name]
-        leader.events.publish("reservation", {"name": name, "state": "cancelled", "owner": r.owner})
-        leader.wake()
+        state.events.publish("reservation", {"name": name, "state": "cancelled", "owner": r.owner})
+        state.wake()
         return r
 
     def view(self, who: Principal) -> list[Reservation]:
         if who.kind != "user":
             raise errors.forbidden("this needs a user's token")
-        with self.leader.lock:
+        with self.state.lock:
             return sorted(self.by_name.values(), key=lambda r: (r.start, r.name))
 
     def check_submit(self, user: str, name: str) -> None:
@@ -110,9 +108,9 @@ class Bookings:
     def tick(self, now: float) -> list[Job]:
         """Timers (the lock is held): re-pin reservations whose node went away, stop jobs at a
         reservation's end (per the admin's at_end), forget ended reservations. Returns job updates."""
-        leader = self.leader
+        state = self.state
         changes, updates = [], []
-        nodes = [s.node for s in leader.agents.values()]
+        nodes = state.nodes()
         health = {n.name: n.health for n in nodes}
         for r in list(self.by_name.values()):
             if r.end + KEEP_ENDED_S <= now:
@@ -121,24 +119,24 @@ class Bookings:
                 continue
             if r.end > now and health.get(r.node) in (NodeHealth.LOST, NodeHealth.DOWN, None):
                 why = health[r.node].value if r.node in health else "gone"
-                moved = repin(r, nodes, list(self.by_name.values()), list(leader.jobs.values()), now=now, why=why)
+                moved = repin(r, nodes, list(self.by_name.values()), list(state.jobs.values()), now=now, why=why)
                 if moved is not None:
                     changes.append(PutRecord("reservations", r.name, encode_reservation(moved)))
                     self.by_name[r.name] = moved
-                    leader.events.publish("reservation", {"name": r.name, "state": "re-pinned", "owner": r.owner})
+                    state.events.publish("reservation", {"name": r.name, "state": "re-pinned", "owner": r.owner})
                 elif not r.note.endswith("no other GPUs fit"):
                     note = f"{r.node} is {why}; no other GPUs fit"
                     self.by_name[r.name] = replace(r, note=f"{r.note}; {note}" if r.note else note)
                     changes.append(PutRecord("reservations", r.name, encode_reservation(self.by_name[r.name])))
-        if leader.config.reservation_at_end == "stop":
-            for job in leader.jobs.values():
+        if state.config.reservation_at_end == "stop":
+            for job in state.jobs.values():
                 r = self.by_name.get(job.spec.reservation) if job.spec.reservation else None
                 if (r is not None and job.state is JobState.RUNNING and not job.stop_requested
                         and now >= r.end - min(job.spec.grace_s, (r.end - r.start) / 2)):
                     updates.append(job.evolve(stop_requested="timeout"))
         if changes:
-            leader._commit(changes)
-            leader.wake()
+            state.commit(changes)
+            state.wake()
         return updates
 
     def _new_name(self, owner: str) -> str:

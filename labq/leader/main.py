@@ -86,14 +86,13 @@ def advertise(running: RunningLeader, name: str) -> None:
     from labq.protocol.identity import cluster_id
 
     leader = running.leader
-    cluster = cluster_id(leader.join_hash)
+    cluster = cluster_id(leader.users.ensure_join_token())
     running.discovery = []
 
     def seen(snapshot) -> None:
-        with leader.lock:
-            leader.seen_over_mdns = {f.properties.get("node", f.name): {"url": f.url, "addresses": f.addresses,
-                                                                        "cluster": f.cluster}
-                                     for f in snapshot.values() if f.cluster == cluster}
+        leader.agents.seen_over_mdns({f.properties.get("node", f.name): {"url": f.url, "addresses": f.addresses,
+                                                                         "cluster": f.cluster}
+                                      for f in snapshot.values() if f.cluster == cluster})
 
     def start() -> None:
         try:

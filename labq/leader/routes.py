@@ -55,7 +55,7 @@ def _whoami(h: _Handler, who) -> tuple[int, dict]:
 
 @route("POST", "/v1/jobs")
 def _submit(h: _Handler, who, body) -> tuple[int, dict]:
-    job = h.server.leader.submit(who, parse_submit(body))
+    job = h.server.leader.queue.submit(who, parse_submit(body))
     return 201, {"job": encode_job(job)}
 
 
@@ -93,33 +93,33 @@ def _jobs(h: _Handler, who) -> tuple[int, bytes]:
     ids = tuple(require_int(i, "id") for i in h.query.get("id", ()))
     if len(ids) > 1000:
         raise errors.bad_request("at most 1000 ids at once", "id")
-    leader = h.server.leader
-    jobs = leader.visible_jobs(
+    queue = h.server.leader.queue
+    jobs, live = queue.visible(
         who, user=h.arg("user"), states=tuple(h.query.get("state", ())), everyone=h.arg("all") == "1" or bool(ids),
         history=h.arg("history") == "1", limit=require_int(limit, "limit") if limit else None, ids=ids)
-    text = '{"jobs":' + _JOB_TEXTS.listing(jobs, leader.jobs)
+    text = '{"jobs":' + _JOB_TEXTS.listing(jobs, live)
     if h.arg("pending") == "1":
-        pending = {str(i): encode_pending(p) for i, p in leader.pending_of(j.id for j in jobs).items()}
+        pending = {str(i): encode_pending(p) for i, p in queue.pending_of(j.id for j in jobs).items()}
         text += ',"pending":' + json.dumps(pending, separators=(",", ":"))
     return 200, (text + "}").encode()
 
 
 @route("GET", r"/v1/jobs/([0-9]+)")
 def _job(h: _Handler, who, job_id: str) -> tuple[int, dict]:
-    job, pending = h.server.leader.job(who, _job_id(job_id))
+    job, pending = h.server.leader.queue.job(who, _job_id(job_id))
     return 200, {"job": encode_job(job), "pending": encode_pending(pending)}
 
 
 @route("POST", r"/v1/jobs/([0-9]+)/actions")
 def _action(h: _Handler, who, job_id: str, body) -> tuple[int, dict]:
-    job = h.server.leader.act(who, _job_id(job_id), parse_action(body))
+    job = h.server.leader.queue.act(who, _job_id(job_id), parse_action(body))
     return 200, {"job": encode_job(job)}
 
 
 @route("GET", r"/v1/jobs/([0-9]+)/logs", head=False)
 def _logs(h: _Handler, who, job_id: str) -> None:
     leader = h.server.leader
-    job, _ = leader.job(who, _job_id(job_id))
+    job, _ = leader.queue.job(who, _job_id(job_id))
     if job.user != who.name and not who.admin:
         raise errors.forbidden(f"job {job.id} belongs to {job.user}")
     attempt = require_int(h.arg("attempt"), "attempt") if h.arg("attempt") else job.attempt
@@ -131,10 +131,10 @@ def _logs(h: _Handler, who, job_id: str) -> None:
             raise errors.not_found(f"job {job.id} has not started yet: no log")
         raise errors.not_found(f"job {job.id} has no attempt {attempt} that ran; it is on attempt {job.attempt}")
     node = placement.nodes[0]
-    session = leader.agents.get(node)
-    if session is None or not session.logs_url:
+    logs_url, logs_token = leader.agents.logs_of(node) or (None, None)
+    if not logs_url:
         raise errors.unavailable(f"node {node} does not serve logs")
-    data, next_offset, done = fetch_log(session.logs_url, session.logs_token, job.id, attempt, offset)
+    data, next_offset, done = fetch_log(logs_url, logs_token, job.id, attempt, offset)
     done = done and not job.state.holds_gpus or (done and attempt != job.attempt)
     h.send_response(200)
     h.send_header("Content-Type", "text/plain; charset=utf-8")
@@ -164,37 +164,37 @@ def _cancel_reservation(h: _Handler, who, name: str) -> tuple[int, dict]:
 
 @route("GET", "/v1/nodes")
 def _nodes(h: _Handler, who) -> tuple[int, dict]:
-    return 200, {"nodes": h.server.leader.nodes_view(who), "unadmitted": h.server.leader.unadmitted()}
+    return 200, {"nodes": h.server.leader.agents.view(who), "unadmitted": h.server.leader.agents.unadmitted()}
 
 
 @route("GET", "/v1/users")
 def _users(h: _Handler, who) -> tuple[int, dict]:
-    return 200, {"users": h.server.leader.list_users(who)}
+    return 200, {"users": h.server.leader.users.listing(who)}
 
 
 @route("POST", "/v1/users")
 def _add_user(h: _Handler, who, body) -> tuple[int, dict]:
-    user, token = h.server.leader.add_user(who, parse_user(body))
+    user, token = h.server.leader.users.add(who, parse_user(body))
     return 201, {"user": user, "token": token}
 
 
 @route("DELETE", r"/v1/users/([^/]+)")
 def _remove_user(h: _Handler, who, name: str) -> tuple[int, dict]:
-    return 200, {"user": h.server.leader.remove_user(who, check_name(urllib.parse.unquote(name), "user name"))}
+    return 200, {"user": h.server.leader.users.remove(who, check_name(urllib.parse.unquote(name), "user name"))}
 
 
 @route("GET", "/v1/events", head=False)
 def _events(h: _Handler, who) -> None:
     if who.kind != "user":
         raise errors.forbidden("events are for users")
-    hub = h.server.leader.events
+    hub = h.server.leader.state.events
     after = require_int(h.arg("after"), "after") if h.arg("after") else hub.seq
     h.send_response(200)
     h.send_header("Content-Type", "text/event-stream")
     h.send_header("Cache-Control", "no-store")
     h.end_headers()
     h.close_connection = True
-    stopping = h.server.leader._stopping
+    stopping = h.server.leader.stopping
     while not stopping.is_set():
         events = hub.after(after, KEEPALIVE_S)
         if not events:
@@ -211,9 +211,10 @@ def _events(h: _Handler, who) -> None:
 @route("POST", "/v1/agents/register")
 def _register(h: _Handler, who, body) -> tuple[int, dict]:
     registration = parse_registration(body)
-    token = h.server.leader.register(who, registration, h.client_address[0])
     leader = h.server.leader
-    return 200, {"agent_token": token, "logs_token": leader.logs_token(registration.node.name),
+    token = leader.agents.register(who, registration, h.client_address[0])
+    _, logs_token = leader.agents.logs_of(registration.node.name) or (None, None)
+    return 200, {"agent_token": token, "logs_token": logs_token,
                  "lease_s": leader.config.lease_s, "fence_after_s": leader.config.fence_after_s,
                  "allowed_mount_roots": list(leader.config.allowed_mount_roots),
                  "allowed_images": list(leader.config.allowed_images),
@@ -223,4 +224,4 @@ def _register(h: _Handler, who, body) -> tuple[int, dict]:
 @route("POST", r"/v1/agents/([^/]+)/sync")
 def _sync(h: _Handler, who, agent: str, body) -> tuple[int, dict]:
     agent = check_name(urllib.parse.unquote(agent), "node name")
-    return 200, encode_reply(h.server.leader.sync(who, agent, parse_sync(body)))
+    return 200, encode_reply(h.server.leader.agents.sync(who, agent, parse_sync(body)))

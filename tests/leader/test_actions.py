@@ -6,7 +6,8 @@ import pytest
 
 from labq.leader.auth import Principal
 from labq.leader.config import LeaderConfig
-from labq.leader.core import AgentSession, Leader
+from labq.leader.core import Leader
+from labq.leader.state import AgentSession
 from labq.models import JobState, Node
 from labq.protocol.errors import ApiError
 from labq.protocol.requests import parse_action, parse_submit
@@ -21,17 +22,17 @@ ADMIN = Principal("user", "root", admin=True)
 def leader(tmp_path):
     made = Leader(LeaderConfig(data_dir=tmp_path), MemoryStore(), clock=lambda: 1000.0)
     inv = parse_sim_spec("sim:ws-4x3090")
-    made.agents["ws1"] = AgentSession("ws1", Node("ws1", inv.gpus("ws1"), inv.topology, simulated=True), "x", None,
+    made.state.agents["ws1"] = AgentSession("ws1", Node("ws1", inv.gpus("ws1"), inv.topology, simulated=True), "x", None,
                                       None, last_seen=1000.0)
     return made
 
 
 def submit(leader: Leader, who: Principal = ALICE, **fields) -> int:
-    return leader.submit(who, parse_submit({"command": ["train"], **fields})).id
+    return leader.queue.submit(who, parse_submit({"command": ["train"], **fields})).id
 
 
 def act(leader: Leader, job_id: int, who: Principal = ALICE, **body):
-    return leader.act(who, job_id, parse_action(body))
+    return leader.queue.act(who, job_id, parse_action(body))
 
 
 def test_edit_changes_gpus_and_time_limit_of_a_queued_job(leader):
@@ -41,7 +42,7 @@ def test_edit_changes_gpus_and_time_limit_of_a_queued_job(leader):
     assert act(leader, job, action="edit", time_limit_s=0).spec.time_limit_s is None  # 0 removes it
     with pytest.raises(ApiError, match="could never run so"):
         act(leader, job, action="edit", gpus=8)
-    assert leader.jobs[job].spec.gpus == 4  # a refused edit changes nothing
+    assert leader.state.jobs[job].spec.gpus == 4  # a refused edit changes nothing
     with pytest.raises(ApiError, match="edit needs gpus or time_limit_s"):
         act(leader, job, action="edit")
 
@@ -52,14 +53,14 @@ def test_only_admins_move_jobs_to_the_top_and_it_goes_ahead_of_every_queued_job(
     with pytest.raises(ApiError, match="only admins"):
         act(leader, mine, action="top")
     moved = act(leader, mine, ADMIN, action="top")
-    assert moved.spec.priority == 301 and moved.spec.priority > leader.jobs[first].spec.priority
+    assert moved.spec.priority == 301 and moved.spec.priority > leader.state.jobs[first].spec.priority
 
 
 def test_preempting_by_hand_is_for_admins_and_running_jobs(leader):
     job = submit(leader)
     with pytest.raises(ApiError, match="only a running job"):
         act(leader, job, ADMIN, action="preempt")
-    leader.jobs[job] = leader.jobs[job].evolve(state=JobState.RUNNING, started_at=900.0)
+    leader.state.jobs[job] = leader.state.jobs[job].evolve(state=JobState.RUNNING, started_at=900.0)
     with pytest.raises(ApiError, match="only admins"):
         act(leader, job, action="preempt")
     done = act(leader, job, ADMIN, action="preempt")
@@ -68,7 +69,7 @@ def test_preempting_by_hand_is_for_admins_and_running_jobs(leader):
 
 def test_running_jobs_cannot_be_edited_or_moved(leader):
     job = submit(leader)
-    leader.jobs[job] = leader.jobs[job].evolve(state=JobState.RUNNING, started_at=900.0)
+    leader.state.jobs[job] = leader.state.jobs[job].evolve(state=JobState.RUNNING, started_at=900.0)
     with pytest.raises(ApiError, match="only a queued or held job can be edited"):
         act(leader, job, action="edit", gpus=1)
     with pytest.raises(ApiError, match="only a queued job can move"):

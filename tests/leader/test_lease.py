@@ -13,7 +13,8 @@ import pytest
 
 from labq.leader.auth import Principal
 from labq.leader.config import LeaderConfig
-from labq.leader.core import AgentSession, Leader
+from labq.leader.core import Leader
+from labq.leader.state import AgentSession
 from labq.models import Node, NodeHealth
 from labq.protocol.agents import SyncReport
 from labq.store import MemoryStore
@@ -35,41 +36,41 @@ def lab(tmp_path):
     clock = FakeClock(1000.0)
     leader = Leader(LeaderConfig(data_dir=tmp_path, lease_s=30.0), MemoryStore(), clock=clock)
     inv = parse_sim_spec("sim:ws-4x3090")
-    leader.agents["ws1"] = AgentSession("ws1", Node("ws1", inv.gpus("ws1"), inv.topology, simulated=True), "x",
+    leader.state.agents["ws1"] = AgentSession("ws1", Node("ws1", inv.gpus("ws1"), inv.topology, simulated=True), "x",
                                         None, None, last_seen=clock.now)
     yield leader, clock
     leader.stop()
 
 
 def _health(leader: Leader) -> NodeHealth:
-    return leader.agents["ws1"].node.health
+    return leader.state.agents["ws1"].node.health
 
 
 def test_a_node_is_lost_within_a_second_of_its_lease_from_its_last_sync(lab):
     leader, clock = lab
-    leader.sync(WS1, "ws1", SyncReport((), None, 0.0))
+    leader.agents.sync(WS1, "ws1", SyncReport((), None, 0.0))
     clock.now += 30.0
-    leader.tick()
+    leader.scheduling.tick()
     assert _health(leader) is NodeHealth.UP  # exactly the lease: not yet
     clock.now += 0.9
-    leader.tick()
+    leader.scheduling.tick()
     assert _health(leader) is NodeHealth.LOST
 
 
 def test_an_open_long_poll_does_not_keep_a_silent_node_alive(lab):
     leader, clock = lab
-    leader.sync(WS1, "ws1", SyncReport((), None, 0.0))  # the orders are delivered: the next sync waits
-    polling = threading.Thread(target=leader.sync, args=(WS1, "ws1", SyncReport((), None, 3.0)))
+    leader.agents.sync(WS1, "ws1", SyncReport((), None, 0.0))  # the orders are delivered: the next sync waits
+    polling = threading.Thread(target=leader.agents.sync, args=(WS1, "ws1", SyncReport((), None, 3.0)))
     polling.start()
     try:
         # the agent died with its long poll open; the leader's state changes meanwhile and wakes the poll
         for _ in range(5):
             clock.now += 7.0
-            with leader.lock:
-                leader.changed.notify_all()
+            with leader.state.lock:
+                leader.state.changed.notify_all()
             polling.join(0.05)
         assert clock.now - 1000.0 == 35.0
-        leader.tick()
+        leader.scheduling.tick()
         assert _health(leader) is NodeHealth.LOST, "the open poll refreshed the lease of an agent that sent nothing"
     finally:
         polling.join(5.0)
@@ -79,7 +80,7 @@ def test_an_open_long_poll_does_not_keep_a_silent_node_alive(lab):
 def test_a_node_that_syncs_again_is_up_again(lab):
     leader, clock = lab
     clock.now += 31.0
-    leader.tick()
+    leader.scheduling.tick()
     assert _health(leader) is NodeHealth.LOST
-    leader.sync(WS1, "ws1", SyncReport((), None, 0.0))
+    leader.agents.sync(WS1, "ws1", SyncReport((), None, 0.0))
     assert _health(leader) is NodeHealth.UP

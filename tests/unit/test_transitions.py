@@ -125,7 +125,8 @@ def test_gpu_hours_count_the_current_attempt():
 
 def test_fair_share_counts_running_work_of_users_with_no_history(tmp_path):
     from labq.leader.config import LeaderConfig
-    from labq.leader.core import AgentSession, Leader
+    from labq.leader.core import Leader
+    from labq.leader.state import AgentSession
     from labq.models import Node
     from labq.protocol.codec import encode_job
     from labq.store import MemoryStore, PutJob
@@ -141,9 +142,9 @@ def test_fair_share_counts_running_work_of_users_with_no_history(tmp_path):
     store = MemoryStore()
     store.commit([PutJob(encode_job(j)) for j in (running, newcomer, veteran)])
     leader = Leader(LeaderConfig(data_dir=tmp_path, preemption=False), store, clock=lambda: 7200.0)
-    leader.usage = {"veteran": 1.0}  # one GPU-hour of finished work
-    leader.usage_at = 7200.0
-    leader.agents["ws1"] = AgentSession("ws1", node, "x", None, None, last_seen=7200.0)
-    leader.schedule_pass()
-    assert leader.jobs[veteran.id].state is JobState.STARTING  # less used, though submitted later
-    assert leader.jobs[newcomer.id].state is JobState.QUEUED
+    leader.state.usage = {"veteran": 1.0}  # one GPU-hour of finished work
+    leader.state.usage_at = 7200.0
+    leader.state.agents["ws1"] = AgentSession("ws1", node, "x", None, None, last_seen=7200.0)
+    leader.scheduling.schedule_pass()
+    assert leader.state.jobs[veteran.id].state is JobState.STARTING  # less used, though submitted later
+    assert leader.state.jobs[newcomer.id].state is JobState.QUEUED

@@ -1,0 +1,188 @@
+"""The agents: joining, the level-triggered sync (a long poll), and the orders each node gets.
+
+An agent reports every attempt its runtime knows; the leader learns from the
+report (starts, exits, checkpoints, the GPUs busy outside labq), and answers
+with what should run there and what must stop. A quiet sync waits until that
+answer changes, for at most half the lease, and only the agent's reports renew
+its lease.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from labq.leader.auth import Principal, new_token
+from labq.leader.state import AgentSession, LabState
+from labq.leader.users import user_only
+from labq.models import transitions as t
+from labq.models.actions import timeout_grace
+from labq.models.job import Job, JobState
+from labq.models.node import NodeHealth
+from labq.protocol import errors
+from labq.protocol.agents import AttemptReport, Registration, RunOrder, StopOrder, SyncReply, SyncReport
+from labq.protocol.codec import encode_node
+from labq.protocol.identity import token_hash
+from labq.store import PutRecord
+
+
+class Agents:
+    def __init__(self, state: LabState) -> None:
+        self.state = state
+        self._replies = 0
+        self.epoch = ""  #: this leader process: agents order its sync replies by (epoch, seq)
+
+    def register(self, who: Principal, registration: Registration, address: str | None = None) -> str:
+        if who.kind != "join":
+            raise errors.forbidden("agents register with the cluster's join token")
+        node, state = registration.node, self.state
+        token = new_token("agent")
+        with state.lock:
+            old = state.agents.get(node.name)
+            logs_url = registration.logs_url
+            if logs_url and address and "//0.0.0.0:" in logs_url:  # listening everywhere: use where it came from
+                logs_url = logs_url.replace("//0.0.0.0:", f"//{address}:")
+            session = AgentSession(node.name, node, token_hash(token), logs_url, new_token("logs"),
+                                   last_seen=state.clock(), address=address)
+            if old is not None:
+                session.version = old.version + 1
+            state.commit([PutRecord("agents", node.name, session.record())])
+            state.agents[node.name] = session
+            state.changed.notify_all()
+        state.events.publish("node", {"node": node.name, "health": "up"})
+        state.wake()
+        return token
+
+    def logs_of(self, node: str) -> tuple[str | None, str | None] | None:
+        """Where node ``node`` serves job logs, and the token it wants: None for a node the lab does not know."""
+        with self.state.lock:
+            session = self.state.agents.get(node)
+            return (session.logs_url, session.logs_token) if session else None
+
+    def view(self, who: Principal) -> list[dict]:
+        user_only(who)
+        state = self.state
+        with state.lock:
+            in_use: dict[str, dict[int, int]] = {}
+            for job in state.jobs.values():
+                if job.state.holds_gpus and job.placement:
+                    for a in job.placement.allocations:
+                        for g in a.gpu_indices:
+                            in_use.setdefault(a.node, {})[g] = job.id
+            return [{**encode_node(s.node), "gpus_in_use": in_use.get(name, {}), "last_seen": s.last_seen,
+                     "gpu_usage": {str(i): u for i, u in (s.gpu_usage or {}).items()},
+                     "found": "mDNS" if name in state.seen_over_mdns else "join token",
+                     "address": s.address}
+                    for name, s in sorted(state.agents.items())]
+
+    def seen_over_mdns(self, advertised: dict[str, dict]) -> None:
+        """The agents of this lab now advertising over mDNS, by node name (a hint; admission is by join token)."""
+        with self.state.lock:
+            self.state.seen_over_mdns = advertised
+
+    def unadmitted(self) -> list[dict]:
+        """Agents advertising this lab over mDNS that have not joined (no or a wrong join token)."""
+        with self.state.lock:
+            return [dict(seen, node=name) for name, seen in sorted(self.state.seen_over_mdns.items())
+                    if name not in self.state.agents]
+
+    def sync(self, who: Principal, agent: str, report: SyncReport) -> SyncReply:
+        if who.kind != "agent" or who.name != agent:
+            raise errors.forbidden(f"only agent {agent} may sync as {agent}")
+        state = self.state
+        # an agent is heard only when it reports, so a poll never outlasts half its lease
+        deadline = state.monotonic() + min(report.wait_s, state.config.lease_s / 2)
+        with state.lock:
+            session = state.agents[agent]
+            changed = self._take_report(session, report)
+            seen = session.version
+            if not changed and not self._news_for(session, report):
+                while session.version == seen and not state.stopping.is_set():
+                    left = deadline - state.monotonic()
+                    if left <= 0:
+                        break
+                    state.changed.wait(left)  # waiting is not hearing: last_seen stays at the report
+            session.delivered = self._orders_for(session)
+            self._replies += 1
+            return replace(session.delivered, seq=self._replies, epoch=self.epoch)
+
+    def _take_report(self, session: AgentSession, report: SyncReport) -> bool:
+        """Learn from an agent's report; True if anything changed."""
+        state = self.state
+        now = state.clock()
+        session.last_seen = now
+        changed = False
+        if session.node.health is not NodeHealth.UP:
+            session.node = replace(session.node, health=NodeHealth.UP)
+            state.events.publish("node", {"node": session.name, "health": "up"})
+            changed = True
+        if report.gpu_usage is not None:
+            session.gpu_usage = report.gpu_usage
+        if report.unmanaged_busy is not None and report.unmanaged_busy != session.node.unmanaged_busy:
+            session.node = replace(session.node, unmanaged_busy=report.unmanaged_busy)
+            changed = True
+        updates = [new for a in report.attempts if (new := self._learned(session.name, a, now)) is not None]
+        if updates:
+            state.apply(updates)
+            changed = True
+        if changed:
+            state.wake()
+        return changed
+
+    def _learned(self, agent: str, a: AttemptReport, now: float) -> Job | None:
+        """The job after what an agent reported of one of its attempts; None if nothing changed."""
+        job = self._expected(agent, a)
+        if job is None:
+            return None
+        if a.running:
+            new = t.running(job, a.started_at or now) if job.state is JobState.STARTING else job
+            new = t.checkpointed(new, a.checkpoint_at)
+            return new if new is not job else None
+        # it may have ended before any report saw it running
+        started = job if job.started_at is not None else t.running(job, a.started_at or now)
+        if a.fenced:  # stopped on its node while the agent could not reach us
+            return t.lost(started, a.ended_at or now, checkpoint_at=a.checkpoint_at)
+        return t.exited(started, a.exit_code, a.ended_at or now, escalated=a.escalated, checkpoint_at=a.checkpoint_at)
+
+    def _expected(self, agent: str, a: AttemptReport) -> Job | None:
+        job = self.state.jobs.get(a.job_id)
+        if job is None or job.attempt != a.attempt or not job.state.holds_gpus or job.placement is None:
+            return None
+        return job if agent in job.placement.nodes else None
+
+    def _news_for(self, session: AgentSession, report: SyncReport) -> bool:
+        """Whether the agent should hear at once: it runs other than it should, or its orders changed."""
+        orders = self._orders_for(session)
+        reported = {(a.job_id, a.attempt) for a in report.attempts if a.running}
+        wanted = {(r.job_id, r.attempt) for r in orders.run}
+        return reported != wanted or orders != session.delivered
+
+    def _orders_for(self, session: AgentSession) -> SyncReply:
+        run, stop = [], []
+        for job in self.state.jobs.values():
+            if not job.state.holds_gpus or job.placement is None or session.name not in job.placement.nodes:
+                continue
+            run.append(self._run_order(job, session))
+            if job.stop_requested == "timeout":
+                stop.append(StopOrder(job.id, job.attempt, job.spec.checkpoint_signal, timeout_grace(job), "timeout"))
+            elif job.state is JobState.PREEMPTING:
+                stop.append(StopOrder(job.id, job.attempt, job.spec.checkpoint_signal, job.spec.grace_s, "preempted"))
+            elif job.stop_requested:
+                stop.append(StopOrder(job.id, job.attempt, "SIGTERM", min(job.spec.grace_s, 30.0), job.stop_requested))
+        config = self.state.config
+        return SyncReply(tuple(run), tuple(stop), config.lease_s, config.fence_after_s)
+
+    def _run_order(self, job: Job, session: AgentSession) -> RunOrder:
+        indices = job.placement.gpus_on(session.name)
+        node = session.node
+        uuids = tuple(node.gpus[i].uuid for i in indices)
+        visible = ",".join(map(str, indices)) if node.simulated else ",".join(uuids)
+        env = dict(job.spec.env)
+        env.update({"LABQ_JOB_ID": str(job.id), "LABQ_ATTEMPT": str(job.attempt),
+                    "LABQ_RESUMED": "1" if job.attempt > 1 else "0", "LABQ_PREEMPT_SIGNAL": job.spec.checkpoint_signal,
+                    "CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible})
+        spec = job.spec
+        root = self.state.config.checkpoint_root
+        return RunOrder(job.id, job.attempt, job.user, spec.command, env, spec.workdir, indices, uuids,
+                        spec.grace_s, spec.checkpoint_signal, spec.runtime.value, spec.image,
+                        tuple((m.source, m.target, m.read_only) for m in spec.mounts), spec.shm_size_mib,
+                        node.simulated, f"{root.rstrip('/')}/{job.id}" if root else None)

@@ -1,0 +1,121 @@
+"""The scheduler thread: a pass whenever something changed, and the timers once a second.
+
+A pass hands the pure scheduler (``labq.scheduler.schedule``) the lab as it is
+and applies its decisions; the timers mark silent nodes lost after their lease,
+requeue a lost node's jobs after ``requeue_after``, move reservations along, and
+signal jobs a grace before their time limit.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from labq.leader.bookings import Bookings
+from labq.leader.state import LabState
+from labq.models import transitions as t
+from labq.models.actions import timeout_grace
+from labq.models.job import Job, JobState
+from labq.models.node import NodeHealth
+from labq.scheduler import Policy, decay_usage, schedule
+
+log = logging.getLogger("labq.leader")
+
+
+class Scheduling:
+    def __init__(self, state: LabState, bookings: Bookings) -> None:
+        self.state, self.bookings = state, bookings
+
+    def loop(self) -> None:
+        """The scheduler thread's body: a bad pass is logged and retried, it never ends the thread."""
+        state = self.state
+        while not state.stopping.is_set():
+            state.woken.wait(timeout=1.0)
+            state.woken.clear()
+            if state.stopping.is_set():
+                return
+            try:
+                self.tick()
+                self.schedule_pass()
+            except Exception:  # noqa: BLE001 - a bad pass must not stop the lab; it is logged and retried
+                log.exception("scheduling pass failed")
+
+    def schedule_pass(self) -> None:
+        state = self.state
+        with state.lock:
+            now = state.clock()
+            self._decay_usage(now)
+            decisions = schedule(list(state.jobs.values()), state.nodes(), now=now, usage=self._usage(now),
+                                 policy=self._policy(), finished=self._finished_for_dependencies(),
+                                 reservations=self.bookings.current(now))
+            updates = [t.placed(state.jobs[s.job_id], s.placement) for s in decisions.starts]
+            updates += [t.preempting(state.jobs[p.job_id], p.for_job, p.reservation) for p in decisions.preemptions]
+            changed_pending = {p.job_id for p in decisions.pending
+                               if state.pending.get(p.job_id, (None,))[1:3] != p[1:3]}
+            state.pending = {p.job_id: p for p in decisions.pending}
+            if updates:
+                state.apply(updates)
+        for job_id in changed_pending:
+            state.events.publish("job", {"job_id": job_id, "pending": True})
+
+    def _policy(self) -> Policy:
+        c = self.state.config
+        return Policy(max_gpus_per_user=c.max_gpus_per_user, user_gpu_quota=c.user_gpu_quota,
+                      preemption=c.preemption, min_runtime_s=c.min_runtime_s, hold_depth=c.hold_depth,
+                      may_preempt=c.may_preempt, max_preemptions_per_day=c.max_preemptions_per_day)
+
+    def _usage(self, now: float) -> dict[str, float]:
+        """Finished work, decayed; plus what running attempts have used so far."""
+        usage = dict(self.state.usage)
+        for job in self.state.jobs.values():
+            if job.started_at is not None:
+                usage[job.user] = usage.get(job.user, 0.0) + t.gpu_hours(job, now)
+        return usage
+
+    def _finished_for_dependencies(self) -> dict[int, JobState]:
+        state = self.state
+        wanted = {d for j in state.jobs.values() for d in j.spec.depends_on if d not in state.jobs}
+        if wanted - state.finished.keys() and not state.history_loaded:
+            state.history_loaded = True
+            for doc in state.store.history():
+                state.finished[doc["id"]] = JobState(doc["state"])
+        return state.finished
+
+    def tick(self) -> None:
+        """Timers: agents that went silent, reservations, and jobs past their time limit."""
+        state = self.state
+        with state.lock:
+            now = state.clock()
+            updates = self._silent_nodes(now)
+            updates += self.bookings.tick(now)
+            updates += [job.evolve(stop_requested="timeout") for job in state.jobs.values()
+                        if _time_is_up(job, now) and all(u.id != job.id for u in updates)]
+            if updates:
+                state.apply(updates)
+
+    def _silent_nodes(self, now: float) -> list[Job]:
+        """Mark nodes lost after their lease; the jobs of nodes silent past requeue_after, requeued."""
+        state, config, updates = self.state, self.state.config, []
+        for session in state.agents.values():
+            silent = now - session.last_seen
+            if silent > config.lease_s and session.node.health is NodeHealth.UP:
+                session.node = replace(session.node, health=NodeHealth.LOST)
+                state.events.publish("node", {"node": session.name, "health": "lost"})
+                state.wake()
+            if config.auto_requeue and silent > config.requeue_after_s:
+                for job in state.jobs.values():
+                    if job.state.holds_gpus and job.placement and session.name in job.placement.nodes:
+                        updates.append(t.lost(job, now) if job.stop_requested != "cancel" else t.cancelled(job, now))
+        return updates
+
+    def _decay_usage(self, now: float) -> None:
+        state = self.state
+        state.usage = decay_usage(state.usage, now - state.usage_at, state.config.fair_share_half_life_s)
+        state.usage_at = now
+
+
+def _time_is_up(job: Job, now: float) -> bool:
+    """The checkpoint signal a grace before the time limit, then stopped at it."""
+    end = job.expected_end()
+    return (job.state in (JobState.RUNNING, JobState.PREEMPTING) and end is not None
+            and now >= end - timeout_grace(job) and not job.stop_requested)

@@ -1,0 +1,141 @@
+"""The lab as the leader holds it, and the one way it changes: ``apply``.
+
+One lock guards everything here; each service takes it explicitly around what
+it reads and changes. ``apply`` commits new versions of jobs (and any records)
+to the store first, and only then takes them in, accounts finished work for
+fair share, tells the agents whose orders changed, wakes long polls and
+publishes the jobs' events: a change that is not on disk never happened.
+
+Time is injected: ``clock`` is the wall clock that jobs, leases and timers are
+stamped with; ``monotonic`` times long polls. Tests step both.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from labq.leader.config import LeaderConfig
+from labq.leader.events import EventHub
+from labq.models import transitions as t
+from labq.models.decisions import Pending
+from labq.models.job import Job, JobState
+from labq.models.node import Node, NodeHealth
+from labq.protocol import errors
+from labq.protocol.agents import SyncReply
+from labq.protocol.codec import decode_job, decode_node, encode_job, encode_node
+from labq.store import Change, CommitFailed, InvalidChange, PutJob, PutRecord, Store
+
+
+@dataclass
+class AgentSession:
+    name: str
+    node: Node
+    token_sha256: str
+    logs_url: str | None
+    logs_token: str | None
+    last_seen: float
+    version: int = 0  #: bumps whenever what this agent should do changes
+    delivered: SyncReply | None = None  #: the orders last sent
+    gpu_usage: dict[int, dict] | None = None  #: as the agent last measured it
+    address: str | None = None  #: where its registration came from
+
+    def record(self) -> dict:
+        return {"node": encode_node(replace(self.node, health=NodeHealth.UP)), "token_sha256": self.token_sha256,
+                "logs_url": self.logs_url, "logs_token": self.logs_token}
+
+
+class LabState:
+    def __init__(self, config: LeaderConfig, store: Store, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.config, self.store, self.clock, self.monotonic = config, store, clock, monotonic
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.events = EventHub()
+        self.stopping = threading.Event()
+        self.woken = threading.Event()  #: something changed: the scheduler should pass soon
+        loaded = store.load()
+        now = clock()
+        self.records = loaded.records  #: as loaded; the services keep their own parts
+        self.jobs: dict[int, Job] = {i: decode_job(doc) for i, doc in loaded.jobs.items()}
+        self.next_job_id = loaded.next_job_id
+        self.users: dict[str, dict] = dict(loaded.records.get("users", {}))
+        self.agents = {name: AgentSession(name, decode_node(rec["node"]), rec["token_sha256"], rec.get("logs_url"),
+                                          rec.get("logs_token"), last_seen=now)
+                       for name, rec in loaded.records.get("agents", {}).items()}
+        self.usage: dict[str, float] = {user: rec["gpu_hours"] for user, rec in loaded.records.get("usage", {}).items()}
+        self.usage_at = now
+        self.pending: dict[int, Pending] = {}
+        self.finished: dict[int, JobState] = {}  #: finished jobs' states, for dependencies
+        self.history_loaded = False
+        #: agents advertising over mDNS, by node name (a hint; admission is by join token)
+        self.seen_over_mdns: dict[str, dict] = {}
+
+    def wake(self) -> None:
+        self.woken.set()
+
+    def commit(self, changes: list[Change]) -> None:
+        """Put ``changes`` on disk (the lock is held), or raise the API's error saying it did not happen."""
+        try:
+            self.store.commit(changes)
+        except CommitFailed as err:
+            raise errors.unavailable(f"the change was not saved, so it did not happen: {err}") from None
+        except InvalidChange as err:
+            raise errors.ApiError(500, "internal", f"the leader made an invalid change: {err}") from None
+
+    def apply(self, jobs: Iterable[Job], records: Iterable[Change] = ()) -> None:
+        """Commit new versions of ``jobs`` and ``records``, then take them in (the lock is held)."""
+        jobs = list(jobs)
+        now = self.clock()
+        spent = self._spent(jobs, now)
+        changes: list[Change] = [PutJob(encode_job(j)) for j in jobs]
+        changes += [PutRecord("usage", user, {"gpu_hours": hours, "at": now}) for user, hours in spent.items()]
+        self.commit(changes + list(records))
+        self.usage.update(spent)
+        touched = set()
+        for job in jobs:
+            old = self.jobs.get(job.id)
+            for j in (old, job):
+                if j is not None and j.placement is not None:
+                    touched.update(j.placement.nodes)
+            if job.state.finished:
+                self.jobs.pop(job.id, None)
+                self.pending.pop(job.id, None)
+                self.finished[job.id] = job.state
+            else:
+                self.jobs[job.id] = job
+        for name in touched:
+            if name in self.agents:
+                self.agents[name].version += 1
+        self.changed.notify_all()
+        for job in jobs:
+            self.publish_job(job)
+        if jobs:
+            self.wake()
+
+    def _spent(self, jobs: list[Job], now: float) -> dict[str, float]:
+        """Each user's decayed GPU-hours after the finished or requeued attempts among ``jobs``."""
+        spent: dict[str, float] = {}
+        for job in jobs:
+            old = self.jobs.get(job.id)
+            if job.state.finished:
+                hours = t.gpu_hours(job, now)
+            elif old is not None and job.attempt > old.attempt and job.history:  # a requeued attempt's use
+                hours = t.attempt_gpu_hours(job.history[-1], job.spec.gpus)
+            else:
+                continue
+            spent[job.user] = spent.get(job.user, self.usage.get(job.user, 0.0)) + hours
+        return spent
+
+    def publish_job(self, job: Job) -> None:
+        event = {"job_id": job.id, "state": job.state.value, "user": job.user, "attempt": job.attempt}
+        if job.preempted_for is not None:
+            event["preempted_for"] = job.preempted_for
+        if job.drained_for is not None:
+            event["drained_for"] = job.drained_for
+        self.events.publish("job", event)
+
+    def nodes(self) -> list[Node]:
+        return [s.node for s in self.agents.values()]

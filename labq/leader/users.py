@@ -1,0 +1,95 @@
+"""People and tokens: who a request is from, the lab's users and its join token."""
+
+from __future__ import annotations
+
+import getpass
+
+from labq.leader.auth import JOIN_TOKEN_FILE, Principal, new_token, same_hash, write_secret
+from labq.leader.state import LabState
+from labq.protocol import errors
+from labq.protocol.identity import token_hash
+from labq.protocol.requests import UserRequest
+from labq.store import DeleteRecord, PutRecord
+
+
+class Users:
+    def __init__(self, state: LabState) -> None:
+        self.state = state
+        join = state.records.get("cluster", {}).get("join")
+        self.join_hash: str | None = join["token_sha256"] if join else None
+
+    def ensure_join_token(self) -> str:
+        """The join token's hash; on a new lab, make the token and write it where agents on this machine find it."""
+        if self.join_hash is None:
+            token = new_token("join")
+            write_secret(self.state.config.data_dir / JOIN_TOKEN_FILE, token)
+            digest = token_hash(token)
+            with self.state.lock:
+                self.state.commit([PutRecord("cluster", "join", {"token_sha256": digest})])
+            self.join_hash = digest
+        return self.join_hash
+
+    def authenticate(self, token: str | None) -> Principal:
+        if not token:
+            raise errors.unauthorized("this request needs a token (Authorization: Bearer ...); "
+                                      "`labq admin user add NAME` makes one")
+        digest = token_hash(token)
+        state = self.state
+        with state.lock:
+            for name, user in state.users.items():
+                if same_hash(user["token_sha256"], digest):
+                    return Principal("user", name, user.get("admin", False))
+            for name, session in state.agents.items():
+                if same_hash(session.token_sha256, digest):
+                    return Principal("agent", name)
+            if self.join_hash is not None and same_hash(self.join_hash, digest):
+                return Principal("join", "join")
+        raise errors.unauthorized("unknown token: ask an admin for a new one (`labq admin user add NAME`)")
+
+    def ensure_admin(self, name: str | None = None) -> tuple[str, str] | None:
+        """On a fresh lab, make the person starting the leader its first admin: (name, token)."""
+        with self.state.lock:
+            if self.state.users:
+                return None
+            name = name or getpass.getuser()
+            return name, self._set_user(name, admin=True)
+
+    def _set_user(self, name: str, admin: bool) -> str:
+        token = new_token("user")
+        record = {"admin": admin, "token_sha256": token_hash(token), "created_at": self.state.clock()}
+        self.state.commit([PutRecord("users", name, record)])
+        self.state.users[name] = record
+        return token
+
+    def add(self, who: Principal, request: UserRequest) -> tuple[dict, str]:
+        admin_only(who, "add users")
+        with self.state.lock:
+            token = self._set_user(request.name, request.admin)
+            return {"name": request.name, "admin": request.admin}, token
+
+    def remove(self, who: Principal, name: str) -> dict:
+        admin_only(who, "remove users")
+        with self.state.lock:
+            if name not in self.state.users:
+                raise errors.not_found(f"there is no user {name!r}")
+            if name == who.name:
+                raise errors.conflict("you cannot remove yourself; ask another admin")
+            self.state.commit([DeleteRecord("users", name)])
+            user = self.state.users.pop(name)
+            return {"name": name, "admin": user.get("admin", False)}
+
+    def listing(self, who: Principal) -> list[dict]:
+        admin_only(who, "list users")
+        with self.state.lock:
+            return [{"name": n, "admin": u.get("admin", False)} for n, u in sorted(self.state.users.items())]
+
+
+def user_only(who: Principal) -> None:
+    if who.kind != "user":
+        raise errors.forbidden("this needs a user's token")
+
+
+def admin_only(who: Principal, what: str) -> None:
+    user_only(who)
+    if not who.admin:
+        raise errors.forbidden(f"only admins may {what}")
