@@ -84,3 +84,24 @@ def test_a_node_that_syncs_again_is_up_again(lab):
     assert _health(leader) is NodeHealth.LOST
     leader.agents.sync(WS1, "ws1", SyncReport((), None, 0.0))
     assert _health(leader) is NodeHealth.UP
+
+
+def test_a_long_poll_ends_when_the_injected_clock_says_so_not_the_wall(tmp_path):
+    wall, ticks = FakeClock(1000.0), FakeClock(50.0)
+    leader = Leader(LeaderConfig(data_dir=tmp_path, lease_s=30.0), MemoryStore(), clock=wall, monotonic=ticks)
+    inv = parse_sim_spec("sim:ws-4x3090")
+    leader.state.agents["ws1"] = AgentSession("ws1", Node("ws1", inv.gpus("ws1"), inv.topology, simulated=True),
+                                              "x", None, None, last_seen=wall.now)
+    try:
+        leader.agents.sync(WS1, "ws1", SyncReport((), None, 0.0))
+        polling = threading.Thread(target=leader.agents.sync, args=(WS1, "ws1", SyncReport((), None, 15.0)))
+        polling.start()
+        polling.join(0.3)
+        assert polling.is_alive()  # a quiet poll waits
+        ticks.now += 15.0  # half the lease has passed on the leader's clock
+        with leader.state.lock:
+            leader.state.changed.notify_all()
+        polling.join(2.0)
+        assert not polling.is_alive(), "the poll waited on the wall clock"
+    finally:
+        leader.stop()
