@@ -11,15 +11,16 @@ A pass must stay fast on a long queue (the simulator runs one per event). Most
 jobs take the verdict of an earlier job of the same shape and priority while
 nothing has changed. What the pass works out per node (the best free set, a
 preemption plan, the set that frees soonest) is kept per job shape and
-recomputed only on the nodes a start, preemption or hold changed. Bounds that
-only tighten during a pass (the most free GPUs on one node, the lowest priority
-that may be preempted) answer whole questions at once.
+recomputed only on the nodes a start, preemption or hold changed: that
+bookkeeping is ``NodeMemo``'s (labq.scheduler.memo), and the lab's state as the
+pass sees it is ``LabView``'s (labq.scheduler.lab_view), so this module holds
+the rules. Bounds that only tighten during a pass (the most free GPUs on one
+node, the lowest priority that may be preempted) answer whole questions at once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from math import inf
 from collections.abc import Iterable, Mapping
 
@@ -29,8 +30,8 @@ from labq.models.node import Node
 from labq.models.placement import NodeAllocation, Placement
 from labq.models.priority import priority_name
 from labq.models.reservation import Reservation
-from labq.scheduler.fit import eligible_mask, why_never_fits
-from labq.scheduler.memo import NodeMemo
+from labq.scheduler.fit import why_never_fits
+from labq.scheduler.lab_view import Hold, LabView, OnGpus
 from labq.scheduler.placement import SetChoice, best_set, indices_to_mask, mask_to_indices
 from labq.scheduler.policy import Policy, order_queue
 from labq.scheduler.preemption import NodePlan, Victim, plan_on_node
@@ -56,136 +57,13 @@ def schedule(
                  finished or {}).run()
 
 
-@dataclass(frozen=True)
-class _Hold:
-    job_id: int
-    priority: int
-    mask: int
-    #: when the GPUs are due to the holder; None when no time limit tells
-    due: float | None
-
-    def binds(self, job_end: float) -> bool:
-        """Whether a job ending at ``job_end`` must keep off these GPUs."""
-        return self.due is None or job_end > self.due
-
-
-@dataclass(slots=True)
-class _OnGpus:
-    """A job occupying GPUs on one node, as the pass sees it."""
-
-    job: Job
-    mask: int
-    end: float  #: expected end by time limit; inf when unknown
-    candidate: bool  #: may be preempted in this pass
-
-
 @dataclass
-class _Pass:
-    jobs: list[Job]
-    node_list: list[Node]
-    reservation_list: list[Reservation]
-    usage: Mapping[str, float]
-    policy: Policy
-    now: float
-    finished: Mapping[int, JobState]
+class _Pass(LabView):
+    """The rules of one pass: serve the queue in order, and say what each job does or why it waits."""
+
     starts: list[Start] = field(default_factory=list)
     preemptions: list[Preempt] = field(default_factory=list)
     pending: list[Pending] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.nodes = {n.name: n for n in sorted(self.node_list, key=lambda n: n.name)}
-        self.up = [n for n in self.nodes.values() if n.schedulable and n.gpus]
-        self.free = {n.name: ((1 << n.gpu_count) - 1) & ~indices_to_mask(n.unmanaged_busy) for n in self.nodes.values()}
-        self.on_gpus: dict[str, list[_OnGpus]] = {name: [] for name in self.nodes}
-        self.in_use: dict[str, int] = {}
-        self.holds: dict[str, list[_Hold]] = {name: [] for name in self.nodes}
-        self.victims: set[int] = set()
-        self.inflight: dict[int, list[tuple[str, int, int]]] = {}  # preemptor -> (node, mask, victim)
-        self.reservations = {r.name: r for r in self.reservation_list}
-        self.reservations_on: dict[str, list[Reservation]] = {}
-        for r in self.reservation_list:
-            self.reservations_on.setdefault(r.node, []).append(r)
-        #: GPUs reservations keep from jobs, by question: forgotten when ``wanted`` grows
-        self._reserved_memo: dict = {}
-        #: active reservations with jobs of their own still waiting: their GPUs are lent to no one
-        self.wanted: set[str] = set()
-        #: what the pass has worked out, kept until a start, preemption or hold makes it stale
-        self.memo: NodeMemo[Node] = NodeMemo(self.nodes)
-        self.holds_made = 0
-        self._quotas = self.policy.max_gpus_per_user is not None or bool(self.policy.user_gpu_quota)
-        #: no job of this priority or lower finds a victim on any node (candidates only drop out in a pass)
-        self.lowest_victim: float = inf
-        self.queued: list[Job] = []
-        self.held: list[Job] = []
-        for job in self.jobs:
-            state = job.state
-            if state is _QUEUED:
-                self.queued.append(job)
-            elif state is _HELD:
-                self.held.append(job)
-            elif state in _ON_GPUS and job.placement is not None:
-                self._occupy(job)
-        self.most_free = self._count_most_free()
-        if self.inflight:
-            queued = {j.id: j for j in self.queued}
-            self.inflight = {i: where for i, where in self.inflight.items() if i in queued}
-            for preemptor in order_queue((queued[i] for i in self.inflight), self.usage):
-                self._hold_inflight_target(preemptor)
-
-    def _occupy(self, job: Job) -> None:
-        """Enter a job that holds GPUs: its GPUs are taken, and it may be a victim or a preemption in flight."""
-        spec = job.spec
-        self.in_use[spec.user] = self.in_use.get(spec.user, 0) + spec.gpus
-        preempting = job.state is _PREEMPTING
-        if preempting:
-            self.victims.add(job.id)
-        end = job.expected_end() or inf
-        candidate = self._preemptible(job)
-        for alloc in job.placement.allocations:
-            name = alloc.node
-            if name not in self.nodes:
-                continue
-            mask = indices_to_mask(alloc.gpu_indices)
-            self.free[name] &= ~mask
-            self.on_gpus[name].append(_OnGpus(job, mask, end, candidate))
-            if candidate and spec.priority < self.lowest_victim:
-                self.lowest_victim = spec.priority
-            if preempting and job.preempted_for is not None:
-                self.inflight.setdefault(job.preempted_for, []).append((name, mask, job.id))
-
-    @cached_property
-    def states(self) -> dict[int, JobState]:
-        """Every job's state, for dependencies: built only when a job has some."""
-        return {**self.finished, **{j.id: j.state for j in self.jobs}}
-
-    def _hold_inflight_target(self, job: Job) -> None:
-        """Keep what an earlier pass promised a preemptor: its victims' GPUs and the free ones that complete its set."""
-        for name in sorted({where for where, _, _ in self.inflight[job.id]}):
-            node = self.nodes[name]
-            freeing = 0
-            for where, mask, _ in self.inflight[job.id]:
-                if where == name:
-                    freeing |= mask
-            usable = self._available(job, node) if node.schedulable else 0
-            target = best_set(node.topology, usable | freeing, job.spec.gpus_per_node)
-            self.holds[name].append(_Hold(job.id, job.priority, target.mask if target else freeing, None))
-
-    def _count_most_free(self) -> int:
-        """The most free GPUs on one node that is up: no job needing more per node fits anywhere.
-
-        GPUs only get taken during a pass, so this bound stays true until the next start recounts it.
-        """
-        return max((self.free[n.name].bit_count() for n in self.up), default=0)
-
-    def _preemptible(self, job: Job) -> bool:
-        return (
-            self.policy.preemption
-            and job.state is _RUNNING
-            and job.spec.preemptible
-            and job.started_at is not None
-            and self.now - job.started_at >= self.policy.min_runtime_s
-            and not self.policy.preempted_enough(job, self.now)
-        )
 
     # -- the pass -------------------------------------------------------------------
 
@@ -240,64 +118,6 @@ class _Pass:
               estimated_start: float | None = None) -> None:
         self.pending.append(Pending(job.id, reason, detail, waiting_for, estimated_start))
 
-    # -- what a job may use ---------------------------------------------------------
-
-    def _end_of(self, job: Job) -> float:
-        limit = job.spec.time_limit_s
-        return self.now + limit if limit is not None else inf
-
-    def _candidate_nodes(self, job: Job) -> list[Node]:
-        spec = job.spec
-        if spec.reservation is not None:
-            pinned = self.reservations[spec.reservation].node
-            return [n for n in self.up if n.name == pinned]
-        if spec.node is not None:
-            return [n for n in self.up if n.name == spec.node]
-        return self.up
-
-    def _eligible_on(self, job: Job, node: Node) -> int:
-        spec = job.spec
-        key = ("eligible", node.name, spec.node, spec.min_gpu_memory_mib, spec.gpu_model)
-        lasting = self.memo.lasting
-        mask = lasting.get(key)
-        if mask is None:
-            mask = lasting[key] = eligible_mask(spec, node)
-        return mask
-
-    def _held_against(self, job: Job, node: str, end: float) -> int:
-        mask = 0
-        for hold in self.holds[node]:
-            if hold.job_id != job.id and hold.binds(end):
-                mask |= hold.mask
-        return mask
-
-    def _reserved_against(self, job: Job, node: str, end: float, *, borrow: bool = True) -> int:
-        """GPUs on ``node`` that reservations keep from this job over its run.
-
-        A job that names a reservation keeps to its GPUs. Other jobs keep off reserved
-        GPUs unless they end before the start, or (with ``borrow``) they are preemptible:
-        those borrow idle reserved GPUs (before the start only when they get some time
-        before the signal that frees the GPUs, and never while a job of the reservation
-        waits), and give them back when the reservation needs them. Borrowing is for
-        free GPUs only: no job preempts, or holds GPUs, to borrow.
-        """
-        spec = job.spec
-        lends = borrow and spec.preemptible and self.policy.preemption
-        key = (node, spec.reservation, lends, spec.grace_s, end)
-        mask = self._reserved_memo.get(key)
-        if mask is not None:
-            return mask
-        mask = 0
-        own = spec.reservation
-        for r in self.reservations_on.get(node, ()):
-            if r.name == own:
-                mask |= ((1 << self.nodes[node].gpu_count) - 1) & ~indices_to_mask(r.gpu_indices)
-            elif r.overlaps(self.now, end) and not (lends and r.name not in self.wanted and (
-                    self.now >= r.start or self.now < r.start - spec.grace_s)):
-                mask |= indices_to_mask(r.gpu_indices)
-        self._reserved_memo[key] = mask
-        return mask
-
     def _serve_reservations_first(self, queue: list[Job]) -> list[Job]:
         """Jobs in reservations use only their reservation's GPUs, so serving them first takes nothing
         from anyone but borrowers; those that still wait keep their reservation's GPUs from being lent."""
@@ -331,22 +151,10 @@ class _Pass:
                                                 job.work_at_risk(self.now), r.name))
                 self._changed([r.node])
 
-    def _available(self, job: Job, node: Node, *, holds: bool = True, reservations: bool = True) -> int:
-        end = self._end_of(job)
-        mask = self.free[node.name] & self._eligible_on(job, node)
-        if holds:
-            mask &= ~self._held_against(job, node.name, end)
-        if reservations and self.reservation_list:
-            mask &= ~self._reserved_against(job, node.name, end)
-        return mask
-
     def _shape(self, job: Job) -> tuple:
         """Everything a job's placement depends on besides its priority and the state of the nodes."""
         personal = job.id if job.id in self.inflight else None
         return (job.spec.resource_shape, personal)
-
-    def _changed(self, nodes: Iterable[str]) -> None:
-        self.memo.changed(nodes)
 
     def _on_each_node(self, kind: str, job: Job, shape: tuple, compute, *extra) -> dict[str, object]:
         """``compute(node)`` for each of the job's nodes, by node name; remembered per node until it changes.
@@ -397,7 +205,7 @@ class _Pass:
         for alloc in placement.allocations:
             mask = indices_to_mask(alloc.gpu_indices)
             self.free[alloc.node] &= ~mask
-            self.on_gpus[alloc.node].append(_OnGpus(job, mask, self._end_of(job), False))
+            self.on_gpus[alloc.node].append(OnGpus(job, mask, self._end_of(job), False))
         self.in_use[job.user] = self.in_use.get(job.user, 0) + job.spec.gpus
         self.most_free = self._count_most_free()
         self.starts.append(Start(job.id, placement))
@@ -438,7 +246,7 @@ class _Pass:
                 touched.update(v.job.placement.nodes)
                 self.preemptions.append(Preempt(v.job.id, job.id, plan.node, mask_to_indices(v.freeable),
                                                 v.work_at_risk_s))
-            self.holds[plan.node].append(_Hold(job.id, job.priority, plan.target.mask, None))
+            self.holds[plan.node].append(Hold(job.id, job.priority, plan.target.mask, None))
         self.holds_made += 1
         self._changed(touched & self.nodes.keys())
         waiting = sorted(fresh | {victim for _, _, victim in self.inflight.get(job.id, [])})
@@ -486,13 +294,6 @@ class _Pass:
         if not candidates and job.id not in self.inflight:
             return None
         return plan_on_node(node.name, node.topology, available, job.spec.gpus_per_node, candidates)
-
-    @staticmethod
-    def _borrower(entry: _OnGpus, r: Reservation) -> bool:
-        """A job on a reservation's GPUs that is not one of its own: it gives them back on demand."""
-        job = entry.job
-        return (job.state is JobState.RUNNING and job.spec.preemptible and job.spec.reservation != r.name
-                and bool(entry.mask & indices_to_mask(r.gpu_indices)))
 
     # -- waiting ----------------------------------------------------------------------
 
@@ -551,7 +352,7 @@ class _Pass:
         chosen = options[: spec.nodes]
         due = max(o[0] for o in chosen)
         for _, _, _, name, mask in chosen:
-            self.holds[name].append(_Hold(job.id, job.priority, mask, None if due == inf else due))
+            self.holds[name].append(Hold(job.id, job.priority, mask, None if due == inf else due))
         self.holds_made += 1
         self._changed(name for *_, name, _ in chosen)
         return None if due == inf else due
@@ -658,8 +459,6 @@ class _Pass:
 
 
 _UNKNOWN = object()
-_QUEUED, _HELD, _RUNNING, _PREEMPTING = JobState.QUEUED, JobState.HELD, JobState.RUNNING, JobState.PREEMPTING
-_ON_GPUS = frozenset(state for state in JobState if state.holds_gpus)
 
 
 def _gpu_list(mask: int) -> str:

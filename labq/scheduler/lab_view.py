@@ -1,0 +1,237 @@
+"""The lab as one scheduling pass sees it, and what a job may use of it.
+
+A pass starts from the lab's state: which jobs are on which GPUs (and which of
+them may be preempted), which GPUs are free, held for a job ahead in the queue,
+or reserved. ``LabView`` builds that picture and answers the questions the
+rules in ``labq.scheduler.cycle`` ask of it: the GPUs a job may use on a node,
+those holds and reservations keep from it, the nodes it may run on. What the
+pass has worked out from it is kept in a ``NodeMemo`` until a change makes it
+stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from math import inf
+
+from labq.models.job import Job, JobState
+from labq.models.node import Node
+from labq.models.reservation import Reservation
+from labq.scheduler.fit import eligible_mask
+from labq.scheduler.memo import NodeMemo
+from labq.scheduler.placement import best_set, indices_to_mask
+from labq.scheduler.policy import Policy, order_queue
+
+_QUEUED, _HELD, _RUNNING, _PREEMPTING = JobState.QUEUED, JobState.HELD, JobState.RUNNING, JobState.PREEMPTING
+_ON_GPUS = frozenset(state for state in JobState if state.holds_gpus)
+
+
+@dataclass(frozen=True)
+class Hold:
+    job_id: int
+    priority: int
+    mask: int
+    #: when the GPUs are due to the holder; None when no time limit tells
+    due: float | None
+
+    def binds(self, job_end: float) -> bool:
+        """Whether a job ending at ``job_end`` must keep off these GPUs."""
+        return self.due is None or job_end > self.due
+
+
+@dataclass(slots=True)
+class OnGpus:
+    """A job occupying GPUs on one node, as the pass sees it."""
+
+    job: Job
+    mask: int
+    end: float  #: expected end by time limit; inf when unknown
+    candidate: bool  #: may be preempted in this pass
+
+
+@dataclass
+class LabView:
+    """Who is on which GPUs, what is free, held and reserved: the state a pass starts from and changes."""
+
+    jobs: list[Job]
+    node_list: list[Node]
+    reservation_list: list[Reservation]
+    usage: Mapping[str, float]
+    policy: Policy
+    now: float
+    finished: Mapping[int, JobState]
+
+    def __post_init__(self) -> None:
+        self.nodes = {n.name: n for n in sorted(self.node_list, key=lambda n: n.name)}
+        self.up = [n for n in self.nodes.values() if n.schedulable and n.gpus]
+        self.free = {n.name: ((1 << n.gpu_count) - 1) & ~indices_to_mask(n.unmanaged_busy) for n in self.nodes.values()}
+        self.on_gpus: dict[str, list[OnGpus]] = {name: [] for name in self.nodes}
+        self.in_use: dict[str, int] = {}
+        self.holds: dict[str, list[Hold]] = {name: [] for name in self.nodes}
+        self.victims: set[int] = set()
+        self.inflight: dict[int, list[tuple[str, int, int]]] = {}  # preemptor -> (node, mask, victim)
+        self.reservations = {r.name: r for r in self.reservation_list}
+        self.reservations_on: dict[str, list[Reservation]] = {}
+        for r in self.reservation_list:
+            self.reservations_on.setdefault(r.node, []).append(r)
+        #: GPUs reservations keep from jobs, by question: forgotten when ``wanted`` grows
+        self._reserved_memo: dict = {}
+        #: active reservations with jobs of their own still waiting: their GPUs are lent to no one
+        self.wanted: set[str] = set()
+        #: what the pass has worked out, kept until a start, preemption or hold makes it stale
+        self.memo: NodeMemo[Node] = NodeMemo(self.nodes)
+        self.holds_made = 0
+        self._quotas = self.policy.max_gpus_per_user is not None or bool(self.policy.user_gpu_quota)
+        #: no job of this priority or lower finds a victim on any node (candidates only drop out in a pass)
+        self.lowest_victim: float = inf
+        self.queued: list[Job] = []
+        self.held: list[Job] = []
+        for job in self.jobs:
+            state = job.state
+            if state is _QUEUED:
+                self.queued.append(job)
+            elif state is _HELD:
+                self.held.append(job)
+            elif state in _ON_GPUS and job.placement is not None:
+                self._occupy(job)
+        self.most_free = self._count_most_free()
+        if self.inflight:
+            queued = {j.id: j for j in self.queued}
+            self.inflight = {i: where for i, where in self.inflight.items() if i in queued}
+            for preemptor in order_queue((queued[i] for i in self.inflight), self.usage):
+                self._hold_inflight_target(preemptor)
+
+    def _occupy(self, job: Job) -> None:
+        """Enter a job that holds GPUs: its GPUs are taken, and it may be a victim or a preemption in flight."""
+        spec = job.spec
+        self.in_use[spec.user] = self.in_use.get(spec.user, 0) + spec.gpus
+        preempting = job.state is _PREEMPTING
+        if preempting:
+            self.victims.add(job.id)
+        end = job.expected_end() or inf
+        candidate = self._preemptible(job)
+        for alloc in job.placement.allocations:
+            name = alloc.node
+            if name not in self.nodes:
+                continue
+            mask = indices_to_mask(alloc.gpu_indices)
+            self.free[name] &= ~mask
+            self.on_gpus[name].append(OnGpus(job, mask, end, candidate))
+            if candidate and spec.priority < self.lowest_victim:
+                self.lowest_victim = spec.priority
+            if preempting and job.preempted_for is not None:
+                self.inflight.setdefault(job.preempted_for, []).append((name, mask, job.id))
+
+    @cached_property
+    def states(self) -> dict[int, JobState]:
+        """Every job's state, for dependencies: built only when a job has some."""
+        return {**self.finished, **{j.id: j.state for j in self.jobs}}
+
+    def _hold_inflight_target(self, job: Job) -> None:
+        """Keep what an earlier pass promised a preemptor: its victims' GPUs and the free ones that complete its set."""
+        for name in sorted({where for where, _, _ in self.inflight[job.id]}):
+            node = self.nodes[name]
+            freeing = 0
+            for where, mask, _ in self.inflight[job.id]:
+                if where == name:
+                    freeing |= mask
+            usable = self._available(job, node) if node.schedulable else 0
+            target = best_set(node.topology, usable | freeing, job.spec.gpus_per_node)
+            self.holds[name].append(Hold(job.id, job.priority, target.mask if target else freeing, None))
+
+    def _count_most_free(self) -> int:
+        """The most free GPUs on one node that is up: no job needing more per node fits anywhere.
+
+        GPUs only get taken during a pass, so this bound stays true until the next start recounts it.
+        """
+        return max((self.free[n.name].bit_count() for n in self.up), default=0)
+
+    def _preemptible(self, job: Job) -> bool:
+        return (
+            self.policy.preemption
+            and job.state is _RUNNING
+            and job.spec.preemptible
+            and job.started_at is not None
+            and self.now - job.started_at >= self.policy.min_runtime_s
+            and not self.policy.preempted_enough(job, self.now)
+        )
+
+    # -- what a job may use ---------------------------------------------------------
+
+    def _end_of(self, job: Job) -> float:
+        limit = job.spec.time_limit_s
+        return self.now + limit if limit is not None else inf
+
+    def _candidate_nodes(self, job: Job) -> list[Node]:
+        spec = job.spec
+        if spec.reservation is not None:
+            pinned = self.reservations[spec.reservation].node
+            return [n for n in self.up if n.name == pinned]
+        if spec.node is not None:
+            return [n for n in self.up if n.name == spec.node]
+        return self.up
+
+    def _eligible_on(self, job: Job, node: Node) -> int:
+        spec = job.spec
+        key = ("eligible", node.name, spec.node, spec.min_gpu_memory_mib, spec.gpu_model)
+        lasting = self.memo.lasting
+        mask = lasting.get(key)
+        if mask is None:
+            mask = lasting[key] = eligible_mask(spec, node)
+        return mask
+
+    def _held_against(self, job: Job, node: str, end: float) -> int:
+        mask = 0
+        for hold in self.holds[node]:
+            if hold.job_id != job.id and hold.binds(end):
+                mask |= hold.mask
+        return mask
+
+    def _reserved_against(self, job: Job, node: str, end: float, *, borrow: bool = True) -> int:
+        """GPUs on ``node`` that reservations keep from this job over its run.
+
+        A job that names a reservation keeps to its GPUs. Other jobs keep off reserved
+        GPUs unless they end before the start, or (with ``borrow``) they are preemptible:
+        those borrow idle reserved GPUs (before the start only when they get some time
+        before the signal that frees the GPUs, and never while a job of the reservation
+        waits), and give them back when the reservation needs them. Borrowing is for
+        free GPUs only: no job preempts, or holds GPUs, to borrow.
+        """
+        spec = job.spec
+        lends = borrow and spec.preemptible and self.policy.preemption
+        key = (node, spec.reservation, lends, spec.grace_s, end)
+        mask = self._reserved_memo.get(key)
+        if mask is not None:
+            return mask
+        mask = 0
+        own = spec.reservation
+        for r in self.reservations_on.get(node, ()):
+            if r.name == own:
+                mask |= ((1 << self.nodes[node].gpu_count) - 1) & ~indices_to_mask(r.gpu_indices)
+            elif r.overlaps(self.now, end) and not (lends and r.name not in self.wanted and (
+                    self.now >= r.start or self.now < r.start - spec.grace_s)):
+                mask |= indices_to_mask(r.gpu_indices)
+        self._reserved_memo[key] = mask
+        return mask
+
+    def _available(self, job: Job, node: Node, *, holds: bool = True, reservations: bool = True) -> int:
+        end = self._end_of(job)
+        mask = self.free[node.name] & self._eligible_on(job, node)
+        if holds:
+            mask &= ~self._held_against(job, node.name, end)
+        if reservations and self.reservation_list:
+            mask &= ~self._reserved_against(job, node.name, end)
+        return mask
+
+    def _changed(self, nodes: Iterable[str]) -> None:
+        """A start, preemption or hold changed ``nodes``: what the memo knows of them is stale."""
+        self.memo.changed(nodes)
+
+    @staticmethod
+    def _borrower(entry: OnGpus, r: Reservation) -> bool:
+        """A job on a reservation's GPUs that is not one of its own: it gives them back on demand."""
+        job = entry.job
+        return (job.state is JobState.RUNNING and job.spec.preemptible and job.spec.reservation != r.name
+                and bool(entry.mask & indices_to_mask(r.gpu_indices)))
