@@ -178,69 +178,14 @@ class Batch:
         """
         if not changes:
             raise InvalidChange("a commit needs at least one change")
-        jobs: dict[int, dict | None] = {}
-        left: set[int] = set()
-        records: dict[tuple[str, str], dict | None] = {}
-        archive: list[dict] = []
-        next_job_id = self.next_job_id
-
-        def hot(job_id: int) -> bool:
-            for layer in (jobs, self.jobs):
-                if job_id in layer:
-                    return layer[job_id] is not None
-            return job_id in self.ids.hot
-
-        def spent(job_id: int) -> bool:
-            return job_id in left or job_id in self.left or (not hot(job_id) and self.ids.is_spent(job_id))
-
-        def has_record(table: str, key: str) -> bool:
-            for layer in (records, self.records):
-                if (table, key) in layer:
-                    return layer[table, key] is not None
-            return key in self.record_keys.get(table, ())
-
+        draft = _Draft(self, self.next_job_id)
         for change in changes:
-            if isinstance(change, PutJob):
-                doc = _job_doc(change.doc)
-                job_id = doc["id"]
-                if spent(job_id):
-                    raise InvalidChange(f"job {job_id} is no longer active (finished or deleted); "
-                                        f"job ids are never reused, so a rerun is a new job")
-                next_job_id = max(next_job_id, job_id + 1)
-                if is_finished(doc):
-                    jobs[job_id] = None
-                    left.add(job_id)
-                    archive.append(doc)
-                else:
-                    jobs[job_id] = doc
-            elif isinstance(change, DeleteJob):
-                job_id = change.job_id
-                if not isinstance(job_id, int) or isinstance(job_id, bool) or not 1 <= job_id < next_job_id:
-                    raise InvalidChange(f"there is no job {job_id!r} to delete")
-                if hot(job_id):
-                    jobs[job_id] = None
-                elif not spent(job_id):
-                    raise InvalidChange(f"there is no job {job_id} to delete")
-                else:
-                    archive.append({"deleted": job_id})
-                left.add(job_id)
-            elif isinstance(change, PutRecord):
-                table, key = _record_address(change.table, change.key)
-                if not isinstance(change.doc, Mapping):
-                    raise InvalidChange(f"a {table} record must be a JSON object")
-                records[table, key] = dict(change.doc)
-            elif isinstance(change, DeleteRecord):
-                table, key = _record_address(change.table, change.key)
-                if not has_record(table, key):
-                    raise InvalidChange(f"there is no {table} record {key!r} to delete")
-                records[table, key] = None
-            else:
-                raise InvalidChange(f"not a store change: {change!r}")
-        self.jobs.update(jobs)
-        self.left |= left
-        self.records.update(records)
-        self.archive.extend(archive)
-        self.next_job_id = next_job_id
+            draft.take(change)
+        self.jobs.update(draft.jobs)
+        self.left |= draft.left
+        self.records.update(draft.records)
+        self.archive.extend(draft.archive)
+        self.next_job_id = draft.next_job_id
 
     def settle(self) -> None:
         """Take the batch's effect into the store's ids and record keys (after it is on disk)."""
@@ -257,6 +202,77 @@ class Batch:
                 keys.discard(key)
             else:
                 keys.add(key)
+
+
+@dataclass
+class _Draft:
+    """One commit's changes on top of a batch, checked one by one; the batch takes them only if all pass."""
+
+    batch: Batch
+    next_job_id: int
+    jobs: dict[int, dict | None] = field(default_factory=dict)
+    left: set[int] = field(default_factory=set)
+    records: dict[tuple[str, str], dict | None] = field(default_factory=dict)
+    archive: list[dict] = field(default_factory=list)
+
+    def take(self, change: Change) -> None:
+        if isinstance(change, PutJob):
+            self._put_job(change)
+        elif isinstance(change, DeleteJob):
+            self._delete_job(change.job_id)
+        elif isinstance(change, PutRecord):
+            table, key = _record_address(change.table, change.key)
+            if not isinstance(change.doc, Mapping):
+                raise InvalidChange(f"a {table} record must be a JSON object")
+            self.records[table, key] = dict(change.doc)
+        elif isinstance(change, DeleteRecord):
+            table, key = _record_address(change.table, change.key)
+            if not self._has_record(table, key):
+                raise InvalidChange(f"there is no {table} record {key!r} to delete")
+            self.records[table, key] = None
+        else:
+            raise InvalidChange(f"not a store change: {change!r}")
+
+    def _put_job(self, change: PutJob) -> None:
+        doc = _job_doc(change.doc)
+        job_id = doc["id"]
+        if self._spent(job_id):
+            raise InvalidChange(f"job {job_id} is no longer active (finished or deleted); "
+                                f"job ids are never reused, so a rerun is a new job")
+        self.next_job_id = max(self.next_job_id, job_id + 1)
+        if is_finished(doc):
+            self.jobs[job_id] = None
+            self.left.add(job_id)
+            self.archive.append(doc)
+        else:
+            self.jobs[job_id] = doc
+
+    def _delete_job(self, job_id: object) -> None:
+        if not isinstance(job_id, int) or isinstance(job_id, bool) or not 1 <= job_id < self.next_job_id:
+            raise InvalidChange(f"there is no job {job_id!r} to delete")
+        if self._hot(job_id):
+            self.jobs[job_id] = None
+        elif not self._spent(job_id):
+            raise InvalidChange(f"there is no job {job_id} to delete")
+        else:
+            self.archive.append({"deleted": job_id})
+        self.left.add(job_id)
+
+    def _hot(self, job_id: int) -> bool:
+        for layer in (self.jobs, self.batch.jobs):
+            if job_id in layer:
+                return layer[job_id] is not None
+        return job_id in self.batch.ids.hot
+
+    def _spent(self, job_id: int) -> bool:
+        return (job_id in self.left or job_id in self.batch.left
+                or (not self._hot(job_id) and self.batch.ids.is_spent(job_id)))
+
+    def _has_record(self, table: str, key: str) -> bool:
+        for layer in (self.records, self.batch.records):
+            if (table, key) in layer:
+                return layer[table, key] is not None
+        return key in self.batch.record_keys.get(table, ())
 
 
 def _job_doc(doc: Mapping) -> dict:
