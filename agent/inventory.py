@@ -150,7 +150,28 @@ def build_topology(devices: list[DeviceFacts],
     """
     n = len(devices)
     notes: list[str] = []
+    pcie = _pcie_levels(levels, notes)
+    silent = [d.index for d in devices if d.nvlinks is None]
+    if silent and len(silent) == n:
+        notes.append(NVLINK_UNSUPPORTED)
+    elif silent:
+        notes.append(f"NVLink query unsupported on GPU {_list(silent)}: "
+                     "their links counted from their peers only")
+    directed, switch_links = _nvlink_counts(devices, notes)
+    nvlinks = {(i, j): max(directed[i, j], directed[j, i]) for i in range(n) for j in range(i + 1, n)}
+    numa = tuple(d.numa for d in devices)
+    topology = Topology.from_pairs(
+        n,
+        pcie,
+        {pair: count for pair, count in nvlinks.items() if count},
+        nvswitch_links=tuple(switch_links) if any(switch_links) else (),
+        numa=numa if any(x is not None for x in numa) else (),
+    )
+    return topology, tuple(notes)
 
+
+def _pcie_levels(levels: dict[tuple[int, int], int | None], notes: list[str]) -> dict[tuple[int, int], PcieLevel]:
+    """Each pair's PCIe level; one NVML will not give counts as SYS, with a note."""
     pcie: dict[tuple[int, int], PcieLevel] = {}
     unknown_pairs = []
     for (i, j), level in sorted(levels.items()):
@@ -161,17 +182,14 @@ def build_topology(devices: list[DeviceFacts],
             unknown_pairs.append(f"{i}-{j}")
     if unknown_pairs:
         notes.append(f"PCIe common ancestor unknown for GPU pairs {', '.join(unknown_pairs)}: counted as SYS")
+    return pcie
 
-    silent = [d.index for d in devices if d.nvlinks is None]
-    if silent and len(silent) == n:
-        notes.append(NVLINK_UNSUPPORTED)
-    elif silent:
-        notes.append(f"NVLink query unsupported on GPU {_list(silent)}: "
-                     "their links counted from their peers only")
 
+def _nvlink_counts(devices: list[DeviceFacts], notes: list[str]) -> tuple[Counter[tuple[int, int]], list[int]]:
+    """Links from each GPU to each other GPU as that GPU sees them, and each GPU's links to NVSwitches."""
     by_bus = {d.bus_id: d.index for d in devices if d.bus_id is not None}
     directed: Counter[tuple[int, int]] = Counter()
-    switch_links = [0] * n
+    switch_links = [0] * len(devices)
     unnamed: set[int] = set()  # GPUs with active links whose far end NVML would not name
     strays: set[int] = set()  # GPUs linked to a CPU (IBM NPU) or to a GPU NVML does not list
     for d in devices:
@@ -192,17 +210,7 @@ def build_topology(devices: list[DeviceFacts],
         notes.append(f"NVLink remote ends unknown on GPU {_list(unnamed)}: those links not counted")
     if strays:
         notes.append(f"NVLink links to devices other than this node's GPUs ignored on GPU {_list(strays)}")
-
-    nvlinks = {(i, j): max(directed[i, j], directed[j, i]) for i in range(n) for j in range(i + 1, n)}
-    numa = tuple(d.numa for d in devices)
-    topology = Topology.from_pairs(
-        n,
-        pcie,
-        {pair: count for pair, count in nvlinks.items() if count},
-        nvswitch_links=tuple(switch_links) if any(switch_links) else (),
-        numa=numa if any(x is not None for x in numa) else (),
-    )
-    return topology, tuple(notes)
+    return directed, switch_links
 
 
 def _list(indices: set[int] | list[int]) -> str:
