@@ -57,13 +57,12 @@ def parse_size_mib(text: str, option: str = "--gpu-mem") -> int:
 
 def parse_priority_arg(text: str, option: str = "--priority") -> int | str:
     """A class name (sent as the name) or an integer 0-1000 (sent as the integer)."""
-    from labq.models.priority import parse_priority
+    from labq.protocol.requests import wire_priority
 
     try:
-        value = parse_priority(text)
+        return wire_priority(text)
     except ValueError as err:
         raise UsageError(f"{option}: {err}") from None
-    return text.strip().lower() if text.strip().lower() in CLASSES else value
 
 
 def parse_ids(values: list[str], what: str = "job id") -> list[int]:
@@ -93,7 +92,12 @@ def parse_env(items: list[str], environ: Mapping[str, str]) -> dict[str, str]:
 
 def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | None = None,
                       cwd: str | None = None) -> dict:
-    """The ``POST /v1/jobs`` body for ``labq submit``'s arguments; only what the user chose besides defaults."""
+    """The ``POST /v1/jobs`` body for ``labq submit``'s arguments; only what the user chose besides defaults.
+
+    The flags are read here into plain values, checked in the order given below, and the body is built by
+    ``labq.protocol.requests.submit_request``."""
+    from labq.protocol.requests import submit_request
+
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -101,72 +105,68 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
         raise UsageError("name the command to run after --, e.g. labq submit --gpus 2 -- python train.py")
     if args.gpus < 1:
         raise UsageError("--gpus must be 1 or more")
-    workdir = os.path.abspath(os.path.join(cwd or os.getcwd(), os.path.expanduser(args.workdir or ".")))
-    body: dict = {"command": command, "gpus": args.gpus, "workdir": workdir}
-    if args.name:
-        body["name"] = args.name
-    if args.gpu_mem:
-        body["min_gpu_memory_mib"] = parse_size_mib(args.gpu_mem)
-    if args.gpu_model:
-        body["gpu_model"] = args.gpu_model
-    if args.klass or args.priority:
-        body["priority"] = args.klass or parse_priority_arg(args.priority)
-    if args.no_preempt:
-        body["preemptible"] = False
-    if args.time:
-        seconds = parse_duration(args.time, "--time")
-        if seconds <= 0:
-            raise UsageError("--time must be longer than 0")
-        body["time_limit_s"] = _number(seconds)
-    if args.requeue_on_timeout:
-        if not args.time:
-            raise UsageError("--requeue-on-timeout needs --time: the limit at which the job is requeued")
-        body["requeue_on_timeout"] = True
-    if args.grace:
-        body["grace_s"] = _number(parse_duration(args.grace, "--grace", bare_seconds=True))
-    if args.checkpoint_signal:
-        body["checkpoint_signal"] = _signal(args.checkpoint_signal)
-    if args.env:
-        body["env"] = parse_env(args.env, os.environ if environ is None else environ)
-    if args.after:
-        body["depends_on"] = parse_ids(args.after, "job id for --after")
-    if args.nodes is not None:
-        if args.nodes < 1 or args.gpus % args.nodes:
-            raise UsageError(f"--nodes {args.nodes}: the {args.gpus} GPUs must split evenly over the nodes")
-        body["nodes"] = args.nodes
-    if args.node:
-        body["node"] = args.node
-    if args.reservation:
-        body["reservation"] = args.reservation
-    if args.image:
-        body["runtime"], body["image"] = "docker", args.image
-        body.pop("workdir")  # a container starts in its image's folder unless asked
-        if args.workdir:
-            body["workdir"] = args.workdir
-    if args.mount:
-        if not args.image:
-            raise UsageError("--mount is for container jobs: add --image IMAGE")
-        body["mounts"] = [parse_mount(m, cwd) for m in args.mount]
-    if args.shm_size:
-        if not args.image:
-            raise UsageError("--shm-size is for container jobs: add --image IMAGE")
-        body["shm_size_mib"] = parse_size_mib(args.shm_size, "--shm-size")
-    return body
+    here = cwd or os.getcwd()
+    workdir = os.path.abspath(os.path.join(here, os.path.expanduser(args.workdir or ".")))
+    return submit_request(
+        command, gpus=args.gpus,
+        workdir=(args.workdir or None) if args.image else workdir,  # a container starts in its image's folder
+        name=args.name or None,
+        min_gpu_memory_mib=parse_size_mib(args.gpu_mem) if args.gpu_mem else None,
+        gpu_model=args.gpu_model or None,
+        priority=args.klass or (parse_priority_arg(args.priority) if args.priority else None),
+        preemptible=not args.no_preempt,
+        time_limit_s=_time_limit(args.time),
+        requeue_on_timeout=_requeue_on_timeout(args),
+        grace_s=parse_duration(args.grace, "--grace", bare_seconds=True) if args.grace else None,
+        checkpoint_signal=_signal(args.checkpoint_signal) if args.checkpoint_signal else None,
+        env=parse_env(args.env, os.environ if environ is None else environ) if args.env else None,
+        depends_on=parse_ids(args.after, "job id for --after") if args.after else None,
+        nodes=_node_count(args), node=args.node or None, reservation=args.reservation or None,
+        image=args.image or None,
+        mounts=[parse_mount(m, cwd) for m in _container_only(args, "mount")],
+        shm_size_mib=parse_size_mib(args.shm_size, "--shm-size") if _container_only(args, "shm_size") else None)
 
 
-def parse_mount(text: str, cwd: str | None = None) -> dict:
-    """``/data/imagenet:/data:ro`` -> a mount; a relative host path is taken from the current folder."""
+def _time_limit(text: str | None) -> float | None:
+    if not text:
+        return None
+    seconds = parse_duration(text, "--time")
+    if seconds <= 0:
+        raise UsageError("--time must be longer than 0")
+    return seconds
+
+
+def _requeue_on_timeout(args: argparse.Namespace) -> bool:
+    if args.requeue_on_timeout and not args.time:
+        raise UsageError("--requeue-on-timeout needs --time: the limit at which the job is requeued")
+    return args.requeue_on_timeout
+
+
+def _node_count(args: argparse.Namespace) -> int | None:
+    if args.nodes is not None and (args.nodes < 1 or args.gpus % args.nodes):
+        raise UsageError(f"--nodes {args.nodes}: the {args.gpus} GPUs must split evenly over the nodes")
+    return args.nodes
+
+
+def _container_only(args: argparse.Namespace, option: str):
+    """``--mount`` and ``--shm-size``'s value; refused without ``--image``."""
+    value = getattr(args, option)
+    if value and not args.image:
+        raise UsageError(f"--{option.replace('_', '-')} is for container jobs: add --image IMAGE")
+    return value or ()
+
+
+def parse_mount(text: str, cwd: str | None = None):
+    """``/data/imagenet:/data:ro`` -> a ``Mount``; a relative host path is taken from the current folder."""
+    from labq.models.job import Mount
+
     parts = text.split(":")
     if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
         raise UsageError(f"--mount {text!r}: use HOST_PATH:CONTAINER_PATH[:ro]")
     source = os.path.abspath(os.path.join(cwd or os.getcwd(), os.path.expanduser(parts[0])))
     if not parts[1].startswith("/"):
         raise UsageError(f"--mount {text!r}: the container path must be absolute")
-    return {"source": source, "target": parts[1], "read_only": len(parts) == 3 and parts[2] == "ro"}
-
-
-def _number(seconds: float) -> int | float:
-    return int(seconds) if seconds.is_integer() else seconds
+    return Mount(source, parts[1], len(parts) == 3 and parts[2] == "ro")
 
 
 def _signal(text: str) -> str:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Mapping
 
 from labq.cli_jobs import UsageError, _client, _command, parse_size_mib
 from labq.terminal_text import escape_controls
 
 
 def build_reserve_body(args: argparse.Namespace, now: float, tz) -> dict:
-    """The ``POST /v1/reservations`` body for ``labq reserve``'s arguments."""
+    """The ``POST /v1/reservations`` body for ``labq reserve``'s arguments (``labq.protocol.bookings``)."""
+    from labq.protocol.bookings import reserve_request
     from labq.when import parse_for, parse_when
 
     if args.gpus is None or args.start is None:
@@ -37,84 +37,14 @@ def build_reserve_body(args: argparse.Namespace, now: float, tz) -> dict:
         raise UsageError(f"{'--for' if args.duration else '--end'}: {err}") from None
     if end <= start:
         raise UsageError("--end must be after --start")
-    body: dict = {"gpus": args.gpus, "start": start, "end": end}
-    if args.name:
-        body["name"] = args.name
-    if args.node:
-        body["node"] = args.node
-    if args.gpu_model:
-        body["gpu_model"] = args.gpu_model
-    if args.min_gpu_mem:
-        body["min_gpu_memory_mib"] = parse_size_mib(args.min_gpu_mem, "--min-gpu-mem")
+    memory = parse_size_mib(args.min_gpu_mem, "--min-gpu-mem") if args.min_gpu_mem else None
     if args.users and args.group:
         raise UsageError("give --users or --group, not both")
-    if args.users:
-        body["users"] = [u.strip() for u in args.users.split(",") if u.strip()]
-    if args.group:
-        body["group"] = args.group
-    if args.for_user:
-        body["owner"] = args.for_user
-    if args.dry_run:
-        body["dry_run"] = True
-    return body
-
-
-def answer_text(answer: Mapping, now: float, tz) -> str:
-    """What ``labq reserve`` says: booked (or would book) where, whom it displaces; or why not and what works."""
-    return "\n".join(escape_controls(line) for line in _answer_lines(answer, now, tz))
-
-
-def _answer_lines(answer: Mapping, now: float, tz) -> list[str]:
-    from labq.when import format_when
-
-    if answer["accepted"]:
-        r = answer["reservation"]
-        verb = "booked" if answer["booked"] else "would book (dry run)"
-        lines = [f"{verb} {r['name']}: {r['gpus']} GPU(s) on {r['node']} (GPUs "
-                 f"{','.join(map(str, r['gpu_indices']))}, topology score {r['score']}), "
-                 f"{format_when(r['start'], now, tz)} to {format_when(r['end'], now, tz)}"]
-        if answer["displaced"]:
-            lines.append("  jobs asked to checkpoint and requeued before it starts:")
-            lines += [f"    job {d['job_id']} ({d['user']}) at {format_when(d['signal_at'], now, tz)}"
-                      for d in answer["displaced"]]
-        if answer["booked"]:
-            lines.append(f"  run jobs in it with: labq submit --reservation {r['name']} ...")
-        return lines
-    lines = ["cannot book it: " + "; ".join(answer["reasons"])]
-    if answer["alternatives"]:
-        lines.append("  what would work:")
-        for a in answer["alternatives"]:
-            hours = (a["end"] - a["start"]) / 3600
-            lines.append(f"    {a['gpus']} GPU(s) on {a['node']} (score {a['score']}), "
-                         f"{format_when(a['start'], now, tz)} to {format_when(a['end'], now, tz)}: "
-                         f"labq reserve --gpus {a['gpus']} --start \"{_iso(a['start'], tz)}\" --for {hours:g}h")
-    return lines
-
-
-def reservations_table(reservations: list[Mapping], now: float, tz) -> str:
-    from labq.render import table
-    from labq.when import format_when
-
-    if not reservations:
-        return "no reservations"
-    rows = []
-    for r in reservations:
-        state = "active" if r["start"] <= now < r["end"] else ("ended" if r["end"] <= now else "upcoming")
-        users = ",".join(sorted({r["owner"], *r.get("users", ())}))
-        if r.get("group"):
-            users = f"group {r['group']}"
-        rows.append([r["name"], r["owner"], r["gpus"], f"{r['node']}:{','.join(map(str, r['gpu_indices']))}",
-                     format_when(r["start"], now, tz), format_when(r["end"], now, tz), state, users,
-                     r.get("note") or ""])
-    return table(("NAME", "OWNER", "GPUS", "NODE:GPUS", "START", "END", "STATE", "USERS", "NOTE"), rows)
-
-
-def _iso(t: float, tz) -> str:
-    from datetime import datetime
-
-    from labq.when import time_zone
-
-    return datetime.fromtimestamp(t, time_zone(tz)).strftime("%Y-%m-%d %H:%M")
+    return reserve_request(
+        args.gpus, start, end, name=args.name or None, node=args.node or None, gpu_model=args.gpu_model or None,
+        min_gpu_memory_mib=memory,
+        users=[u.strip() for u in args.users.split(",") if u.strip()] if args.users else (),
+        group=args.group or None, owner=args.for_user or None, dry_run=args.dry_run)
 
 
 def _zone(args: argparse.Namespace):
@@ -136,12 +66,16 @@ def _reserve(args: argparse.Namespace) -> int:
         print(json.dumps(r, indent=2) if args.json else f"cancelled {escape_controls(r['name'])}")
         return 0
     now, tz = time.time(), _zone(args)
+    from labq.render import answer_text
+
     answer = _client(args).reserve(build_reserve_body(args, now, tz))
     print(json.dumps(answer, indent=2) if args.json else answer_text(answer, now, tz))
     return 0 if answer["accepted"] else 1
 
 
 def _reservations(args: argparse.Namespace) -> int:
+    from labq.render import reservations_table
+
     found = _client(args).reservations()
     now = time.time()
     print(json.dumps(found, indent=2) if args.json else reservations_table(found, now, _zone(args)))

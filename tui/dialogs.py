@@ -92,27 +92,19 @@ class SubmitForm(ModalScreen[dict | None]):
         """The submit body, or ValueError saying which field is wrong."""
         import shlex
 
-        from labq.models.priority import parse_priority
+        from labq.protocol.requests import submit_request, wire_priority
         from labq.units import parse_duration
 
         get = {key: self.query_one(f"#f-{key}", Input).value.strip() for key, _, _ in self.FIELDS}
         if not get["command"]:
             raise ValueError("command: say what to run")
-        body: dict = {"command": shlex.split(get["command"])}
-        if get["gpus"]:
-            if not get["gpus"].isdigit() or int(get["gpus"]) < 1:
-                raise ValueError("GPUs: a whole number, 1 or more")
-            body["gpus"] = int(get["gpus"])
-        if get["class"]:
-            parse_priority(get["class"])
-            body["priority"] = get["class"].lower() if not get["class"].isdigit() else int(get["class"])
-        if get["time"]:
-            body["time_limit_s"] = parse_duration(get["time"])
-        if get["name"]:
-            body["name"] = get["name"]
-        if get["workdir"]:
-            body["workdir"] = get["workdir"]
-        return body
+        command = shlex.split(get["command"])
+        if get["gpus"] and (not get["gpus"].isdigit() or int(get["gpus"]) < 1):
+            raise ValueError("GPUs: a whole number, 1 or more")
+        return submit_request(command, gpus=int(get["gpus"]) if get["gpus"] else None,
+                              priority=wire_priority(get["class"]) if get["class"] else None,
+                              time_limit_s=parse_duration(get["time"]) if get["time"] else None,
+                              name=get["name"] or None, workdir=get["workdir"] or None)
 
     @on(Input.Submitted)
     @on(Button.Pressed, "#submit")

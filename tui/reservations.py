@@ -24,12 +24,13 @@ from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
 from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 
-from labq.cli_reserve import answer_text, reservations_table
+from labq.protocol.bookings import reserve_request
 from labq.protocol.errors import ApiError
+from labq.render import answer_text, reservations_table
 from labq.terminal_text import escape_controls
 from labq.tui.dialogs import Confirm
 from labq.tui.timeline import LEGEND, timeline_lines
-from labq.when import EXAMPLES, local_zone
+from labq.when import EXAMPLES, local_zone, parse_for, parse_when
 
 DEFAULT_DAYS, MIN_DAYS, MAX_DAYS = 3, 1, 14
 DEBOUNCE_S = 0.3  #: the pause in typing after which the form asks the leader
@@ -177,28 +178,23 @@ class ReservationsScreen(Screen):
 def booking_body(values: Mapping[str, str], now: float, tz: tzinfo) -> dict | None:
     """The ``POST /v1/reservations`` body for the form's fields; None while a needed field is empty.
 
-    ValueError says which field is wrong. The checks are ``labq reserve``'s own.
+    ValueError says which field is wrong. Times are read as ``labq reserve`` reads them (``labq.when``).
     """
-    from argparse import Namespace
-
-    from labq.cli_jobs import UsageError
-    from labq.cli_reserve import build_reserve_body
-
     gpus, start, duration = (values.get(key, "").strip() for key in ("gpus", "start", "duration"))
     if not (gpus and start and duration):
         return None
     if not gpus.isdigit() or int(gpus) < 1:
         raise ValueError("GPUs: a whole number, 1 or more")
-    args = Namespace(gpus=int(gpus), start=start, duration=duration, end=None,
-                     name=values.get("name", "").strip() or None, users=values.get("users", "").strip() or None,
-                     node=None, gpu_model=None, min_gpu_mem=None, group=None, for_user=None, dry_run=False)
     try:
-        return build_reserve_body(args, now, tz)
-    except UsageError as err:
-        text = str(err)
-        for flag, field in (("--start", "start"), ("--for", "duration"), ("--gpus", "GPUs"), ("--end", "end")):
-            text = text.replace(flag, field)
-        raise ValueError(text) from None
+        begin = parse_when(start, now, tz)
+    except ValueError as err:
+        raise ValueError(f"start: {err}") from None
+    try:
+        end = begin + parse_for(duration)
+    except ValueError as err:
+        raise ValueError(f"duration: {err}") from None
+    users = [u.strip() for u in values.get("users", "").split(",") if u.strip()]
+    return reserve_request(int(gpus), begin, end, name=values.get("name", "").strip() or None, users=users)
 
 
 class BookingForm(ModalScreen[str | None]):

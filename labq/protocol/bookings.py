@@ -4,10 +4,13 @@ A booking is ``POST /v1/reservations`` with the window as Unix times (the CLI
 reads "fri 09:00" in the user's zone and sends the instant). The answer is
 always 200 with ``accepted`` true or false: a refusal is an answer, with its
 reasons and alternatives, not an error. Malformed requests get 400.
+
+``reserve_request`` builds the body that ``parse_reserve`` reads back, for the CLI and the TUI alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from labq.models.reservation import BookingAnswer
@@ -34,6 +37,19 @@ class ReserveRequest:
     group: str | None = None
     owner: str | None = None  #: an admin booking for someone else
     dry_run: bool = False
+
+
+def reserve_request(gpus: int, start: float, end: float, *, name: str | None = None, node: str | None = None,
+                    gpu_model: str | None = None, min_gpu_memory_mib: int | None = None,
+                    users: Sequence[str] = (), group: str | None = None, owner: str | None = None,
+                    dry_run: bool = False) -> dict:
+    """The ``POST /v1/reservations`` body that ``parse_reserve`` reads back: the window as Unix times, and only
+    the optional fields that are given."""
+    body: dict = {"gpus": gpus, "start": start, "end": end}
+    optional = {"name": name, "node": node, "gpu_model": gpu_model, "min_gpu_memory_mib": min_gpu_memory_mib,
+                "users": list(users) or None, "group": group, "owner": owner, "dry_run": dry_run or None}
+    body.update((key, value) for key, value in optional.items() if value is not None)
+    return body
 
 
 def parse_reserve(body: object) -> ReserveRequest:

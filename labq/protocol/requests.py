@@ -3,19 +3,26 @@
 Every check raises ``ApiError`` (400 bad_request) naming the field and saying
 what is accepted. Unknown fields are refused rather than ignored, so a typo
 never silently changes what runs.
+
+Each request has its builder beside its parser, a matched pair: ``submit_request`` makes from plain
+values (already-parsed durations, sizes, lists) the body that ``parse_submit`` reads back. The CLI and
+the TUI both build their requests here. The models are imported inside the functions that need them,
+so ``labq submit`` can build its body without loading them.
 """
 
 from __future__ import annotations
 
 import re
-import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from labq.models.job import JobSpec, Mount, Runtime
-from labq.models.priority import parse_priority
+from typing import TYPE_CHECKING
+
 from labq.protocol.errors import ApiError, bad_request
 from labq.protocol.names import MAX_NAME, check_name, check_user_name
+
+if TYPE_CHECKING:
+    from labq.models.job import JobSpec, Mount
 
 MAX_BODY_BYTES = 1 << 20  #: a request body larger than this is refused with 413
 MAX_COMMAND_BYTES = 64 * 1024
@@ -161,6 +168,8 @@ def _env(value: object) -> tuple[tuple[str, str], ...]:
 
 def _mounts(value: object) -> tuple[Mount, ...]:
     """The shape of bind mounts; where they may point is the leader's policy (labq.isolation)."""
+    from labq.models.job import Mount
+
     if value is None:
         return ()
     if not isinstance(value, list) or len(value) > 64:
@@ -179,6 +188,8 @@ def _mounts(value: object) -> tuple[Mount, ...]:
 
 
 def _signal_name(value: str | None) -> str:
+    import signal
+
     if value is None:
         return "SIGUSR1"
     name = value.upper() if value.upper().startswith("SIG") else "SIG" + value.upper()
@@ -195,13 +206,61 @@ class SubmitRequest:
     fields: dict
 
     def spec_for(self, user: str, *, default_grace_s: float = 60.0) -> JobSpec:
+        from labq.models.job import JobSpec
+
         try:
             return JobSpec(user=user, **{"grace_s": default_grace_s, **self.fields})
         except ValueError as err:
             raise bad_request(str(err)) from None
 
 
+def wire_priority(text: str) -> int | str:
+    """A priority as people type it, as the API takes it: a class name (``High`` -> ``"high"``) or an integer
+    0-1000 (``"250"`` -> 250). ValueError says what is accepted."""
+    from labq.models.priority import PriorityClass, parse_priority
+
+    value = parse_priority(text)
+    name = text.strip().lower()
+    return name if name.upper() in PriorityClass.__members__ else value
+
+
+def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: str | None = None,
+                   name: str | None = None, min_gpu_memory_mib: int | None = None, gpu_model: str | None = None,
+                   priority: int | str | None = None, preemptible: bool = True, time_limit_s: float | None = None,
+                   requeue_on_timeout: bool = False, grace_s: float | None = None,
+                   checkpoint_signal: str | None = None, env: Mapping[str, str] | None = None,
+                   depends_on: Sequence[int] | None = None, nodes: int | None = None, node: str | None = None,
+                   reservation: str | None = None, image: str | None = None, mounts: Sequence[Mount] = (),
+                   shm_size_mib: int | None = None) -> dict:
+    """The ``POST /v1/jobs`` body that ``parse_submit`` reads back: only what differs from the defaults.
+
+    Plain values: seconds, MiB, absolute paths. An ``image`` makes it a container job (``runtime`` docker).
+    """
+    body: dict = {"command": list(command)}
+    optional = {"gpus": gpus, "workdir": workdir, "name": name, "min_gpu_memory_mib": min_gpu_memory_mib,
+                "gpu_model": gpu_model, "priority": priority, "preemptible": None if preemptible else False,
+                "time_limit_s": _seconds(time_limit_s), "requeue_on_timeout": requeue_on_timeout or None,
+                "grace_s": _seconds(grace_s), "checkpoint_signal": checkpoint_signal,
+                "env": dict(env) if env else None, "depends_on": list(depends_on) if depends_on else None,
+                "nodes": nodes, "node": node, "reservation": reservation}
+    body.update((key, value) for key, value in optional.items() if value is not None)
+    if image is not None:
+        body["runtime"], body["image"] = "docker", image
+    if mounts:
+        body["mounts"] = [{"source": m.source, "target": m.target, "read_only": m.read_only} for m in mounts]
+    if shm_size_mib is not None:
+        body["shm_size_mib"] = shm_size_mib
+    return body
+
+
+def _seconds(value: float | None) -> int | float | None:
+    """A whole number of seconds goes out as an integer: ``5400``, not ``5400.0``."""
+    return int(value) if value is not None and float(value).is_integer() else value
+
+
 def parse_submit(body: object) -> SubmitRequest:
+    from labq.models.priority import parse_priority
+
     f = Fields(body, "a job")
     out: dict = {"command": _command(f.raw("command", required=True))}
     out["gpus"] = f.integer("gpus", low=1, high=MAX_GPUS) or 1
@@ -245,6 +304,8 @@ def parse_submit(body: object) -> SubmitRequest:
 def _runtime(f: Fields) -> dict:
     """One reading of where a job runs: an image means a container; what contradicts that is refused, so a job
     never runs as a plain process on the host when its sender asked for a container."""
+    from labq.models.job import Runtime
+
     runtime = f.string("runtime", max_len=16)
     image = f.string("image", max_len=512)
     mounts = _mounts(f.raw("mounts"))
@@ -280,6 +341,8 @@ class ActionRequest:
 
 
 def parse_action(body: object) -> ActionRequest:
+    from labq.models.priority import parse_priority
+
     f = Fields(body, "an action")
     action = f.string("action", required=True, max_len=16)
     if action not in ACTIONS:
@@ -328,4 +391,4 @@ def require_int(value: str, what: str, *, low: int = 0, high: int = MAX_QUERY_IN
 
 
 __all__ = ["ACTIONS", "ActionRequest", "ApiError", "Fields", "MAX_BODY_BYTES", "SubmitRequest", "UserRequest",
-           "parse_action", "parse_submit", "parse_user", "require_int"]
+           "parse_action", "parse_submit", "parse_user", "require_int", "submit_request", "wire_priority"]

@@ -688,7 +688,7 @@ def test_reserve_mistakes_are_named(argv, words):
 
 
 def test_reserve_answers_for_people():
-    from labq.cli_reserve import answer_text
+    from labq.render import answer_text
 
     booked = {"accepted": True, "booked": True, "reasons": [], "alternatives": [],
               "reservation": {"name": "paper", "gpus": 2, "node": "ws1", "gpu_indices": [0, 1], "score": 4002,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from labq.cli_reserve import answer_text
+from labq.render import answer_text
 from labq.terminal_text import escape_controls
 from tests.cli.hostile_lab import (
     ARCHIVED, COMMAND, ENV_VALUE, GPU_MODEL, NAME, NODE, RESERVATION, USER, WORKDIR, make_hostile, raw_controls,
