@@ -15,14 +15,12 @@ import csv
 import io
 import json
 import math
-import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Iterable
 from operator import itemgetter
 from pathlib import Path
 
-from labq.models.priority import PriorityClass, parse_priority, priority_name
+from labq.models.priority import priority_name
 from labq.sim.model import TraceJob, TraceReservation, Workload
 
 FORMATS = ("philly", "csv", "jsonl")
@@ -34,212 +32,13 @@ PHILLY_VC_NODES: dict[str, int] = {
     "6c71a0": 32, "2869ce": 16, "ed69ec": 8, "103959": 8, "0e4a51": 32,
 }
 
-JOB_KEYS = ("submit", "duration", "gpus", "user", "class", "preemptible", "time_limit", "vc", "reservation")
-_REQUIRED_JOB_KEYS = ("submit", "duration", "gpus")
-_NORMAL = int(PriorityClass.NORMAL)
-_TRUE = frozenset({"true", "1", "yes", "y"})
-_FALSE = frozenset({"false", "0", "no", "n"})
-_WHEN_EXAMPLES = "2017-10-01, 2017-10-01 08:00:00 or 2017-10-01T08:00:00+00:00"
+from labq.sim.trace_fields import (
+    JOB_KEYS, NORMAL, REQUIRED_JOB_KEYS, Row, TraceError, count, job_row, parse_when, philly_time, reservation,
+    seconds, show_time, trace_time,
+)
 
-#: A job before it is numbered: the TraceJob fields after ``id``, with ``submit`` still in Unix seconds
-#: (submit, duration, gpus, user, vc, priority, preemptible, time_limit_s, reservation).
-_Row = tuple[float, float, int, str, str, int, bool, float | None, str | None]
-
-
-class TraceError(ValueError):
-    """A trace that cannot be read as it is: says which file, which line and what is wrong."""
-
-    def __init__(self, path: str, line: int | None, what: str) -> None:
-        self.path, self.line, self.what = path, line, what
-        where = f"{path}, line {line}" if line is not None else path
-        super().__init__(f"{where}: {what}")
-
-
-# ---------------------------------------------------------------------------------------------- times
-
-
-def parse_when(text: str) -> float:
-    """The Unix time of an ISO 8601 date or date-time, for ``labq sim --from/--to``.
-
-    UTC unless the text carries an offset, so a window means the same jobs on every machine."""
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"empty date: use an ISO date or date-time such as {_WHEN_EXAMPLES}")
-    try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ValueError(
-            f"unreadable date {text!r}: use an ISO date or date-time such as {_WHEN_EXAMPLES} "
-            "(UTC unless it has an offset)"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
-
-
-def _trace_time(value: object, what: str) -> float:
-    """A time in a trace cell: Unix seconds, or an ISO 8601 date-time read as :func:`parse_when` reads it."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            try:
-                return parse_when(value)
-            except ValueError:
-                raise ValueError(
-                    f"{what} {value!r} is not a time: use Unix seconds or ISO 8601 such as {_WHEN_EXAMPLES}"
-                ) from None
-    else:
-        raise ValueError(f"{what} {value!r} is not a time: use Unix seconds or an ISO 8601 string")
-    if not math.isfinite(number):
-        raise ValueError(f"{what} {value!r} is not a finite time")
-    return number
-
-
-def _philly_time(text: str, hours: dict[str, float]) -> float:
-    """``2017-10-09 07:01:55`` (UTC) in Unix seconds, with each date and hour parsed once.
-
-    82,247 ``strptime`` calls take longer than the rest of the load; slicing off minutes and seconds
-    and caching the start of each hour keeps the whole Philly trace well under a second."""
-    if len(text) == 19 and text[13] == ":" and text[16] == ":" and text[14:16].isdigit() and text[17:].isdigit():
-        hour = hours.get(text[:13])
-        if hour is None:
-            try:
-                hour = hours[text[:13]] = parse_when(text[:13] + ":00:00")
-            except ValueError:
-                hour = None
-        minute, second = int(text[14:16]), int(text[17:19])
-        if hour is not None and minute < 60 and second < 60:
-            return hour + minute * 60 + second
-    return _trace_time(text, "timestamp")
-
-
-def _show_time(t: float) -> str:
-    """``2017-10-01 00:00 UTC``; with seconds only when there are some."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC" if t % 60 else "%Y-%m-%d %H:%M UTC", time.gmtime(t))
-
-
-# --------------------------------------------------------------------------------------------- values
-
-
-def _seconds(value: object, what: str) -> float:
-    """A duration or time limit: a finite number of seconds, zero allowed, never negative."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"{what} {value!r} is not a number of seconds")
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"{what} {value!r} is not a number of seconds") from None
-    if not math.isfinite(number):
-        raise ValueError(f"{what} {value!r} is not a finite number")
-    if number < 0:
-        raise ValueError(f"{what} {value!r} is negative")
-    return number
-
-
-def _count(value: object, what: str) -> int:
-    """A whole number such as a GPU count; ``"2"``, ``2`` and ``2.0`` are all 2."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"{what} {value!r} is not a whole number")
-    if isinstance(value, int):
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        pass
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"{what} {value!r} is not a whole number") from None
-    if not number.is_integer():
-        raise ValueError(f"{what} {value!r} is not a whole number")
-    return int(number)
-
-
-def _gpus(value: object) -> int:
-    gpus = _count(value, "gpus")
-    if gpus < 1:
-        raise ValueError(f"gpus {value!r} is less than 1: every job needs a GPU")
-    return gpus
-
-
-def _flag(value: object, what: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    word = str(value).strip().lower()
-    if word in _TRUE:
-        return True
-    if word in _FALSE:
-        return False
-    raise ValueError(f"{what} {value!r} is not true/false (or 1/0)")
-
-
-def _priority(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"class {value!r}: use low, normal, high, urgent or an integer")
-    try:
-        return parse_priority(value)
-    except ValueError as err:
-        raise ValueError(f"class: {err}") from None
-
-
-def _text(value: object, what: str) -> str:
-    if isinstance(value, (dict, list, bool)) or value is None:
-        raise ValueError(f"{what} {value!r} is not a name")
-    return str(value).strip()
-
-
-def _given(record: Mapping[str, object], key: str) -> bool:
-    """Whether an optional field is there: an empty CSV cell or a JSON null means the default."""
-    value = record.get(key)
-    return value is not None and not (isinstance(value, str) and not value.strip())
-
-
-def _job_row(record: Mapping[str, object]) -> _Row:
-    """One job of a generic CSV or JSON-lines trace; raises ValueError saying what is wrong."""
-    for key in _REQUIRED_JOB_KEYS:
-        if not _given(record, key):
-            raise ValueError(f"{key} is missing" if key not in record else f"{key} is empty")
-    user = _text(record["user"], "user") if _given(record, "user") else "user"
-    return (
-        _trace_time(record["submit"], "submit"),
-        _seconds(record["duration"], "duration"),
-        _gpus(record["gpus"]),
-        user,
-        _text(record["vc"], "vc") if _given(record, "vc") else "",
-        _priority(record["class"]) if _given(record, "class") else _NORMAL,
-        _flag(record["preemptible"], "preemptible") if _given(record, "preemptible") else True,
-        _seconds(record["time_limit"], "time_limit") if _given(record, "time_limit") else None,
-        _text(record["reservation"], "reservation") if _given(record, "reservation") else None,
-    )
-
-
-def _reservation(record: object) -> TraceReservation:
-    """A ``{"reservation": {...}}`` line, with its times still in Unix seconds."""
-    if not isinstance(record, dict):
-        raise ValueError("reservation must be an object with name, user, gpus, start and end")
-    for key in ("name", "user", "gpus", "start", "end"):
-        if not _given(record, key):
-            raise ValueError(f"reservation {key} is missing")
-    start = _trace_time(record["start"], "reservation start")
-    end = _trace_time(record["end"], "reservation end")
-    if end <= start:
-        raise ValueError("reservation end must be after its start")
-    booked = _trace_time(record["booked"], "reservation booked") if _given(record, "booked") else math.nan
-    users = record.get("users") or ()
-    if not isinstance(users, (list, tuple)):
-        raise ValueError(f"reservation users {users!r} must be a list of user names")
-    return TraceReservation(
-        name=_text(record["name"], "reservation name"),
-        user=_text(record["user"], "reservation user"),
-        gpus=_gpus(record["gpus"]),
-        start=start,
-        end=end,
-        booked=booked,
-        users=tuple(_text(u, "reservation user") for u in users),
-    )
-
+__all__ = ["FORMATS", "PHILLY_VC_NODES", "TraceError", "guess_format", "load_trace", "parse_when", "read_trace",
+           "to_jsonl"]
 
 # -------------------------------------------------------------------------------------------- formats
 
@@ -248,7 +47,7 @@ class _Parsed:
     """What a format parser found, before the window and virtual-cluster filters."""
 
     def __init__(self) -> None:
-        self.rows: list[_Row] = []
+        self.rows: list[Row] = []
         self.reservations: list[TraceReservation] = []
         self.epoch: float | None = None  #: a JSON-lines ``{"epoch": T}`` line
         self.notes: list[str] = []
@@ -270,7 +69,7 @@ def _parse_philly(lines: Iterable[str], name: str) -> _Parsed:
         if not fields:
             continue
         try:
-            submit = _philly_time(fields[i_time], hours)
+            submit = philly_time(fields[i_time], hours)
             duration, gpus = float(fields[i_duration]), int(fields[i_gpus])
             if not 0 <= duration < math.inf:
                 raise ValueError
@@ -285,7 +84,7 @@ def _parse_philly(lines: Iterable[str], name: str) -> _Parsed:
             no_gpu += 1
             continue
         cluster = fields[i_vc].strip()
-        rows.append((submit, duration, gpus, "vc-" + cluster, cluster, _NORMAL, True, None, None))
+        rows.append((submit, duration, gpus, "vc-" + cluster, cluster, NORMAL, True, None, None))
     if no_gpu:
         parsed.notes.append(f"dropped {_many(no_gpu, 'row')} with num_gpus 0")
     return parsed
@@ -297,8 +96,8 @@ def _philly_row(fields: list[str], header: list[str], hours: dict[str, float]) -
     if len(fields) < len(header):
         raise ValueError(f"{len(fields)} fields, expected {len(header)}")
     row = dict(zip(header, fields))
-    return (_philly_time(row["timestamp"], hours), _seconds(row["duration"], "duration"),
-            _count(row["num_gpus"], "num_gpus"))
+    return (philly_time(row["timestamp"], hours), seconds(row["duration"], "duration"),
+            count(row["num_gpus"], "num_gpus"))
 
 
 def _parse_csv(lines: Iterable[str], name: str) -> _Parsed:
@@ -306,7 +105,7 @@ def _parse_csv(lines: Iterable[str], name: str) -> _Parsed:
     parsed = _Parsed()
     reader = csv.reader(lines)
     header = [h.strip().lower() for h in next(reader, [])]
-    missing = [k for k in _REQUIRED_JOB_KEYS if k not in header]
+    missing = [k for k in REQUIRED_JOB_KEYS if k not in header]
     if missing:
         raise TraceError(name, 1, f"missing column(s) {', '.join(missing)}; the header is {header}")
     unknown = [h for h in header if h not in JOB_KEYS]
@@ -318,7 +117,7 @@ def _parse_csv(lines: Iterable[str], name: str) -> _Parsed:
         if len(fields) != len(header):
             raise TraceError(name, reader.line_num, f"{len(fields)} fields, expected {len(header)} as in the header")
         try:
-            parsed.rows.append(_job_row(dict(zip(header, fields))))
+            parsed.rows.append(job_row(dict(zip(header, fields))))
         except ValueError as err:
             raise TraceError(name, reader.line_num, str(err)) from None
     return parsed
@@ -341,11 +140,11 @@ def _parse_jsonl(lines: Iterable[str], name: str) -> _Parsed:
             raise TraceError(name, number, "expected a JSON object")
         try:
             if isinstance(record.get("reservation"), dict):
-                parsed.reservations.append(_reservation(record["reservation"]))
+                parsed.reservations.append(reservation(record["reservation"]))
             elif record.keys() == {"epoch"}:
-                parsed.epoch = _trace_time(record["epoch"], "epoch")
+                parsed.epoch = trace_time(record["epoch"], "epoch")
             else:
-                parsed.rows.append(_job_row(record))
+                parsed.rows.append(job_row(record))
                 unknown.update(k for k in record if k not in JOB_KEYS)
         except ValueError as err:
             raise TraceError(name, number, str(err)) from None
@@ -383,7 +182,7 @@ def read_trace(lines: list[str], fmt: str | None = None, *, name: str = "<trace>
     if fmt not in _PARSERS:
         raise ValueError(f"unknown trace format {fmt!r}: use {', '.join(FORMATS)}")
     if start is not None and end is not None and end <= start:
-        raise ValueError(f"the window ends ({_show_time(end)}) before it starts ({_show_time(start)})")
+        raise ValueError(f"the window ends ({show_time(end)}) before it starts ({show_time(start)})")
     parsed = _PARSERS[fmt](lines, name)
     notes = parsed.notes
     rows = parsed.rows
@@ -415,7 +214,7 @@ def load_trace(path: str | Path, fmt: str | None = None, *, start: float | None 
     return read_trace(lines, fmt, name=name, start=start, end=end, vc=vc)
 
 
-def _in_window(rows: list[_Row], start: float | None, end: float | None, notes: list[str]) -> list[_Row]:
+def _in_window(rows: list[Row], start: float | None, end: float | None, notes: list[str]) -> list[Row]:
     if start is None and end is None:
         return rows
     lo = -math.inf if start is None else start
@@ -426,7 +225,7 @@ def _in_window(rows: list[_Row], start: float | None, end: float | None, notes: 
     return kept
 
 
-def _in_vc(rows: list[_Row], every_row: list[_Row], vc: str, name: str, notes: list[str]) -> list[_Row]:
+def _in_vc(rows: list[Row], every_row: list[Row], vc: str, name: str, notes: list[str]) -> list[Row]:
     kept = [row for row in rows if row[4] == vc]
     if not kept and not any(row[4] == vc for row in every_row):
         clusters = sorted({row[4] for row in every_row if row[4]})
@@ -437,7 +236,7 @@ def _in_vc(rows: list[_Row], every_row: list[_Row], vc: str, name: str, notes: l
     return kept
 
 
-def _epoch(rows: list[_Row], parsed: _Parsed, start: float | None) -> float:
+def _epoch(rows: list[Row], parsed: _Parsed, start: float | None) -> float:
     """Virtual time 0: the window's start, else the trace's own epoch line, else the first job."""
     if start is not None:
         return start
@@ -481,10 +280,10 @@ def _many(count: int, thing: str) -> str:
 
 def _show_window(start: float | None, end: float | None) -> str:
     if start is None:
-        return f"the window before {_show_time(end)}" if end is not None else "the window"
+        return f"the window before {show_time(end)}" if end is not None else "the window"
     if end is None:
-        return f"the window from {_show_time(start)}"
-    return f"{_show_time(start)} to {_show_time(end)}"
+        return f"the window from {show_time(start)}"
+    return f"{show_time(start)} to {show_time(end)}"
 
 
 def _source(name: str, fmt: str, start: float | None, end: float | None, vc: str | None) -> str:
@@ -519,7 +318,7 @@ def to_jsonl(workload: Workload) -> str:
 def _job_record(job: TraceJob, epoch: float) -> dict[str, object]:
     record: dict[str, object] = {"submit": _number(epoch + job.submit), "duration": _number(job.duration),
                                  "gpus": job.gpus, "user": job.user}
-    if job.priority != _NORMAL:
+    if job.priority != NORMAL:
         record["class"] = priority_name(job.priority)
     if not job.preemptible:
         record["preemptible"] = False
