@@ -1,8 +1,9 @@
 """The one HTTP client of the leader's API (``labq/protocol/API.md``), for the CLI and the TUI.
 
-Only ``labq.wire`` (a socket-level HTTP/1.1 connection), ``json`` and ``urllib.parse``:
-``labq ls`` must start fast, so nothing here pulls in an HTTP stack. Every failure is an ``ApiError``:
-the leader's own error body when it answered, code ``unreachable`` when it did not.
+Requests go through a transport (``labq.transport``): by default a socket-level HTTP/1.1 connection
+(``labq.wire``), since ``labq ls`` must start fast and nothing here may pull in an HTTP stack; a test
+passes an app that answers in-process. Every failure is an ``ApiError``: the leader's own error body
+when it answered, code ``unreachable`` when it did not.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, urlencode, urlsplit
 
 from labq.protocol.errors import ApiError
-from labq.wire import Connection, Response, WireError
+from labq.transport import Request, Response, Transport, socket_transport
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,23 +34,24 @@ def normalize_url(url: str) -> str:
 class Client:
     """A user's view of the leader: one method per API call, JSON in, plain dicts out."""
 
-    def __init__(self, url: str, token: str, timeout: float = 30) -> None:
+    def __init__(self, url: str, token: str, timeout: float = 30, transport: Transport | None = None) -> None:
         self.url = normalize_url(url)
         try:
             parts = urlsplit(self.url)
-            self._host, self._port, self._prefix = parts.hostname, parts.port, parts.path
+            host, _ = parts.hostname, parts.port
         except ValueError:
-            self._host = None
-        if self._host is None or parts.scheme not in ("http", "https"):
+            host = None
+        if host is None or parts.scheme not in ("http", "https"):
             raise ApiError(0, "bad_credentials", f"{url!r} is not a leader address: use http://HOST:PORT")
-        self._https = parts.scheme == "https"
+        self.transport = transport or socket_transport  #: where requests go: a socket, or an app in-process
         self.token = token.strip()
         if not self.token.isprintable() or " " in self.token:
             raise ApiError(0, "bad_credentials", "the labq token has spaces or control characters in it")
         self.timeout = timeout
 
     @classmethod
-    def from_environment(cls, leader: str | None = None, timeout: float = 30) -> Client:
+    def from_environment(cls, leader: str | None = None, timeout: float = 30,
+                         transport: Transport | None = None) -> Client:
         """``$LABQ_LEADER``/``$LABQ_TOKEN``, else the credentials file; ``leader`` (``--leader``) wins."""
         env_token, env_leader = os.environ.get("LABQ_TOKEN"), os.environ.get("LABQ_LEADER")
         saved = {} if env_token and (leader or env_leader) else load_credentials()
@@ -59,7 +61,7 @@ class Client:
                 f"no labq token: set $LABQ_TOKEN or put `leader = ...` and `token = ...` in {credentials_path()}. "
                 "Ask an admin to run `labq admin user add YOUR_NAME`, or run `labq up` on your own workstation."))
         url = leader or env_leader or saved.get("leader") or DEFAULT_LEADER
-        return cls(str(url), str(token), timeout)
+        return cls(str(url), str(token), timeout, transport)
 
     # -- the API ----------------------------------------------------------------------------------
 
@@ -98,14 +100,14 @@ class Client:
     def logs(self, job_id: int, attempt: int | None = None, offset: int = 0) -> tuple[bytes, int, bool]:
         """Bytes from ``offset`` of an attempt's log, the offset to ask for next, and whether it has ended."""
         query = [("offset", offset)] + ([("attempt", attempt)] if attempt is not None else [])
-        conn, resp = self._send("GET", f"/v1/jobs/{int(job_id)}/logs", query)
+        resp = self._send("GET", f"/v1/jobs/{int(job_id)}/logs", query)
         try:
             data = self._read(resp)
-            header = resp.getheader("X-Labq-Offset") or ""
+            header = resp.header("X-Labq-Offset") or ""
             next_offset = int(header) if header.isdigit() else offset + len(data)
-            return data, next_offset, resp.getheader("X-Labq-Done") == "1"
+            return data, next_offset, resp.header("X-Labq-Done") == "1"
         finally:
-            conn.close()
+            resp.close()
 
     def reserve(self, body: dict) -> dict:
         """A booking's answer: ``accepted``, ``booked``, the pinned reservation or reasons and alternatives."""
@@ -137,33 +139,33 @@ class Client:
 
     def close_events(self) -> None:
         """End an ``events()`` stream read in another thread: its blocked read returns at once."""
-        conn = getattr(self, "_events_conn", None)
-        if conn is not None:
-            conn.interrupt()
+        resp = getattr(self, "_events_response", None)
+        if resp is not None:
+            resp.interrupt()
 
     def events(self, after: int | str | None = None) -> Iterator[dict]:
         """Events as ``{"id", "event", "data"}`` until the leader closes the stream.
 
         A caller that wants to go on reconnects with ``after=`` the last id it saw.
         """
-        conn, resp = self._send("GET", "/v1/events", [("after", after)] if after is not None else [],
-                                timeout=max(self.timeout, EVENTS_READ_TIMEOUT))
-        self._events_conn = conn
+        resp = self._send("GET", "/v1/events", [("after", after)] if after is not None else [],
+                          timeout=max(self.timeout, EVENTS_READ_TIMEOUT))
+        self._events_response = resp
         try:
             if resp.status >= 400:
                 self._read(resp)  # raises the leader's error
             yield from parse_event_stream(self._lines(resp))
         finally:
-            conn.close()
+            resp.close()
 
     # -- the wire ---------------------------------------------------------------------------------
 
     def _json(self, method: str, path: str, query: list | None = None, body: dict | None = None) -> dict:
-        conn, resp = self._send(method, path, query or [], body)
+        resp = self._send(method, path, query or [], body)
         try:
             data = self._read(resp)
         finally:
-            conn.close()
+            resp.close()
         try:
             answer = json.loads(data)
         except ValueError:
@@ -174,26 +176,23 @@ class Client:
         return answer
 
     def _send(self, method: str, path: str, query: list, body: dict | None = None,
-              timeout: float | None = None) -> tuple[Connection, Response]:
-        target = self._prefix + path + ("?" + urlencode(query) if query else "")
+              timeout: float | None = None) -> Response:
+        url = self.url + path + ("?" + urlencode(query) if query else "")
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        conn = Connection(self._host, self._port, timeout or self.timeout, https=self._https)
         try:
-            conn.request(method, target, body=payload, headers=headers)
-            return conn, conn.getresponse()
-        except (OSError, WireError) as err:
-            conn.close()
+            return self.transport(Request(method, url, headers, payload, timeout or self.timeout))
+        except OSError as err:  # labq.wire's WireError (a malformed answer) too
             raise self._unreachable(err) from None
 
     def _read(self, resp: Response) -> bytes:
         """The whole body; an error status becomes the leader's ``ApiError``."""
         try:
             data = resp.read()
-        except (OSError, WireError) as err:
+        except OSError as err:
             raise self._unreachable(err) from None
         if resp.status >= 400:
             try:
@@ -207,7 +206,7 @@ class Client:
         try:
             while line := resp.readline():
                 yield line
-        except (OSError, WireError) as err:
+        except OSError as err:
             raise self._unreachable(err) from None
 
     def _unreachable(self, err: BaseException) -> ApiError:

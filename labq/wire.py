@@ -1,4 +1,4 @@
-"""A minimal HTTP/1.1 connection over a socket, for the CLI's fast start.
+"""A minimal HTTP/1.1 connection over a socket, for the CLI's fast start (``labq.transport`` sends on it).
 
 ``http.client`` pulls in ``email`` and ``ssl`` (about 30 ms of imports), more than
 ``labq submit`` spends talking to the leader. The leader always answers with a
@@ -31,6 +31,11 @@ class Response:
                 break
             name, _, value = line.decode("latin-1").partition(":")
             self._headers[name.strip().lower()] = value.strip()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Every header, by lower-case name."""
+        return self._headers
 
     def getheader(self, name: str, default: str | None = None) -> str | None:
         return self._headers.get(name.lower(), default)

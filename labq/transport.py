@@ -1,0 +1,179 @@
+"""One HTTP seam: a ``Request``, a ``Response``, and a ``Transport`` that turns one into the other.
+
+httpx's ``handle_request`` idea: whatever in labq speaks HTTP to another labq process (the client of the
+CLI and the TUI, the agent's registration and syncs, the leader's fetch of a job's log from a node) builds
+a ``Request`` and hands it to a transport, a plain callable. ``socket_transport`` sends it over a socket
+(``labq.wire``: no ``http.client`` for plain HTTP). A server's side is the same shape: an *app* is a
+``Request -> Response`` function, ``labq.http_server.serve_app`` serves one on a socket, and
+``in_process(app)`` is a transport that calls it directly, for tests that need no socket.
+
+Plain classes, no ``dataclasses``, ``http.client`` or ``email``: the CLI imports this on every start.
+Network failures are ``OSError`` (``labq.wire.WireError`` for a malformed answer), as callers expect.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from typing import Protocol
+from urllib.parse import parse_qs, urlsplit
+
+from labq.protocol.errors import ApiError
+from labq.wire import Connection, WireError
+
+
+class Body(Protocol):
+    """A response's body as it arrives: the part of a binary file the callers use."""
+
+    def read(self) -> bytes: ...
+
+    def readline(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class Request:
+    """One HTTP request: ``url`` is absolute (``http://host:port/path?query``); ``timeout`` is per read."""
+
+    __slots__ = ("method", "url", "headers", "body", "timeout")
+
+    def __init__(self, method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None,
+                 timeout: float = 30.0) -> None:
+        self.method, self.url, self.headers, self.body, self.timeout = method, url, dict(headers or {}), body, timeout
+
+    def __repr__(self) -> str:
+        return f"Request({self.method!r}, {self.url!r})"
+
+    @property
+    def target(self) -> str:
+        """What goes on the request line: the path and query."""
+        parts = urlsplit(self.url)
+        return (parts.path or "/") + ("?" + parts.query if parts.query else "")
+
+    @property
+    def path(self) -> str:
+        return urlsplit(self.url).path or "/"
+
+    @property
+    def query(self) -> dict[str, list[str]]:
+        return parse_qs(urlsplit(self.url).query)
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        """A header by its name, in any case."""
+        wanted = name.lower()
+        return next((v for k, v in self.headers.items() if k.lower() == wanted), default)
+
+
+class Response:
+    """One HTTP answer: a status, headers (by lower-case name) and a body read once, possibly as it arrives.
+
+    ``close()`` when done; ``interrupt()``, from another thread, makes a blocked read return as at the end.
+    """
+
+    __slots__ = ("status", "headers", "_body")
+
+    def __init__(self, status: int, headers: dict[str, str] | None = None, body: bytes | Body = b"") -> None:
+        self.status = status
+        self.headers = {k.lower(): v for k, v in (headers or {}).items()}
+        self._body = io.BytesIO(body) if isinstance(body, bytes) else body
+
+    def __repr__(self) -> str:
+        return f"Response({self.status})"
+
+    @classmethod
+    def json(cls, status: int, doc: object, headers: dict[str, str] | None = None) -> Response:
+        payload = json.dumps(doc, separators=(",", ":")).encode()
+        return cls(status, {"Content-Type": "application/json", **(headers or {})}, payload)
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        return self.headers.get(name.lower(), default)
+
+    def read(self) -> bytes:
+        return self._body.read()
+
+    def readline(self) -> bytes:
+        return self._body.readline()
+
+    def close(self) -> None:
+        self._body.close()
+
+    def interrupt(self) -> None:
+        stop = getattr(self._body, "interrupt", None)
+        if stop is not None:
+            stop()
+
+
+Transport = Callable[[Request], Response]
+App = Callable[[Request], Response]  #: a server's side of the seam: what it answers to a request
+
+
+class _SocketBody:
+    """A response body on its connection, which closes with it."""
+
+    def __init__(self, conn: Connection, answer, https: bool) -> None:
+        self._conn, self._answer, self._https = conn, answer, https
+
+    def read(self) -> bytes:
+        try:
+            return self._answer.read()
+        except OSError:
+            raise
+        except Exception as err:
+            raise self._as_oserror(err)
+
+    def readline(self) -> bytes:
+        try:
+            return self._answer.readline()
+        except OSError:
+            raise
+        except Exception as err:
+            raise self._as_oserror(err)
+
+    def _as_oserror(self, err: Exception) -> Exception:
+        """``http.client``'s own errors (an ``https://`` answer cut short) as the ``OSError`` callers catch."""
+        if self._https:
+            import http.client
+
+            if isinstance(err, http.client.HTTPException):
+                return WireError(f"{type(err).__name__}: {err}")
+        return err
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def interrupt(self) -> None:
+        self._conn.interrupt()
+
+
+def socket_transport(request: Request) -> Response:
+    """Sends ``request`` on a new connection (``Connection: close``) and returns once the headers are in."""
+    parts = urlsplit(request.url)
+    https = parts.scheme == "https"
+    conn = Connection(parts.hostname or "", parts.port, request.timeout, https=https)
+    try:
+        conn.request(request.method, request.target, body=request.body, headers=request.headers)
+        answer = conn.getresponse()
+    except BaseException:
+        conn.close()
+        raise
+    headers = answer.headers if not https else {k.lower(): v for k, v in answer.getheaders()}
+    return Response(answer.status, headers, _SocketBody(conn, answer, https))
+
+
+def in_process(app: App, on_bug: Callable[[Request], object] | None = None) -> Transport:
+    """A transport that answers with ``app`` in this process, as a server would: an ``ApiError`` the app
+    raises becomes its JSON answer, any other exception a 500 (after ``on_bug(request)``, in the
+    ``except`` block: a server logs the traceback there)."""
+
+    def transport(request: Request) -> Response:
+        try:
+            return app(request)
+        except ApiError as err:
+            return Response.json(err.status, err.to_json())
+        except Exception as err:  # noqa: BLE001 - a bug in the app is its 500, as on a socket
+            if on_bug is not None:
+                on_bug(request)
+            return Response.json(500, ApiError(500, "internal", f"internal error: {type(err).__name__}").to_json())
+
+    return transport
