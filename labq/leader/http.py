@@ -11,17 +11,13 @@ only so many connections.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from labq import __version__
+from labq.http_server import JsonHandler, Server
 from labq.leader.core import Leader
 from labq.protocol import errors
 from labq.protocol.body import decode_body
@@ -34,95 +30,29 @@ DRAIN_LIMIT = 64 << 20  #: an oversized body up to this is read and dropped afte
 DRAIN_S = 30.0  #: and for at most this long
 MAX_QUERY_FIELDS = 2000
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
-#: the standard library's own refusals (a bad request line, headers too long) by labq's codes
-_STDLIB_CODES = {400: "bad_request", 408: "timeout", 413: "too_large", 414: "too_large", 431: "too_large",
-                 505: "http_version"}
 
 
-class LeaderServer(ThreadingHTTPServer):
-    """One thread a connection, at most ``max_connections_per_address`` of them from one address: a client that
-    opens connections and sends nothing (or very slowly) ties up only its own share."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128  #: the default listen backlog of 5 drops connections when many submit at once
+class LeaderServer(Server):
+    """The API on ``labq.http_server``'s server: its request time limit and connection cap from the config."""
 
     def __init__(self, leader: Leader, address: tuple[str, int]) -> None:
         self.leader = leader
-        self.request_timeout_s = leader.config.request_timeout_s
-        self.max_connections_per_address = leader.config.max_connections_per_address
-        self._open: dict[str, int] = {}
-        self._open_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def process_request(self, request, client_address) -> None:
-        host = client_address[0]
-        with self._open_lock:
-            count = self._open.get(host, 0)
-            if count < self.max_connections_per_address:
-                self._open[host] = count + 1
-        if count >= self.max_connections_per_address:
-            _refuse_busy(request, host, count)
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._closed(host)
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._closed(client_address[0])
-
-    def _closed(self, host: str) -> None:
-        with self._open_lock:
-            left = self._open.get(host, 1) - 1
-            if left > 0:
-                self._open[host] = left
-            else:
-                self._open.pop(host, None)
+        super().__init__(address, _Handler, request_timeout_s=leader.config.request_timeout_s,
+                         max_connections_per_address=leader.config.max_connections_per_address)
 
 
-def _refuse_busy(request, host: str, count: int) -> None:
-    """Answer 503 without a thread and without reading: the answer fits the socket's buffer, so this never
-    blocks the accepting thread."""
-    doc = ApiError(503, "busy", f"{count} connections from {host} are open already; close some and retry").to_json()
-    payload = json.dumps(doc).encode()
-    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}"
-            "\r\nRetry-After: 1\r\nConnection: close\r\n\r\n").encode()
-    try:
-        request.setblocking(False)
-        request.send(head + payload)
-    except OSError:
-        pass
-
-
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     """Every answer is JSON with a 4xx for what the client got wrong: routes, methods, bodies, the standard
     library's own refusals. Reading a request has a time limit (``leader.request_timeout``); writing the answer
     of a long poll or an event stream may take as long as it needs."""
 
     server: LeaderServer
-    protocol_version = "HTTP/1.1"
-    server_version = f"labq/{__version__}"
+    logger = log
 
     def setup(self) -> None:
-        self.timeout = self.server.request_timeout_s  # socketserver sets it on the socket: every recv and send
-        self._allow: str | None = None
+        self.allow = None
         self._unread = False
         super().setup()
-
-    def handle(self) -> None:
-        try:
-            super().handle()
-        except (ConnectionError, TimeoutError):  # the client went away or stalled mid-request: nothing to answer
-            self.close_connection = True
-
-    def log_message(self, fmt: str, *args) -> None:
-        log.debug("%s %s", self.address_string(), fmt % args)
 
     def __getattr__(self, name: str):
         """``do_METHOD`` for every method: the routes say which a path takes (405 with ``Allow`` for the others,
@@ -131,22 +61,12 @@ class _Handler(BaseHTTPRequestHandler):
             return lambda: self._dispatch(name[3:])
         raise AttributeError(name)
 
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """The standard library's refusals (a bad request line, headers too long), as JSON."""
-        self.close_connection = True
-        try:
-            phrase = HTTPStatus(code).phrase
-        except ValueError:
-            phrase = "error"
-        text = message or explain or phrase
-        self._json(code, ApiError(code, _STDLIB_CODES.get(code, "bad_request"), text).to_json())
-
     def handle_expect_100(self) -> bool:
         """``Expect: 100-continue`` with a body over the limit: 413 now, before the client sends it."""
         length = self.headers.get("Content-Length", "").strip()
         if _CONTENT_LENGTH.fullmatch(length) and int(length) > MAX_BODY_BYTES:
             self.close_connection = True
-            self._json(413, _too_large(int(length)).to_json())
+            self.send_json(413, _too_large(int(length)).to_json())
             return False
         return super().handle_expect_100()
 
@@ -158,24 +78,24 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             routed = self._route(method)
             if routed is None:
-                self._json(200, {"allow": self._allow.split(", ")})
+                self.send_json(200, {"allow": self.allow.split(", ")})
                 return
             handler, match = routed
             body = self._body() if method in ("POST", "PUT") else None
-            who = self.server.leader.authenticate(self._token())
+            who = self.server.leader.authenticate(self.bearer_token())
             args = (self, who, *match.groups())
             result = handler(*args, body) if method in ("POST", "PUT") else handler(*args)
             if result is not None:
                 status, doc = result
-                self._json(status, doc)
+                self.send_json(status, doc)
         except ApiError as err:
-            self._json(err.status, err.to_json())
+            self.send_json(err.status, err.to_json())
         except (ConnectionError, TimeoutError):
             self.close_connection = True
         except Exception as err:  # a bug: answer 500, keep serving
             log.exception("internal error on %s %s", method, self.path)
             self.close_connection = True
-            self._json(500, ApiError(500, "internal", f"internal error in the leader: {type(err).__name__}").to_json())
+            self.send_json(500, ApiError(500, "internal", f"internal error in the leader: {type(err).__name__}").to_json())
         finally:
             if self._unread:
                 self._drain()
@@ -192,19 +112,14 @@ class _Handler(BaseHTTPRequestHandler):
             raise errors.not_found(f"no such API path: {ascii(url.path)[1:-1][:200]} (see labq/protocol/API.md)")
         allowed = {m for m, _, _ in matches}
         allowed |= {"HEAD"} if any(m == "GET" and h not in _NO_HEAD for m, h, _ in matches) else set()
-        self._allow = ", ".join(sorted(allowed | {"OPTIONS"}))
+        self.allow = ", ".join(sorted(allowed | {"OPTIONS"}))
         if method == "OPTIONS":
             return None
         wanted = "GET" if method == "HEAD" else method
         chosen = [(handler, match) for m, handler, match in matches if m == wanted]
         if not chosen or method == "HEAD" and chosen[0][0] in _NO_HEAD:
-            raise ApiError(405, "method_not_allowed", f"{url.path} takes {self._allow}")
+            raise ApiError(405, "method_not_allowed", f"{url.path} takes {self.allow}")
         return chosen[0]
-
-    def _token(self) -> str | None:
-        header = self.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        return token.strip() if scheme.lower() == "bearer" else None
 
     def _body(self) -> object:
         """The request's JSON body, read within the time limit; the connection may carry another request only
@@ -250,23 +165,6 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         self._unread = False
         self.close_connection = True
-
-    def _json(self, status: int, doc: object) -> None:
-        """Sends ``doc`` as JSON; bytes are JSON already. A HEAD gets the headers only."""
-        payload = doc if isinstance(doc, bytes) else json.dumps(doc, separators=(",", ":")).encode()
-        if self.request_version not in ("HTTP/1.0", "HTTP/1.1"):  # a garbled request line: still a status line
-            self.request_version = "HTTP/1.0"
-            self.close_connection = True
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        if self._allow and (status == 405 or self.command == "OPTIONS"):
-            self.send_header("Allow", self._allow)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(payload)
 
     def arg(self, name: str) -> str | None:
         values = self.query.get(name)

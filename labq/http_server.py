@@ -1,0 +1,215 @@
+"""The one HTTP server of labq's daemons: the leader's API (``labq.leader.http``) and the agent's log server.
+
+The standard library's threading server, hardened the same way for both: reading a request has a time
+limit, one address may hold only so many connections (more are answered 503 without a thread), every
+refusal of the standard library's own is JSON, and tokens are compared in constant time.
+
+``JsonHandler`` is the base of a request handler; ``serve_app`` serves an *app*, a
+``labq.transport.Request -> Response`` function, which a test can also call in-process through
+``labq.transport.in_process``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from labq import __version__
+from labq.protocol.errors import ApiError
+from labq.transport import App, Request, in_process
+
+log = logging.getLogger("labq.http")
+REQUEST_TIMEOUT_S = 10.0  #: the defaults of ``serve_app``, as the leader's config has them
+MAX_CONNECTIONS_PER_ADDRESS = 128
+APP_MAX_BODY = 1 << 20  #: the largest request body ``serve_app`` reads
+#: the standard library's own refusals (a bad request line, headers too long) by labq's codes
+STDLIB_CODES = {400: "bad_request", 408: "timeout", 413: "too_large", 414: "too_large", 431: "too_large",
+                505: "http_version"}
+
+
+class Server(ThreadingHTTPServer):
+    """One thread a connection, at most ``max_connections_per_address`` of them from one address: a client that
+    opens connections and sends nothing (or very slowly) ties up only its own share."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128  #: the default listen backlog of 5 drops connections when many submit at once
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], *,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS) -> None:
+        self.request_timeout_s = request_timeout_s
+        self.max_connections_per_address = max_connections_per_address
+        self._open: dict[str, int] = {}
+        self._open_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address) -> None:
+        host = client_address[0]
+        with self._open_lock:
+            count = self._open.get(host, 0)
+            if count < self.max_connections_per_address:
+                self._open[host] = count + 1
+        if count >= self.max_connections_per_address:
+            _refuse_busy(request, host, count)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._closed(host)
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._closed(client_address[0])
+
+    def _closed(self, host: str) -> None:
+        with self._open_lock:
+            left = self._open.get(host, 1) - 1
+            if left > 0:
+                self._open[host] = left
+            else:
+                self._open.pop(host, None)
+
+
+def _refuse_busy(request, host: str, count: int) -> None:
+    """Answer 503 without a thread and without reading: the answer fits the socket's buffer, so this never
+    blocks the accepting thread."""
+    doc = ApiError(503, "busy", f"{count} connections from {host} are open already; close some and retry").to_json()
+    payload = json.dumps(doc).encode()
+    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}"
+            "\r\nRetry-After: 1\r\nConnection: close\r\n\r\n").encode()
+    try:
+        request.setblocking(False)
+        request.send(head + payload)
+    except OSError:
+        pass
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer ...`` header; None for none or another scheme."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def same_secret(given: str | None, expected: str | None) -> bool:
+    """Whether a token someone sent is the expected one, in time that does not tell how much of it matched."""
+    if not given or not expected:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode("utf-8", "surrogateescape"))
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A request handler whose refusals are JSON. Reading a request has the server's time limit (on every
+    recv and send: an answer that may take long, a long poll or an event stream, waits in its own code)."""
+
+    server: Server
+    protocol_version = "HTTP/1.1"
+    server_version = f"labq/{__version__}"
+    logger = log
+    allow: str | None = None  #: the path's methods, sent with a 405 and with an answer to OPTIONS
+
+    def setup(self) -> None:
+        self.timeout = self.server.request_timeout_s  # socketserver sets it on the socket: every recv and send
+        super().setup()
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (ConnectionError, TimeoutError):  # the client went away or stalled mid-request: nothing to answer
+            self.close_connection = True
+
+    def log_message(self, fmt: str, *args) -> None:
+        self.logger.debug("%s %s", self.address_string(), fmt % args)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's refusals (a bad request line, headers too long), as JSON."""
+        self.close_connection = True
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "error"
+        text = message or explain or phrase
+        self.send_json(code, ApiError(code, STDLIB_CODES.get(code, "bad_request"), text).to_json())
+
+    def bearer_token(self) -> str | None:
+        return bearer_token(self.headers.get("Authorization", ""))
+
+    def send_json(self, status: int, doc: object) -> None:
+        """Sends ``doc`` as JSON; bytes are JSON already."""
+        payload = doc if isinstance(doc, bytes) else json.dumps(doc, separators=(",", ":")).encode()
+        self.send_answer(status, {"Content-Type": "application/json"}, payload)
+
+    def send_answer(self, status: int, headers: dict[str, str], payload: bytes) -> None:
+        """A whole answer with its Content-Length; a HEAD gets the headers only."""
+        if self.request_version not in ("HTTP/1.0", "HTTP/1.1"):  # a garbled request line: still a status line
+            self.request_version = "HTTP/1.0"
+            self.close_connection = True
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(payload)))
+        if self.allow and (status == 405 or self.command == "OPTIONS"):
+            self.send_header("Allow", self.allow)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+
+class AppHandler(JsonHandler):
+    """Serves the server's ``app``: the request, its body read whole, as a ``Request``; the answer whole."""
+
+    server: AppServer
+
+    def _serve(self) -> None:
+        try:
+            body = self._body()
+        except ApiError as err:
+            self.close_connection = True
+            return self.send_json(err.status, err.to_json())
+        host, port = self.server.server_address[:2]
+        request = Request(self.command, f"http://{host}:{port}{self.path}", dict(self.headers.items()), body,
+                          self.server.request_timeout_s)
+        response = self.server.transport(request)
+        try:
+            payload = response.read()
+        finally:
+            response.close()
+        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "connection")}
+        self.send_answer(response.status, headers, payload)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _serve
+
+    def _body(self) -> bytes | None:
+        if "Transfer-Encoding" in self.headers:
+            raise ApiError(411, "length_required", "send the body with a Content-Length (no Transfer-Encoding)")
+        text = self.headers.get("Content-Length", "").strip()
+        if not text:
+            return None
+        if not text.isdigit() or int(text) > APP_MAX_BODY:
+            raise ApiError(413 if text.isdigit() else 400, "too_large" if text.isdigit() else "bad_request",
+                           f"Content-Length must be a number of bytes up to {APP_MAX_BODY}, not {ascii(text)[:40]}")
+        return self.rfile.read(int(text))
+
+
+class AppServer(Server):
+    def __init__(self, app: App, address: tuple[str, int], **limits) -> None:
+        self.app = app
+        self.transport = in_process(app, on_bug=lambda request: log.exception("internal error on %r", request))
+        super().__init__(address, AppHandler, **limits)
+
+
+def serve_app(app: App, address: tuple[str, int], *, request_timeout_s: float = REQUEST_TIMEOUT_S,
+              max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS) -> AppServer:
+    """Bind ``app``; the caller runs ``serve_forever`` (and ``shutdown`` and ``server_close`` to stop)."""
+    return AppServer(app, address, request_timeout_s=request_timeout_s,
+                     max_connections_per_address=max_connections_per_address)
