@@ -15,16 +15,13 @@ leader, which requeues only after a longer time, never has a job running twice.
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import os
 import signal
 import threading
 import time
-import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from labq import __version__
@@ -39,7 +36,9 @@ from labq.protocol.agents import (
     encode_registration, encode_sync,
 )
 from labq.protocol.errors import ApiError
+from labq.http_server import bearer_token, same_secret, serve_app
 from labq.protocol.identity import lab_of
+from labq.transport import Request, Response, Transport, socket_transport
 from labq.workers import Backoff, RetryLog, Supervisor
 
 log = logging.getLogger("labq.agent")
@@ -62,9 +61,10 @@ class AgentConfig:
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, inventory: GpuInventory) -> None:
+    def __init__(self, config: AgentConfig, inventory: GpuInventory, transport: Transport | None = None) -> None:
         self.config = config
         self.inventory = inventory
+        self.transport = transport or socket_transport  #: how requests reach the leader
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.runtime = Runtimes(config.state_dir, config.name, lab=lab_of(config.join_token))
         self.checkpoints = config.state_dir / "checkpoints"
@@ -83,7 +83,7 @@ class Agent:
         self._stop = threading.Event()
         self._reported_running: set[tuple[int, int]] = set()  #: as the leader last heard it
         self._kick = threading.Event()
-        self._logs = _LogServer(self, (config.logs_host, 0))
+        self._logs = serve_app(self.serve_log, (config.logs_host, 0))
         self.workers = Supervisor()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -124,17 +124,13 @@ class Agent:
     # -- talking to the leader -------------------------------------------------------------
 
     def _request(self, path: str, body: dict, token: str, timeout: float) -> dict:
-        parts = urllib.parse.urlsplit(self.config.leader)
-        conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
-        payload = json.dumps(body).encode()
+        response = self.transport(Request("POST", self.config.leader.rstrip("/") + path, {
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json"}, json.dumps(body).encode(),
+            timeout))
         try:
-            conn.request("POST", path, body=payload, headers={
-                "Authorization": f"Bearer {token}", "Content-Type": "application/json",
-                "Content-Length": str(len(payload))})
-            response = conn.getresponse()
             data = json.loads(response.read() or b"null")
         finally:
-            conn.close()
+            response.close()
         if response.status != 200:
             raise ApiError.from_json(response.status, data)
         return data
@@ -248,6 +244,32 @@ class Agent:
     def _checkpoint_at(self, status) -> float | None:
         at = self.notes.get(status.job_id, status.attempt).checkpoint_at()
         return at if at is not None and at >= status.started_at else None
+
+    # -- serving job logs to the leader -----------------------------------------------------
+
+    def serve_log(self, request: Request) -> Response:
+        """The log server's one route, ``GET /v1/logs/JOB/ATTEMPT?offset=N`` with the leader's logs token:
+        up to ``LOG_CHUNK`` bytes from the offset, the next offset, and whether the log has ended."""
+        if not same_secret(bearer_token(request.header("Authorization")), self.logs_token):
+            return Response(401, body=b"unknown token")
+        parts = request.path.strip("/").split("/")
+        if len(parts) != 4 or parts[:2] != ["v1", "logs"] or not parts[2].isdigit() or not parts[3].isdigit():
+            return Response(404, body=b"no such path")
+        if request.method != "GET":
+            return Response(405, {"Allow": "GET"}, b"the log server takes GET")
+        job_id, attempt = int(parts[2]), int(parts[3])
+        offset_text = request.query.get("offset", ["0"])[-1] or "0"
+        if not offset_text.isdigit() or len(offset_text) > 18:
+            return Response(400, body=b"offset must be a whole number of bytes")
+        offset = int(offset_text)
+        running = any(s.job_id == job_id and s.attempt == attempt and s.state is AttemptState.RUNNING
+                      for s in self.runtime.attempts())
+        try:
+            data = self.runtime.read_log(job_id, attempt, offset, LOG_CHUNK)
+        except KeyError:
+            return Response(404, body=b"no such log")
+        done = not running and len(data) < LOG_CHUNK  # checked before reading: nothing written after
+        return Response(200, {"X-Labq-Offset": str(offset + len(data)), "X-Labq-Done": "1" if done else "0"}, data)
 
     # -- doing what the leader says --------------------------------------------------------
 
@@ -400,53 +422,3 @@ def _own_checkpoint_folder(folder: Path, user: str | None) -> None:
         else:
             os.chown(folder, entry.pw_uid, entry.pw_gid)
     os.chmod(folder, 0o700)
-
-
-class _LogServer(ThreadingHTTPServer):
-    """Serves job logs to the leader, which passes them on to people."""
-
-    daemon_threads = True
-
-    def __init__(self, agent: Agent, address: tuple[str, int]) -> None:
-        self.agent = agent
-        super().__init__(address, _LogHandler)
-
-
-class _LogHandler(BaseHTTPRequestHandler):
-    server: _LogServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, fmt: str, *args) -> None:
-        log.debug(fmt, *args)
-
-    def do_GET(self) -> None:
-        agent = self.server.agent
-        url = urllib.parse.urlsplit(self.path)
-        parts = url.path.strip("/").split("/")
-        token = self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        if not agent.logs_token or token != agent.logs_token:
-            return self._answer(401, b"unknown token")
-        if len(parts) != 4 or parts[:2] != ["v1", "logs"] or not parts[2].isdigit() or not parts[3].isdigit():
-            return self._answer(404, b"no such path")
-        job_id, attempt = int(parts[2]), int(parts[3])
-        query = urllib.parse.parse_qs(url.query)
-        offset_text = query.get("offset", ["0"])[-1] or "0"
-        if not offset_text.isdigit() or len(offset_text) > 18:
-            return self._answer(400, b"offset must be a whole number of bytes")
-        offset = int(offset_text)
-        running = any(s.job_id == job_id and s.attempt == attempt and s.state is AttemptState.RUNNING
-                      for s in agent.runtime.attempts())
-        try:
-            data = agent.runtime.read_log(job_id, attempt, offset, LOG_CHUNK)
-        except KeyError:
-            return self._answer(404, b"no such log")
-        done = not running and len(data) < LOG_CHUNK  # checked before reading: nothing written after
-        self._answer(200, data, {"X-Labq-Offset": str(offset + len(data)), "X-Labq-Done": "1" if done else "0"})
-
-    def _answer(self, status: int, body: bytes, headers: dict | None = None) -> None:
-        self.send_response(status)
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)

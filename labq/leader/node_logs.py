@@ -2,29 +2,30 @@
 
 from __future__ import annotations
 
-import http.client
-import urllib.parse
-
 from labq.protocol import errors
+from labq.transport import Request, Transport, socket_transport
+
+FETCH_TIMEOUT_S = 10.0
 
 
-def fetch_log(url: str, token: str | None, job_id: int, attempt: int, offset: int) -> tuple[bytes, int, bool]:
-    parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+def fetch_log(url: str, token: str | None, job_id: int, attempt: int, offset: int,
+              transport: Transport = socket_transport) -> tuple[bytes, int, bool]:
+    """Bytes from ``offset`` of an attempt's log on the agent at ``url``, the next offset, and whether it ended."""
+    request = Request("GET", f"{url.rstrip('/')}/v1/logs/{job_id}/{attempt}?offset={offset}",
+                      {"Authorization": f"Bearer {token}"}, timeout=FETCH_TIMEOUT_S)
     try:
-        conn.request("GET", f"{parts.path.rstrip('/')}/v1/logs/{job_id}/{attempt}?offset={offset}",
-                     headers={"Authorization": f"Bearer {token}"})
-        response = conn.getresponse()
-        data = response.read()
+        response = transport(request)
+        try:
+            data = response.read()
+        finally:
+            response.close()
         if response.status == 404:
             raise errors.not_found(f"the node has no log for job {job_id} attempt {attempt}")
         if response.status != 200:
             raise errors.unavailable(f"the node answered {response.status} for the log")
-        return data, int(response.getheader("X-Labq-Offset", offset + len(data))), \
-            response.getheader("X-Labq-Done") == "1"
+        return data, int(response.header("X-Labq-Offset", offset + len(data))), \
+            response.header("X-Labq-Done") == "1"
     except ValueError:
         raise errors.unavailable("the node answered the log with a bad X-Labq-Offset") from None
     except OSError as err:
         raise errors.unavailable(f"cannot reach the node for the log: {err}") from None
-    finally:
-        conn.close()
