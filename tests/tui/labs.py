@@ -1,5 +1,5 @@
-"""What the TUI tests share: a real lab to drive the app against, a canned leader for snapshots,
-and bounded waits.
+"""What the TUI tests share: a real lab to drive the app against, a canned leader (answered in-process)
+for snapshots, and bounded waits.
 
 The fixtures (``lab``, ``own_lab``, ``canned_leader``) reach the test modules through ``conftest.py``.
 """
@@ -11,13 +11,12 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from labq.client import Client, load_credentials
+from labq.transport import Request, Response, Transport, socket_transport
 from labq.tui.app import LabqApp, make_app
 from tests.e2e.conftest import Lab
 
@@ -57,7 +56,7 @@ class TuiLab(Lab):
         feed = FeedWatch()
 
         def client_factory() -> Client:
-            return WatchedClient(self.url, token or self.token, watch=feed)
+            return Client(self.url, token or self.token, transport=feed.watching(socket_transport))
 
         app = make_app(client_factory=client_factory, readonly=readonly)
         app.feed_watch = feed
@@ -92,24 +91,20 @@ class FeedWatch:
         self.full_loads = 0
         self.subscribed = threading.Event()
 
+    def watching(self, transport: Transport) -> Transport:
+        """``transport``, telling this watch what goes through it."""
 
-class WatchedClient(Client):
-    def __init__(self, *args, watch: FeedWatch, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.watch = watch
+        def watched(request: Request) -> Response:
+            query = request.query
+            if request.path == "/v1/jobs" and query.get("pending") == ["1"] and "id" not in query:
+                self.full_loads += 1  # the whole queue, as Client.queue() with no ids asks for it
+            answer = transport(request)
+            if request.path == "/v1/events":
+                # the leader has taken the stream's starting point once its headers are here
+                self.subscribed.set()
+            return answer
 
-    def queue(self, ids=()):
-        ids = list(ids)
-        if not ids:
-            self.watch.full_loads += 1
-        return super().queue(ids)
-
-    def _send(self, method, path, *args, **kwargs):
-        answer = super()._send(method, path, *args, **kwargs)
-        if path == "/v1/events":
-            # the leader has taken the stream's starting point once its headers are here
-            self.watch.subscribed.set()
-        return answer
+        return watched
 
 
 @pytest.fixture(scope="module")
@@ -178,62 +173,27 @@ async def point_at(pilot, job_id: int) -> None:
 # -- a canned leader, for snapshots -------------------------------------------------------------------
 
 class CannedLeader:
-    """A real HTTP server on loopback that answers the TUI's requests from ``data/lab.json``.
+    """The leader as an app the TUI's client calls in-process (``labq.transport``), answering from
+    ``data/lab.json``.
 
     ``/v1/events`` stays open and sends only keepalives, as a quiet leader does, until ``close()``.
     """
+
+    url = "http://canned-leader.invalid:7733"  #: never resolved: requests go to ``__call__``
 
     def __init__(self, state: dict) -> None:
         self.state = state
         self.requests: list[str] = []
         self.closing = threading.Event()
-        leader = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:  # noqa: N802 - the http.server name
-                url = urlsplit(self.path)
-                leader.requests.append(url.path)
-                if url.path == "/v1/events":
-                    return self._events()
-                body = leader.answer(url.path, parse_qs(url.query))
-                if body is None:
-                    return self._send(404, {"error": {"code": "not_found", "message": f"no route {url.path}"}})
-                self._send(200, body)
-
-            def _send(self, status: int, doc: dict) -> None:
-                data = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(data)
-                self.close_connection = True
-
-            def _events(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.close_connection = True
-                try:
-                    while True:
-                        self.wfile.write(b": keepalive\n\n")
-                        self.wfile.flush()
-                        if leader.closing.wait(1):
-                            return
-                except OSError:
-                    return
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, name="canned-leader", daemon=True)
-        self.thread.start()
+    def __call__(self, request: Request) -> Response:
+        self.requests.append(request.path)
+        if request.path == "/v1/events":
+            return Response(200, {"Content-Type": "text/event-stream"}, Keepalives(self.closing))
+        body = self.answer(request.path, request.query)
+        if body is None:
+            return Response.json(404, {"error": {"code": "not_found", "message": f"no route {request.path}"}})
+        return Response.json(200, body)
 
     def answer(self, path: str, query: dict) -> dict | None:
         state = self.state
@@ -251,13 +211,39 @@ class CannedLeader:
         return None
 
     def app(self) -> LabqApp:
-        return make_app(client_factory=lambda: Client(self.url, "canned-token"), clock=lambda: self.state["now"])
+        return make_app(client_factory=lambda: Client(self.url, "canned-token", transport=self),
+                        clock=lambda: self.state["now"])
 
     def close(self) -> None:
         self.closing.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
+
+
+class Keepalives:
+    """An event stream's body: a keepalive now and then once a second, until the leader closes or the reader
+    closes or interrupts it."""
+
+    def __init__(self, closing: threading.Event) -> None:
+        self.closing, self.ended = closing, threading.Event()
+        self.first = True
+        self.queued: list[bytes] = []
+
+    def readline(self) -> bytes:
+        if not self.queued:
+            if not self.first:
+                self.ended.wait(1)
+            self.first = False
+            if self.ended.is_set() or self.closing.is_set():
+                return b""
+            self.queued = [b"\n", b": keepalive\n"]
+        return self.queued.pop()
+
+    def read(self) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        self.ended.set()
+
+    interrupt = close
 
 
 @pytest.fixture
