@@ -254,8 +254,8 @@ def bench_commands(lab: Lab, ids: list[int]) -> dict:
 
 
 def import_profile() -> list[str]:
-    """The 5 largest cumulative times in ``python -X importtime -c "import labq.cli_jobs"``."""
-    err = subprocess.run([sys.executable, "-X", "importtime", "-c", "import labq.cli_jobs"], capture_output=True,
+    """The 5 largest cumulative times in ``python -X importtime -c "import labq.cli.jobs"``."""
+    err = subprocess.run([sys.executable, "-X", "importtime", "-c", "import labq.cli.jobs"], capture_output=True,
                          text=True).stderr
     rows = [(int(c), n.strip()) for c, n in re.findall(r"import time:\s+\d+ \|\s+(\d+) \|(.*)", err)]
     return [f"{c / 1000:7.1f} ms  {name}" for c, name in sorted(rows, reverse=True)[:5]]
@@ -336,7 +336,7 @@ def print_table(fig: dict, imports: list[str]) -> None:
     print_figures(f"labq latency benchmark (Python {fig['python']}, {fig['cpus']} CPUs, agent {fig['gpus']}, "
                   f"{fig['wall_s']:.0f} s)", fig, targets,
                   skip=("python", "cpus", "gpus", "goals_met", "wall_s", "problems"), digits=1)
-    print("\nslowest imports of labq.cli_jobs (cumulative, one run; a diagnostic):\n  " + "\n  ".join(imports))
+    print("\nslowest imports of labq.cli.jobs (cumulative, one run; a diagnostic):\n  " + "\n  ".join(imports))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,16 +28,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from labq.cli import _parser
-from labq.cli_jobs import (
-    FINISHED,
-    STATES,
-    UsageError,
-    build_submit_body,
-    exit_code,
-    parse_duration,
-    parse_ids,
-    parse_size_mib,
-)
+from labq.cli.common import parse_duration, parse_ids, parse_size_mib
+from labq.cli.errors import CliError, exit_code
+from labq.cli.jobs import FINISHED, STATES, build_submit_body
 from labq.client import Client, credentials_path, load_credentials, parse_event_stream, save_credentials
 from labq.models import JobState, Node
 from labq.protocol.codec import encode_job, encode_node
@@ -61,14 +54,14 @@ def test_durations(text, seconds):
 
 @pytest.mark.parametrize("text", ["3 hours", "90", "", "h", "1:30", "1:60:00", "2x", "-5m", "1h-30m"])
 def test_a_bad_duration_says_what_works(text):
-    with pytest.raises(UsageError, match=r"--time: .* is not a duration: use 90m, 2h, 1d or H:MM:SS"):
+    with pytest.raises(CliError, match=r"--time: .* is not a duration: use 90m, 2h, 1d or H:MM:SS"):
         parse_duration(text)
 
 
 def test_grace_takes_bare_seconds_but_time_does_not():
     assert parse_duration("60", "--grace", bare_seconds=True) == 60
     assert parse_duration("2m", "--grace", bare_seconds=True) == 120
-    with pytest.raises(UsageError, match="--grace: 'soon'"):
+    with pytest.raises(CliError, match="--grace: 'soon'"):
         parse_duration("soon", "--grace", bare_seconds=True)
 
 
@@ -82,13 +75,13 @@ def test_sizes_in_mib(text, mib):
 
 @pytest.mark.parametrize("text", ["forty", "40X", "G", "", "-1G", "40 gigs"])
 def test_a_bad_size_says_what_works(text):
-    with pytest.raises(UsageError, match="--gpu-mem: .* is not a size: use 40G, 24GiB or 8000M"):
+    with pytest.raises(CliError, match="--gpu-mem: .* is not a size: use 40G, 24GiB or 8000M"):
         parse_size_mib(text)
 
 
 def test_job_ids_take_spaces_and_commas():
     assert parse_ids(["12", "13,14"]) == [12, 13, 14]
-    with pytest.raises(UsageError, match="'x' is not a job id"):
+    with pytest.raises(CliError, match="'x' is not a job id"):
         parse_ids(["12,x"])
 
 
@@ -146,7 +139,7 @@ def test_submit_sends_only_what_was_chosen():
     (["--checkpoint-signal", "KILL", "--", "x"], "not a signal a job can catch"),
 ])
 def test_bad_submit_arguments_are_refused_before_any_request(argv, words):
-    with pytest.raises(UsageError, match=words):
+    with pytest.raises(CliError, match=words):
         submit_body(*argv)
 
 
@@ -580,7 +573,7 @@ def loaded_after(code: str) -> list[str]:
 
 
 def test_importing_the_job_commands_loads_no_network_or_ui_library():
-    assert loaded_after("import labq.cli_jobs") == []
+    assert loaded_after("import labq.cli.jobs") == []
 
 
 def test_submit_help_loads_neither_textual_nor_rich():
@@ -629,7 +622,7 @@ def test_container_jobs_map_image_mounts_and_shared_memory():
     (("--image", "x", "--mount", "/a:/b:rx", "--", "true"), "use HOST_PATH:CONTAINER_PATH"),
 ])
 def test_bad_container_options_are_named(args, words):
-    with pytest.raises(UsageError, match=words):
+    with pytest.raises(CliError, match=words):
         submit_body(*args)
 
 
@@ -657,7 +650,7 @@ BERLIN_FRIDAY_8AM = 1795762800.0  # Fri 27 Nov 2026 08:00 CET
 
 
 def test_reserve_reads_times_in_the_users_zone():
-    from labq.cli_reserve import build_reserve_body
+    from labq.cli.reserve import build_reserve_body
 
     body = build_reserve_body(reserve_args("--gpus", "4", "--start", "fri 09:00", "--for", "48h", "--name", "paper",
                                            "--users", "alice,bob", "--min-gpu-mem", "40G"),
@@ -680,10 +673,9 @@ def test_reserve_reads_times_in_the_users_zone():
     (["--gpus", "2", "--start", "fri 10:00", "--end", "fri 09:00"], "--end must be after --start"),
 ])
 def test_reserve_mistakes_are_named(argv, words):
-    from labq.cli_jobs import UsageError
-    from labq.cli_reserve import build_reserve_body
+    from labq.cli.reserve import build_reserve_body
 
-    with pytest.raises(UsageError, match=re.escape(words)):
+    with pytest.raises(CliError, match=re.escape(words)):
         build_reserve_body(reserve_args(*argv), BERLIN_FRIDAY_8AM, "Europe/Berlin")
 
 

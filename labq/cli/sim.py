@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from labq.cli_jobs import UsageError, _command
+from labq.cli.common import command
+from labq.cli.errors import CliError
 
 EXAMPLES = """\
   labq sim --generate --cluster 4xsim:dgx1                       a typical lab, two weeks
@@ -25,14 +26,14 @@ trace formats (--format, else guessed):
 """
 
 
-def add_sim_command(sub: argparse._SubParsersAction) -> None:
-    p = _command(sub, "sim", "replay a workload through the scheduler on a virtual clock",
-                 "Answer 'what if' questions before changing the lab: replay a real cluster trace, or a "
-                 "generated lab workload, through the same scheduling code the leader runs (policy labq), or "
-                 "through plain FIFO or shortest-job-first for comparison, on simulated nodes and a virtual "
-                 "clock that jumps from event to event. Reports queueing delay, job completion time (JCT), "
-                 "makespan, GPU utilization and preemptions, overall, per class and per user.",
-                 EXAMPLES, _sim, [])
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = command(sub, "sim", "replay a workload through the scheduler on a virtual clock",
+                "Answer 'what if' questions before changing the lab: replay a real cluster trace, or a "
+                "generated lab workload, through the same scheduling code the leader runs (policy labq), or "
+                "through plain FIFO or shortest-job-first for comparison, on simulated nodes and a virtual "
+                "clock that jumps from event to event. Reports queueing delay, job completion time (JCT), "
+                "makespan, GPU utilization and preemptions, overall, per class and per user.",
+                EXAMPLES, _sim, [])
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", metavar="FILE", help="a trace to replay")
     source.add_argument("--generate", action="store_true", help="generate a typical lab's workload (see --seed)")
@@ -71,14 +72,14 @@ def _sim(args: argparse.Namespace) -> int:
     policies = [p.strip().lower() for p in args.policy.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
-        raise UsageError(f"unknown policy {', '.join(unknown) or '(none)'}: choose from {', '.join(POLICIES)}")
+        raise CliError(f"unknown policy {', '.join(unknown) or '(none)'}: choose from {', '.join(POLICIES)}")
     try:
         nodes = parse_cluster(args.cluster)
         options = SimOptions(checkpoint_every_s=parse_duration(args.checkpoint_every, bare_seconds=True),
                              grace_s=parse_duration(args.grace, bare_seconds=True),
                              min_runtime_s=parse_duration(args.min_runtime, bare_seconds=True))
     except ValueError as err:
-        raise UsageError(str(err)) from None
+        raise CliError(str(err)) from None
     workload, notes, meta = _workload(args, sum(n.gpu_count for n in nodes))
     if args.classes:
         workload = _reclassed(workload, args.classes)
@@ -91,7 +92,7 @@ def _sim(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"labq sim: {note}", file=sys.stderr)
     if not workload.jobs:
-        raise UsageError("no jobs to simulate: check --from/--to/--vc against the trace")
+        raise CliError("no jobs to simulate: check --from/--to/--vc against the trace")
     results = []
     for policy in policies:
         result = simulate(workload, nodes, policy, cluster=args.cluster, options=options,
@@ -113,9 +114,9 @@ def _workload(args: argparse.Namespace, gpus: int):
 
         for name in ("days", "users"):
             if getattr(args, name) < 1:
-                raise UsageError(f"--{name} must be 1 or more")
+                raise CliError(f"--{name} must be 1 or more")
         if not 0 < args.load <= 10:
-            raise UsageError("--load is a share of the GPUs: between 0 and 10, e.g. 0.8")
+            raise CliError("--load is a share of the GPUs: between 0 and 10, e.g. 0.8")
         workload = generate(seed=args.seed, days=args.days, users=args.users, gpus=gpus, load=args.load)
         return workload, [], {"workload": f"generated: seed {args.seed}, {args.days} days, {args.users} users, "
                                           f"load {args.load:g}"}
@@ -125,16 +126,16 @@ def _workload(args: argparse.Namespace, gpus: int):
         start = parse_when(args.start) if args.start else None
         end = parse_when(args.end) if args.end else None
     except ValueError as err:
-        raise UsageError(str(err)) from None
+        raise CliError(str(err)) from None
     if start is not None and end is not None and end <= start:
-        raise UsageError("--to must come after --from")
+        raise CliError("--to must come after --from")
     path = Path(args.trace)
     if not path.is_file():
-        raise UsageError(f"no trace file {path}")
+        raise CliError(f"no trace file {path}")
     try:
         workload, notes = load_trace(path, args.format, start=start, end=end, vc=args.vc)
     except TraceError as err:
-        raise UsageError(str(err)) from None
+        raise CliError(str(err)) from None
     meta = {"workload": f"trace {path.name}", "from": args.start, "to": args.end, "vc": args.vc}
     return workload, list(notes), {k: v for k, v in meta.items() if v is not None}
 
@@ -149,11 +150,11 @@ def _reclassed(workload, rules: list[str]):
     for rule in rules:
         user, sep, name = rule.partition("=")
         if not sep or not user.strip():
-            raise UsageError(f"--class {rule!r}: write USER=CLASS, e.g. ana=low or '*=normal'")
+            raise CliError(f"--class {rule!r}: write USER=CLASS, e.g. ana=low or '*=normal'")
         try:
             classes[user.strip()] = parse_priority(name.strip())
         except ValueError as err:
-            raise UsageError(f"--class {rule!r}: {err}") from None
+            raise CliError(f"--class {rule!r}: {err}") from None
 
     def priority(job) -> int:
         return classes.get(job.user, classes.get("*", job.priority))
@@ -199,7 +200,7 @@ def _print(args: argparse.Namespace, results: list) -> int:
                 png_plot(result.samples, result.gpus, path, title=f"{result.policy} on {result.cluster}",
                          epoch=result.epoch)
             except RuntimeError as err:
-                raise UsageError(str(err)) from None
+                raise CliError(str(err)) from None
             print(f"labq sim: drew {path}", file=sys.stderr)
     if args.json:
         doc = report_json(reports[0]) if len(reports) == 1 else {"reports": [report_json(r) for r in reports]}

@@ -8,7 +8,8 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from labq.cli_paths import path_arg
+from labq.cli.common import path_arg
+from labq.cli.errors import CliError
 from labq.terminal_text import escape_controls
 
 if TYPE_CHECKING:
@@ -98,7 +99,6 @@ def _agent_options(parser) -> None:
 
 
 def _config(args):
-    from labq.cli import CliError
     from labq.leader.config import ConfigError, load_config
 
     overrides = {}
@@ -117,7 +117,6 @@ def _config(args):
 
 def _start(args):
     """Start the leader for ``leader`` and ``up``; save the first admin's credentials."""
-    from labq.cli import CliError
     from labq.client import save_credentials
     from labq.leader.main import StartError, configure_logging, recover_first, start_leader
 
@@ -158,7 +157,6 @@ def _first_admin(args, config) -> FirstAdmin | None:
     before anything is created; None keeps the account that runs the leader."""
     import pwd
 
-    from labq.cli import CliError
     from labq.store.tinydb_store import DB_NAME
 
     name = getattr(args, "admin", None)
@@ -186,8 +184,6 @@ def _first_admin(args, config) -> FirstAdmin | None:
 
 
 def _confirm(text: str, yes: bool) -> bool:
-    from labq.cli import CliError
-
     print(text, file=sys.stderr)
     if yes:
         return True
@@ -216,7 +212,6 @@ def _leader(args) -> int:
 def _open_agent(args, leader_url: str, join_token: str, data_dir: Path):
     from labq.agent.daemon import Agent, AgentConfig
     from labq.agent.inventory import NoGpuFound, open_inventory
-    from labq.cli import CliError
 
     _node_name(args)
     try:
@@ -239,7 +234,6 @@ def _node_name(args) -> str:
     """``--name``, by default the host name; checked by the lab's one rule for names before anything starts."""
     import socket
 
-    from labq.cli import CliError
     from labq.protocol.names import name_problem
 
     args.name = args.name or socket.gethostname().split(".")[0]
@@ -250,7 +244,6 @@ def _node_name(args) -> str:
 
 
 def _agent(args) -> int:
-    from labq.cli import CliError
     from labq.leader.main import configure_logging
     from labq.paths import default_data_dir
 
@@ -278,7 +271,6 @@ def _agent(args) -> int:
 def _first_registration(agent, leader_url: str) -> None:
     """A refusal (a wrong join token, a bad name) stops the agent with why; a leader that cannot be reached
     yet does not: the agent starts and its sync loop registers as soon as the leader answers."""
-    from labq.cli import CliError
     from labq.protocol.errors import ApiError
 
     try:
@@ -295,7 +287,6 @@ def _first_registration(agent, leader_url: str) -> None:
 
 def _find_leader(join_token: str) -> str:
     """No --leader: the leader of this lab (the one whose cluster id the join token gives), over mDNS."""
-    from labq.cli import CliError
     from labq.discovery import DiscoveryError, find_leaders, pick_leader
     from labq.protocol.identity import lab_of
 
@@ -323,7 +314,6 @@ def _advertise_agent(agent, join_token: str):
 
 
 def _up(args) -> int:
-    from labq.cli import CliError
     from labq.leader.main import join_token_path
 
     _node_name(args)

@@ -1,65 +1,14 @@
-"""The ``labq`` command. Thin: parse, call one function, print.
-
-Imports stay lazy so that ``labq`` starts fast and never loads the TUI's
-libraries for a plain command.
-"""
+"""``labq topo``, ``labq place`` and ``labq checkpoint``: tools that need no leader."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from collections.abc import Sequence
-
-EPILOG = """\
-examples:
-  labq submit --gpus 2 -- python train.py   queue a 2-GPU job
-  labq ls                                your jobs; `labq why ID` says why one waits
-  labq logs -f 12                        follow a job's output
-  labq topo --list                       simulated GPU inventories
-  labq topo sim:dgx1                     a DGX-1's GPUs and how they are linked
-  labq place sim:dgx1 --gpus 2           the GPU pair labq would give a 2-GPU job
-  labq place sim:ws-4x3090 --gpus 1 --busy 0
-  labq store check                       is the leader's database sound?
-  labq store backup DIR                  a consistent copy of the lab, while the leader runs
-  labq checkpoint                        (inside a job) report a finished checkpoint
-"""
+from labq.cli.errors import CliError
 
 
-class CliError(Exception):
-    """A mistake in what the user typed; printed without a traceback."""
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "run", None):
-        parser.print_help()
-        return 0
-    try:
-        return args.run(args)
-    except CliError as err:
-        from labq.terminal_text import escape_controls
-
-        print(f"labq: error: {escape_controls(err)}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        return 0
-
-
-def _parser() -> argparse.ArgumentParser:
-    from labq import __version__
-
-    parser = argparse.ArgumentParser(
-        prog="labq",
-        description="labq: a shared GPU job queue for small research labs.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"labq {__version__}")
-    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
-
+def add_commands(sub: argparse._SubParsersAction) -> None:
     topo = sub.add_parser(
         "topo",
         help="show a GPU inventory and its interconnect",
@@ -91,14 +40,6 @@ def _parser() -> argparse.ArgumentParser:
         "$LABQ_CHECKPOINT_DIR/.labq-checkpoint, which a job without labq installed (a container) can touch "
         "itself.")
     ckpt.set_defaults(run=_checkpoint)
-
-    from labq import cli_daemons, cli_jobs, cli_sim, cli_store
-
-    cli_jobs.add_commands(sub)
-    cli_daemons.add_commands(sub)
-    cli_sim.add_sim_command(sub)
-    cli_store.add_commands(sub)
-    return parser
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
@@ -195,10 +136,3 @@ def _place(args: argparse.Namespace) -> int:
     print(f"  score {choice.score} ({links} NVLink links within the set, PCIe points {choice.score % NVLINK_WEIGHT})")
     print(f"  connectivity the free GPUs lose: {choice.loss}")
     return 0
-
-
-if __name__ == "__main__":
-    # Run through the imported module, so that every command raises the same CliError class.
-    from labq.cli import main as _main
-
-    sys.exit(_main())

@@ -9,7 +9,8 @@ import argparse
 import json
 import sys
 
-from labq.cli_paths import path_arg
+from labq.cli.common import path_arg
+from labq.cli.errors import CliError
 
 STORE_EPILOG = """\
 examples:
@@ -68,8 +69,6 @@ def _data_dir(args: argparse.Namespace):
 
 
 def _existing_data_dir(args: argparse.Namespace):
-    from labq.cli import CliError
-
     data_dir = _data_dir(args)
     if not data_dir.is_dir():
         raise CliError(f"{data_dir} is not a folder: no leader has used it yet (or give --data-dir)")
@@ -94,7 +93,6 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _recover(args: argparse.Namespace) -> int:
-    from labq.cli import CliError
     from labq.store import StoreError, plan_recovery, recover
 
     data_dir = _data_dir(args)
@@ -124,7 +122,6 @@ def _files(files) -> list[str]:
 
 
 def _backup(args: argparse.Namespace) -> int:
-    from labq.cli import CliError
     from labq.store import StoreError
     from labq.store.backup import MANIFEST, backup
 
@@ -148,7 +145,6 @@ def _backup(args: argparse.Namespace) -> int:
 
 
 def _restore(args: argparse.Namespace) -> int:
-    from labq.cli import CliError
     from labq.store import StoreError
     from labq.store.backup import restore
 

@@ -12,7 +12,8 @@ import argparse
 import json
 import time
 
-from labq.cli_jobs import UsageError, _client, _command, parse_size_mib
+from labq.cli.common import command, leader_client, leader_option, parse_size_mib
+from labq.cli.errors import CliError
 from labq.terminal_text import escape_controls
 
 
@@ -22,24 +23,24 @@ def build_reserve_body(args: argparse.Namespace, now: float, tz) -> dict:
     from labq.when import parse_for, parse_when
 
     if args.gpus is None or args.start is None:
-        raise UsageError('say how many GPUs and when: labq reserve --gpus 4 --start "fri 09:00" --for 48h')
+        raise CliError('say how many GPUs and when: labq reserve --gpus 4 --start "fri 09:00" --for 48h')
     if args.gpus < 1:
-        raise UsageError("--gpus must be 1 or more")
+        raise CliError("--gpus must be 1 or more")
     if (args.duration is None) == (args.end is None):
-        raise UsageError("say how long with --for DURATION (90m, 48h, 2d) or until when with --end WHEN")
+        raise CliError("say how long with --for DURATION (90m, 48h, 2d) or until when with --end WHEN")
     try:
         start = parse_when(args.start, now, tz)
     except ValueError as err:
-        raise UsageError(f"--start: {err}") from None
+        raise CliError(f"--start: {err}") from None
     try:
         end = start + parse_for(args.duration) if args.duration else parse_when(args.end, now, tz)
     except ValueError as err:
-        raise UsageError(f"{'--for' if args.duration else '--end'}: {err}") from None
+        raise CliError(f"{'--for' if args.duration else '--end'}: {err}") from None
     if end <= start:
-        raise UsageError("--end must be after --start")
+        raise CliError("--end must be after --start")
     memory = parse_size_mib(args.min_gpu_mem, "--min-gpu-mem") if args.min_gpu_mem else None
     if args.users and args.group:
-        raise UsageError("give --users or --group, not both")
+        raise CliError("give --users or --group, not both")
     return reserve_request(
         args.gpus, start, end, name=args.name or None, node=args.node or None, gpu_model=args.gpu_model or None,
         min_gpu_memory_mib=memory,
@@ -55,20 +56,20 @@ def _zone(args: argparse.Namespace):
     try:
         return time_zone(args.tz)
     except ValueError as err:
-        raise UsageError(f"--tz: {err}") from None
+        raise CliError(f"--tz: {err}") from None
 
 
 def _reserve(args: argparse.Namespace) -> int:
     if args.action is not None:
         if args.action != "cancel" or not args.target:
-            raise UsageError("to cancel a booking: labq reserve cancel NAME")
-        r = _client(args).cancel_reservation(args.target)
+            raise CliError("to cancel a booking: labq reserve cancel NAME")
+        r = leader_client(args).cancel_reservation(args.target)
         print(json.dumps(r, indent=2) if args.json else f"cancelled {escape_controls(r['name'])}")
         return 0
     now, tz = time.time(), _zone(args)
     from labq.render import answer_text
 
-    answer = _client(args).reserve(build_reserve_body(args, now, tz))
+    answer = leader_client(args).reserve(build_reserve_body(args, now, tz))
     print(json.dumps(answer, indent=2) if args.json else answer_text(answer, now, tz))
     return 0 if answer["accepted"] else 1
 
@@ -76,23 +77,24 @@ def _reserve(args: argparse.Namespace) -> int:
 def _reservations(args: argparse.Namespace) -> int:
     from labq.render import reservations_table
 
-    found = _client(args).reservations()
+    found = leader_client(args).reservations()
     now = time.time()
     print(json.dumps(found, indent=2) if args.json else reservations_table(found, now, _zone(args)))
     return 0
 
 
-def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = _command(sub, "reserve", "book GPUs for a window of time (or cancel a booking)",
-                 "Book GPUs from --start for --for (or until --end), for you and the --users or --group you name. "
-                 "The answer comes at once: the node and GPUs pinned, and the jobs that will be asked to "
-                 "checkpoint before the start; or why not, with alternatives that work. Times are in your time "
-                 "zone: now, in 2h, 14:00, tomorrow 9am, fri 09:00, next mon 8:00, 2026-11-27 09:00.",
-                 '  labq reserve --gpus 4 --start "fri 09:00" --for 48h --name paper\n'
-                 '  labq reserve --gpus 2 --start tomorrow --for 8h --gpu-model A100 --users alice,bob\n'
-                 '  labq reserve --gpus 8 --start "2026-12-01 09:00" --end "2026-12-03 18:00" --dry-run\n'
-                 "  labq reserve cancel paper\n"
-                 "  labq submit --reservation paper --gpus 4 -- python train.py   a job in it", _reserve, [common])
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    common = leader_option()
+    p = command(sub, "reserve", "book GPUs for a window of time (or cancel a booking)",
+                "Book GPUs from --start for --for (or until --end), for you and the --users or --group you name. "
+                "The answer comes at once: the node and GPUs pinned, and the jobs that will be asked to "
+                "checkpoint before the start; or why not, with alternatives that work. Times are in your time "
+                "zone: now, in 2h, 14:00, tomorrow 9am, fri 09:00, next mon 8:00, 2026-11-27 09:00.",
+                '  labq reserve --gpus 4 --start "fri 09:00" --for 48h --name paper\n'
+                '  labq reserve --gpus 2 --start tomorrow --for 8h --gpu-model A100 --users alice,bob\n'
+                '  labq reserve --gpus 8 --start "2026-12-01 09:00" --end "2026-12-03 18:00" --dry-run\n'
+                "  labq reserve cancel paper\n"
+                "  labq submit --reservation paper --gpus 4 -- python train.py   a job in it", _reserve, [common])
     p.add_argument("action", nargs="?", choices=["cancel"], help="cancel a booking (with its NAME)")
     p.add_argument("target", nargs="?", metavar="NAME", help="the booking to cancel")
     p.add_argument("--gpus", type=int, metavar="N", help="how many GPUs (on one node)")
@@ -110,26 +112,9 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("--tz", metavar="ZONE", help="read and show times in this zone (e.g. Europe/Berlin)")
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
 
-    p = _command(sub, "reservations", "list the lab's reservations",
-                 "List the reservations that have not ended: where they are pinned, when, for whom, and what "
-                 "happened to them (re-pinned after a node went away).",
-                 "  labq reservations\n  labq reservations --json", _reservations, [common])
+    p = command(sub, "reservations", "list the lab's reservations",
+                "List the reservations that have not ended: where they are pinned, when, for whom, and what "
+                "happened to them (re-pinned after a node went away).",
+                "  labq reservations\n  labq reservations --json", _reservations, [common])
     p.add_argument("--tz", metavar="ZONE", help="show times in this zone")
     p.add_argument("--json", action="store_true", help="print JSON")
-
-
-def _tui(args: argparse.Namespace) -> int:
-    from labq.tui.app import make_app
-
-    make_app(args.leader, readonly=args.readonly).run()
-    return 0
-
-
-def add_tui_command(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = _command(sub, "tui", "the live, keyboard-first screen of the shared queue",
-                 "A live view of the lab: the queue (filter with /, sort with o, tag with space, act on the "
-                 "selected jobs), job details and logs (Enter, l), the nodes' GPUs (n) and the reservations "
-                 "(R). ? lists the keys of each screen; ctrl+p finds any action by name; q quits.",
-                 "  labq tui\n  labq tui --readonly          look, change nothing\n"
-                 "  labq tui --leader http://gpu1:7733", _tui, [common])
-    p.add_argument("--readonly", action="store_true", help="show everything, allow no action")

@@ -1,11 +1,9 @@
-"""The people's commands: submit, ls, show, why, logs, cancel/hold/release/prio, nodes, gpus, admin.
+"""The people's commands: submit, ls, show, why, logs, cancel/hold/release/prio, nodes, gpus, whoami.
 
 Each command parses, makes one ``labq.client.Client`` and prints. Nothing heavy is
 imported at module level: ``labq submit`` and ``labq ls`` start in tens of milliseconds,
-and the HTTP client is loaded only by a command that talks to the leader.
-
-Exit codes: 0 ok; 1 the operation failed; 2 bad usage or input; 3 credentials or
-permission; 4 the leader cannot be reached.
+and the HTTP client is loaded only by a command that talks to the leader. Errors and
+exit codes: ``labq.cli.errors``.
 
 Whatever a command prints that came from a user (names, the leader's error messages that
 echo them) goes through ``escape_controls``; the tables of ``labq.render`` escape their own.
@@ -15,14 +13,24 @@ A job's log (``labq logs``) is the job's own output and is written as it is, lik
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, BinaryIO
 
-from labq import units
+from labq.cli.common import (
+    command,
+    emit,
+    leader_client,
+    leader_option,
+    parse_duration,
+    parse_ids,
+    parse_priority_arg,
+    parse_size_mib,
+    use_color,
+)
+from labq.cli.errors import CliError, exit_code
 from labq.protocol.errors import ApiError
 from labq.terminal_text import escape_controls
 
@@ -34,48 +42,7 @@ STATES = ("queued", "held", "starting", "running", "preempting", "succeeded", "f
 FINISHED = frozenset(STATES[5:])
 
 
-class UsageError(Exception):
-    """Something the user typed that labq cannot take; exit 2."""
-
-
-# -- pure input parsing ---------------------------------------------------------------------------
-
-def parse_duration(text: str, option: str = "--time", bare_seconds: bool = False) -> float:
-    """Seconds in ``text`` (see ``labq.units.parse_duration``); a mistake names the option."""
-    try:
-        return units.parse_duration(text, bare_seconds=bare_seconds)
-    except ValueError as err:
-        raise UsageError(f"{option}: {err}") from None
-
-
-def parse_size_mib(text: str, option: str = "--gpu-mem") -> int:
-    try:
-        return units.parse_size_mib(text)
-    except ValueError as err:
-        raise UsageError(f"{option}: {err}") from None
-
-
-def parse_priority_arg(text: str, option: str = "--priority") -> int | str:
-    """A class name (sent as the name) or an integer 0-1000 (sent as the integer)."""
-    from labq.protocol.requests import wire_priority
-
-    try:
-        return wire_priority(text)
-    except ValueError as err:
-        raise UsageError(f"{option}: {err}") from None
-
-
-def parse_ids(values: list[str], what: str = "job id") -> list[int]:
-    """``12 13`` or ``12,13`` -> [12, 13]."""
-    ids = []
-    for word in (w for v in values for w in v.split(",") if w.strip()):
-        if not word.strip().isdigit() or int(word) < 1:
-            raise UsageError(f"{word!r} is not a {what}: use the number `labq ls` shows")
-        ids.append(int(word))
-    if not ids:
-        raise UsageError(f"name at least one {what}")
-    return ids
-
+# -- labq submit: flags to the request body -------------------------------------------------------
 
 def parse_env(items: list[str], environ: Mapping[str, str]) -> dict[str, str]:
     """``K=V`` sets K; a bare ``K`` copies K from this shell."""
@@ -84,7 +51,7 @@ def parse_env(items: list[str], environ: Mapping[str, str]) -> dict[str, str]:
         key, eq, value = item.partition("=")
         if not eq:
             if key not in environ:
-                raise UsageError(f"--env {key}: {key} is not set in this shell (use --env {key}=VALUE)")
+                raise CliError(f"--env {key}: {key} is not set in this shell (use --env {key}=VALUE)")
             value = environ[key]
         env[key] = value
     return env
@@ -102,9 +69,9 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        raise UsageError("name the command to run after --, e.g. labq submit --gpus 2 -- python train.py")
+        raise CliError("name the command to run after --, e.g. labq submit --gpus 2 -- python train.py")
     if args.gpus < 1:
-        raise UsageError("--gpus must be 1 or more")
+        raise CliError("--gpus must be 1 or more")
     here = cwd or os.getcwd()
     workdir = os.path.abspath(os.path.join(here, os.path.expanduser(args.workdir or ".")))
     return submit_request(
@@ -132,19 +99,19 @@ def _time_limit(text: str | None) -> float | None:
         return None
     seconds = parse_duration(text, "--time")
     if seconds <= 0:
-        raise UsageError("--time must be longer than 0")
+        raise CliError("--time must be longer than 0")
     return seconds
 
 
 def _requeue_on_timeout(args: argparse.Namespace) -> bool:
     if args.requeue_on_timeout and not args.time:
-        raise UsageError("--requeue-on-timeout needs --time: the limit at which the job is requeued")
+        raise CliError("--requeue-on-timeout needs --time: the limit at which the job is requeued")
     return args.requeue_on_timeout
 
 
 def _node_count(args: argparse.Namespace) -> int | None:
     if args.nodes is not None and (args.nodes < 1 or args.gpus % args.nodes):
-        raise UsageError(f"--nodes {args.nodes}: the {args.gpus} GPUs must split evenly over the nodes")
+        raise CliError(f"--nodes {args.nodes}: the {args.gpus} GPUs must split evenly over the nodes")
     return args.nodes
 
 
@@ -152,7 +119,7 @@ def _container_only(args: argparse.Namespace, option: str):
     """``--mount`` and ``--shm-size``'s value; refused without ``--image``."""
     value = getattr(args, option)
     if value and not args.image:
-        raise UsageError(f"--{option.replace('_', '-')} is for container jobs: add --image IMAGE")
+        raise CliError(f"--{option.replace('_', '-')} is for container jobs: add --image IMAGE")
     return value or ()
 
 
@@ -162,10 +129,10 @@ def parse_mount(text: str, cwd: str | None = None):
 
     parts = text.split(":")
     if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
-        raise UsageError(f"--mount {text!r}: use HOST_PATH:CONTAINER_PATH[:ro]")
+        raise CliError(f"--mount {text!r}: use HOST_PATH:CONTAINER_PATH[:ro]")
     source = os.path.abspath(os.path.join(cwd or os.getcwd(), os.path.expanduser(parts[0])))
     if not parts[1].startswith("/"):
-        raise UsageError(f"--mount {text!r}: the container path must be absolute")
+        raise CliError(f"--mount {text!r}: the container path must be absolute")
     return Mount(source, parts[1], len(parts) == 3 and parts[2] == "ro")
 
 
@@ -175,80 +142,37 @@ def _signal(text: str) -> str:
     name = text.strip().upper()
     name = name if name.startswith("SIG") else "SIG" + name
     if name not in signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
-        raise UsageError(f"--checkpoint-signal: {text!r} is not a signal a job can catch (e.g. SIGUSR1, SIGTERM)")
+        raise CliError(f"--checkpoint-signal: {text!r} is not a signal a job can catch (e.g. SIGUSR1, SIGTERM)")
     return name
-
-
-def exit_code(err: ApiError) -> int:
-    """The exit status for an API error (see the module docstring)."""
-    if err.code == "unreachable":
-        return 4
-    if err.status in (401, 403) or err.code in ("no_credentials", "bad_credentials"):
-        return 3
-    return 2 if err.status in (400, 413, 422) else 1
 
 
 # -- running commands -----------------------------------------------------------------------------
 
-def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Turns our errors into one ``labq: error:`` line and an exit code, never a traceback."""
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return command(args)
-        except UsageError as err:
-            print(f"labq: error: {escape_controls(err)}", file=sys.stderr)
-            return 2
-        except ApiError as err:
-            print(f"labq: error: {escape_controls(err)}", file=sys.stderr)
-            return exit_code(err)
-        except KeyboardInterrupt:
-            return 0 if getattr(args, "interruptible", False) else 130
-
-    return run
-
-
-def _client(args: argparse.Namespace) -> Client:
-    from labq.client import Client
-
-    return Client.from_environment(leader=args.leader)
-
-
-def _emit(args: argparse.Namespace, data: object, text: Callable[[], str]) -> int:
-    """``--json``: the data as the leader sent it; else the text for people."""
-    print(json.dumps(data, indent=2) if args.json else text())
-    return 0
-
-
-def _color() -> bool:
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-
 def _submit(args: argparse.Namespace) -> int:
     body = build_submit_body(args)
-    job = _client(args).submit(body)
+    job = leader_client(args).submit(body)
     name = job["spec"].get("name")
-    return _emit(args, job, lambda: f"submitted job {job['id']}" + (f" ({escape_controls(name)})" if name else ""))
+    return emit(args, job, lambda: f"submitted job {job['id']}" + (f" ({escape_controls(name)})" if name else ""))
 
 
 def _list_jobs(client: Client, args: argparse.Namespace) -> list[dict]:
     states = [s for v in args.state for s in v.split(",") if s]
     wrong = [s for s in states if s not in STATES]
     if wrong:
-        raise UsageError(f"--state {wrong[0]!r} is not a state: use {', '.join(STATES)}")
+        raise CliError(f"--state {wrong[0]!r} is not a state: use {', '.join(STATES)}")
     return client.jobs(user=args.user, states=states, all=args.all, history=args.history, limit=args.limit)
 
 
 def _ls(args: argparse.Namespace) -> int:
     from labq.render import jobs_table
 
-    client = _client(args)
+    client = leader_client(args)
     if args.watch:
         if args.json:
-            raise UsageError("--watch redraws a table; leave out --json")
+            raise CliError("--watch redraws a table; leave out --json")
         return _watch(client, args)
     jobs = _list_jobs(client, args)
-    return _emit(args, jobs, lambda: jobs_table(jobs, time.time(), _color()))
+    return emit(args, jobs, lambda: jobs_table(jobs, time.time(), use_color()))
 
 
 def _watch(client: Client, args: argparse.Namespace) -> int:
@@ -284,7 +208,7 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
     args.interruptible = True
     while True:
         try:
-            body = jobs_table(_list_jobs(client, args), time.time(), _color())
+            body = jobs_table(_list_jobs(client, args), time.time(), use_color())
         except ApiError as err:
             if err.code != "unreachable":
                 raise
@@ -302,20 +226,20 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from labq.render import show_text
 
-    job, pending = _client(args).job(args.id)
-    return _emit(args, {"job": job, "pending": pending}, lambda: show_text(job, pending, time.time()))
+    job, pending = leader_client(args).job(args.id)
+    return emit(args, {"job": job, "pending": pending}, lambda: show_text(job, pending, time.time()))
 
 
 def _why(args: argparse.Namespace) -> int:
     from labq.render import why_text
 
-    job, pending = _client(args).job(args.id)
+    job, pending = leader_client(args).job(args.id)
     text = why_text(job, pending, time.time())
-    return _emit(args, {"id": job["id"], "state": job["state"], "pending": pending, "text": text}, lambda: text)
+    return emit(args, {"id": job["id"], "state": job["state"], "pending": pending, "text": text}, lambda: text)
 
 
 def _logs(args: argparse.Namespace) -> int:
-    client, out = _client(args), sys.stdout.buffer
+    client, out = leader_client(args), sys.stdout.buffer
     if not args.follow:
         offset, done = 0, False
         while not done:
@@ -369,7 +293,7 @@ def _action(action: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         priority = parse_priority_arg(args.priority, "priority") if action == "prio" else None
         ids = parse_ids(args.ids)
-        client, codes = _client(args), []
+        client, codes = leader_client(args), []
         for job_id in ids:
             try:
                 job = client.action(job_id, action, priority)
@@ -404,17 +328,17 @@ def _state_phrase(job: dict, action: str) -> str:
 def _nodes(args: argparse.Namespace) -> int:
     from labq.render import nodes_table
 
-    nodes, unadmitted = _client(args).nodes_report()
+    nodes, unadmitted = leader_client(args).nodes_report()
     # agents seen over mDNS but not admitted are listed too, as nodes that have not joined
     nodes += [{"name": u["node"], "health": "not admitted", "gpus": [], "found": "mDNS",
                "address": ", ".join(u.get("addresses") or ()), "last_seen": None} for u in unadmitted]
-    return _emit(args, nodes, lambda: nodes_table(nodes, time.time(), _color()))
+    return emit(args, nodes, lambda: nodes_table(nodes, time.time(), use_color()))
 
 
 def _gpus(args: argparse.Namespace) -> int:
     from labq.render import gpu_rows, gpus_table
 
-    client = _client(args)
+    client = leader_client(args)
     nodes = client.nodes()
     try:  # who runs each job: one more request, worth it for "who is on GPU 3?"
         users = {j["id"]: j["spec"]["user"] for j in client.jobs(all=True)}
@@ -423,101 +347,37 @@ def _gpus(args: argparse.Namespace) -> int:
             raise
         users = {}
     rows = gpu_rows(nodes, users)
-    return _emit(args, rows, lambda: gpus_table(rows))
+    return emit(args, rows, lambda: gpus_table(rows))
 
 
 def _whoami(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = leader_client(args)
     me = client.whoami()
     print(escape_controls(f"{me['user']}{' (admin)' if me.get('admin') else ''} at {client.url}"))
     return 0
 
 
-def _user_add(args: argparse.Namespace) -> int:
-    import pwd
-
-    from labq.client import credentials_path, credentials_text, save_credentials
-
-    client = _client(args)
-    user, token = client.add_user(args.name, args.admin)
-    role = "admin" if user.get("admin") else "user"
-    name = escape_controls(args.name)
-    try:
-        me = pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:  # a container's uid with no passwd entry
-        me = os.environ.get("USER", "")
-    target: tuple | None = None
-    if args.print:
-        pass
-    elif args.name == me:
-        target = (credentials_path(), None, None)
-    elif os.geteuid() == 0:
-        try:
-            account = pwd.getpwnam(args.name)
-            target = (credentials_path(account.pw_dir), account.pw_uid, account.pw_gid)
-        except KeyError:
-            pass
-    if target is not None:
-        try:
-            path = save_credentials(client.url, token, *target)
-            owned = f", owned by {name}" if target[1] is not None else ""
-            print(escape_controls(f"added {role} {name}; saved the token to {path} (mode 0600{owned})"))
-            return 0
-        except (OSError, ApiError) as err:
-            print(f"labq: warning: could not save the token ({escape_controls(err)}); here it is instead",
-                  file=sys.stderr)
-    print(f"added {role} {name}. The token is shown only now (running this again makes a new one).")
-    print(f"{name} puts these two lines in ~/.config/labq/credentials (chmod 600):\n")
-    print(credentials_text(client.url, token))
-    if "127.0.0.1" in client.url or "localhost" in client.url:
-        print("(from another machine, use the leader's host name instead of this loopback address)")
-    return 0
-
-
-def _user_ls(args: argparse.Namespace) -> int:
-    from labq.render import table
-
-    users = _client(args).users()
-    return _emit(args, users, lambda: table(("NAME", "ADMIN"), [[u["name"], "yes" if u.get("admin") else ""]
-                                                                 for u in users]))
-
-
-def _user_rm(args: argparse.Namespace) -> int:
-    user = _client(args).remove_user(args.name)
-    print(f"removed user {escape_controls(user.get('name', args.name))}; their token no longer works")
-    return 0
-
-
 # -- the parsers ----------------------------------------------------------------------------------
-
-def _command(sub: argparse._SubParsersAction, name: str, summary: str, description: str, examples: str,
-             run: Callable[[argparse.Namespace], int] | None, parents: list) -> argparse.ArgumentParser:
-    import textwrap
-
-    p = sub.add_parser(name, help=summary, description=textwrap.fill(description, 88),
-                       epilog="examples:\n" + examples,
-                       formatter_class=argparse.RawDescriptionHelpFormatter, parents=parents)
-    if run is not None:
-        p.set_defaults(run=_guarded(run))
-    return p
-
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Registers the job commands on ``labq``'s subparsers (called from ``labq.cli``)."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--leader", metavar="URL", help="the leader's address, e.g. http://gpu1:7733 "
-                        "(default: $LABQ_LEADER, else ~/.config/labq/credentials)")
-    c = [common]
+    c = [leader_option()]
+    _add_submit(sub, c)
+    _add_views(sub, c)
+    _add_actions(sub, c)
+    _add_lab(sub, c)
 
-    p = _command(sub, "submit", "queue a command to run on GPUs",
-                 "Queue a command to run as you, in --workdir (default: here), on the GPUs labq picks once they "
-                 "are free. Put labq's options first, then -- and the command. To make room for higher-priority "
-                 "work labq sends a job its checkpoint signal, waits the grace, stops it and requeues it to "
-                 "resume: the job sees LABQ_CHECKPOINT_DIR, LABQ_RESUMED and LABQ_PREEMPT_SIGNAL (README: "
-                 "Checkpoint and resume).",
-                 "  labq submit --gpus 2 --gpu-mem 40G --time 6h -- python train.py --lr 3e-4\n"
-                 "  labq submit --class low --name sweep-1 --env WANDB_API_KEY -- ./sweep.sh 1\n"
-                 "  labq submit --after 12 -- python eval.py        runs once job 12 has succeeded", _submit, c)
+
+def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
+    p = command(sub, "submit", "queue a command to run on GPUs",
+                "Queue a command to run as you, in --workdir (default: here), on the GPUs labq picks once they "
+                "are free. Put labq's options first, then -- and the command. To make room for higher-priority "
+                "work labq sends a job its checkpoint signal, waits the grace, stops it and requeues it to "
+                "resume: the job sees LABQ_CHECKPOINT_DIR, LABQ_RESUMED and LABQ_PREEMPT_SIGNAL (README: "
+                "Checkpoint and resume).",
+                "  labq submit --gpus 2 --gpu-mem 40G --time 6h -- python train.py --lr 3e-4\n"
+                "  labq submit --class low --name sweep-1 --env WANDB_API_KEY -- ./sweep.sh 1\n"
+                "  labq submit --after 12 -- python eval.py        runs once job 12 has succeeded", _submit, c)
     p.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs the job needs (default 1)")
     p.add_argument("--gpu-mem", metavar="SIZE", help="least memory per GPU: 40G, 24GiB, 8000M (plain number: GiB)")
     p.add_argument("--gpu-model", metavar="MODEL", help="part of the GPU model name: A100, 3090")
@@ -550,10 +410,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the job as JSON")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments, after --")
 
-    p = _command(sub, "ls", "list jobs",
-                 "List your unfinished jobs (--all: everyone's). `labq why ID` says why one waits.",
-                 "  labq ls\n  labq ls --all --state running\n  labq ls --history --limit 20\n"
-                 "  labq ls --all --watch               redraws on every change", _ls, c)
+
+def _add_views(sub: argparse._SubParsersAction, c: list) -> None:
+    p = command(sub, "ls", "list jobs",
+                "List your unfinished jobs (--all: everyone's). `labq why ID` says why one waits.",
+                "  labq ls\n  labq ls --all --state running\n  labq ls --history --limit 20\n"
+                "  labq ls --all --watch               redraws on every change", _ls, c)
     p.add_argument("--all", action="store_true", help="everyone's jobs")
     p.add_argument("--user", metavar="USER", help="this user's jobs")
     p.add_argument("--state", action="extend", nargs="+", default=[], metavar="STATE",
@@ -563,75 +425,52 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--watch", action="store_true", help="redraw on every change until Ctrl-C")
 
-    p = _command(sub, "show", "everything about a job",
-                 "Show a job: what it asked for, where it runs (GPU indices and UUIDs), why it waits.",
-                 "  labq show 12\n  labq show 12 --json", _show, c)
+    p = command(sub, "show", "everything about a job",
+                "Show a job: what it asked for, where it runs (GPU indices and UUIDs), why it waits.",
+                "  labq show 12\n  labq show 12 --json", _show, c)
     p.add_argument("id", type=int, metavar="ID")
     p.add_argument("--json", action="store_true", help="print {job, pending} as JSON")
 
-    p = _command(sub, "why", "why a job is not running yet",
-                 "Say why a job waits (the scheduler's reason) and when it should start.",
-                 "  labq why 12", _why, c)
+    p = command(sub, "why", "why a job is not running yet",
+                "Say why a job waits (the scheduler's reason) and when it should start.",
+                "  labq why 12", _why, c)
     p.add_argument("id", type=int, metavar="ID")
     p.add_argument("--json", action="store_true", help="print JSON")
 
-    p = _command(sub, "logs", "print a job's output",
-                 "Print what a job wrote to stdout and stderr. -f keeps printing as it grows, across "
-                 "preemptions, until the job ends.",
-                 "  labq logs 12\n  labq logs -f 12\n  labq logs 12 --attempt 1     the run before a preemption",
-                 _logs, c)
+    p = command(sub, "logs", "print a job's output",
+                "Print what a job wrote to stdout and stderr. -f keeps printing as it grows, across "
+                "preemptions, until the job ends.",
+                "  labq logs 12\n  labq logs -f 12\n  labq logs 12 --attempt 1     the run before a preemption",
+                _logs, c)
     p.add_argument("id", type=int, metavar="ID")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends (Ctrl-C stops)")
     p.add_argument("--attempt", type=int, metavar="K", help="this attempt (default: the latest)")
 
+
+def _add_actions(sub: argparse._SubParsersAction, c: list) -> None:
     for name, summary, description in (
             ("cancel", "cancel jobs", "Cancel jobs; a running job is asked to stop (its checkpoint signal, "
              "then TERM after the grace time)."),
             ("hold", "keep queued jobs from starting", "Hold queued jobs: they keep their place but do not start."),
             ("release", "let held jobs start", "Release held jobs back into the queue.")):
-        p = _command(sub, name, summary, description, f"  labq {name} 12\n  labq {name} 12 13 14", _action(name), c)
+        p = command(sub, name, summary, description, f"  labq {name} 12\n  labq {name} 12 13 14", _action(name), c)
         p.add_argument("ids", nargs="+", metavar="ID")
 
-    p = _command(sub, "prio", "change jobs' priority",
-                 "Change the priority of jobs: a class (low, normal, high, urgent) or an integer 0-1000.",
-                 "  labq prio 12 high\n  labq prio 12 13 250", _action("prio"), c)
+    p = command(sub, "prio", "change jobs' priority",
+                "Change the priority of jobs: a class (low, normal, high, urgent) or an integer 0-1000.",
+                "  labq prio 12 high\n  labq prio 12 13 250", _action("prio"), c)
     p.add_argument("ids", nargs="+", metavar="ID")
     p.add_argument("priority", metavar="CLASS|INT")
 
-    p = _command(sub, "nodes", "list the workstations",
-                 "List the nodes: health, free GPUs, GPU models and when each last reported.",
-                 "  labq nodes\n  labq nodes --json", _nodes, c)
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p = _command(sub, "gpus", "list every GPU and who uses it",
-                 "One line per GPU of the lab: its model and memory and the job on it, or busy outside labq.",
-                 "  labq gpus\n  labq gpus --json", _gpus, c)
-    p.add_argument("--json", action="store_true", help="print JSON")
-    _command(sub, "whoami", "who the leader thinks you are", "Check your credentials: your labq user and "
-             "the leader you talk to.", "  labq whoami\n  LABQ_LEADER=http://gpu1:7733 labq whoami", _whoami, c)
 
-    admin = _command(sub, "admin", "manage users (admins)", "Commands for labq admins.",
-                     "  labq admin user add alice\n  labq admin user ls", None, [])
-    admin_sub = admin.add_subparsers(title="admin commands", metavar="COMMAND")
-    users = _command(admin_sub, "user", "add, list and remove users", "Manage who may use the queue.",
-                     "  labq admin user add alice\n  labq admin user rm alice", None, [])
-    users_sub = users.add_subparsers(title="user commands", metavar="COMMAND")
-    admin.set_defaults(run=lambda args: (admin.print_help(), 0)[1])
-    users.set_defaults(run=lambda args: (users.print_help(), 0)[1])
-    p = _command(users_sub, "add", "add a user, or give one a new token",
-                 "Make a token for NAME (replacing any old one). If NAME is you, it is saved to your credentials "
-                 "file; run as root, it is saved into NAME's home; otherwise it is printed for you to pass on.",
-                 "  labq admin user add alice\n  labq admin user add bob --admin\n"
-                 "  labq admin user add carol --print      print, do not save", _user_add, c)
-    p.add_argument("name", metavar="NAME", help="the user's Unix login name")
-    p.add_argument("--admin", action="store_true", help="may act on everyone's jobs and manage users")
-    p.add_argument("--print", action="store_true", help="print the token instead of saving it")
-    p = _command(users_sub, "ls", "list users", "List labq's users.", "  labq admin user ls --json", _user_ls, c)
+def _add_lab(sub: argparse._SubParsersAction, c: list) -> None:
+    p = command(sub, "nodes", "list the workstations",
+                "List the nodes: health, free GPUs, GPU models and when each last reported.",
+                "  labq nodes\n  labq nodes --json", _nodes, c)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p = _command(users_sub, "rm", "remove a user", "Remove a user; their token stops working at once.",
-                 "  labq admin user rm alice", _user_rm, c)
-    p.add_argument("name", metavar="NAME")
-
-    from labq import cli_reserve
-
-    cli_reserve.add_commands(sub, common)
-    cli_reserve.add_tui_command(sub, common)
+    p = command(sub, "gpus", "list every GPU and who uses it",
+                "One line per GPU of the lab: its model and memory and the job on it, or busy outside labq.",
+                "  labq gpus\n  labq gpus --json", _gpus, c)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    command(sub, "whoami", "who the leader thinks you are", "Check your credentials: your labq user and "
+            "the leader you talk to.", "  labq whoami\n  LABQ_LEADER=http://gpu1:7733 labq whoami", _whoami, c)

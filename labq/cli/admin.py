@@ -1,0 +1,91 @@
+"""``labq admin user add|ls|rm``: who may use the queue (admins only)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from labq.cli.common import command, emit, leader_client, leader_option
+from labq.protocol.errors import ApiError
+from labq.terminal_text import escape_controls
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    c = [leader_option()]
+    admin = command(sub, "admin", "manage users (admins)", "Commands for labq admins.",
+                    "  labq admin user add alice\n  labq admin user ls", None, [])
+    admin_sub = admin.add_subparsers(title="admin commands", metavar="COMMAND")
+    users = command(admin_sub, "user", "add, list and remove users", "Manage who may use the queue.",
+                    "  labq admin user add alice\n  labq admin user rm alice", None, [])
+    users_sub = users.add_subparsers(title="user commands", metavar="COMMAND")
+    admin.set_defaults(run=lambda args: (admin.print_help(), 0)[1])
+    users.set_defaults(run=lambda args: (users.print_help(), 0)[1])
+    p = command(users_sub, "add", "add a user, or give one a new token",
+                "Make a token for NAME (replacing any old one). If NAME is you, it is saved to your credentials "
+                "file; run as root, it is saved into NAME's home; otherwise it is printed for you to pass on.",
+                "  labq admin user add alice\n  labq admin user add bob --admin\n"
+                "  labq admin user add carol --print      print, do not save", _user_add, c)
+    p.add_argument("name", metavar="NAME", help="the user's Unix login name")
+    p.add_argument("--admin", action="store_true", help="may act on everyone's jobs and manage users")
+    p.add_argument("--print", action="store_true", help="print the token instead of saving it")
+    p = command(users_sub, "ls", "list users", "List labq's users.", "  labq admin user ls --json", _user_ls, c)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command(users_sub, "rm", "remove a user", "Remove a user; their token stops working at once.",
+                "  labq admin user rm alice", _user_rm, c)
+    p.add_argument("name", metavar="NAME")
+
+
+def _user_add(args: argparse.Namespace) -> int:
+    import pwd
+
+    from labq.client import credentials_path, credentials_text, save_credentials
+
+    client = leader_client(args)
+    user, token = client.add_user(args.name, args.admin)
+    role = "admin" if user.get("admin") else "user"
+    name = escape_controls(args.name)
+    try:
+        me = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a container's uid with no passwd entry
+        me = os.environ.get("USER", "")
+    target: tuple | None = None
+    if args.print:
+        pass
+    elif args.name == me:
+        target = (credentials_path(), None, None)
+    elif os.geteuid() == 0:
+        try:
+            account = pwd.getpwnam(args.name)
+            target = (credentials_path(account.pw_dir), account.pw_uid, account.pw_gid)
+        except KeyError:
+            pass
+    if target is not None:
+        try:
+            path = save_credentials(client.url, token, *target)
+            owned = f", owned by {name}" if target[1] is not None else ""
+            print(escape_controls(f"added {role} {name}; saved the token to {path} (mode 0600{owned})"))
+            return 0
+        except (OSError, ApiError) as err:
+            print(f"labq: warning: could not save the token ({escape_controls(err)}); here it is instead",
+                  file=sys.stderr)
+    print(f"added {role} {name}. The token is shown only now (running this again makes a new one).")
+    print(f"{name} puts these two lines in ~/.config/labq/credentials (chmod 600):\n")
+    print(credentials_text(client.url, token))
+    if "127.0.0.1" in client.url or "localhost" in client.url:
+        print("(from another machine, use the leader's host name instead of this loopback address)")
+    return 0
+
+
+def _user_ls(args: argparse.Namespace) -> int:
+    from labq.render import table
+
+    users = leader_client(args).users()
+    return emit(args, users, lambda: table(("NAME", "ADMIN"), [[u["name"], "yes" if u.get("admin") else ""]
+                                                                 for u in users]))
+
+
+def _user_rm(args: argparse.Namespace) -> int:
+    user = leader_client(args).remove_user(args.name)
+    print(f"removed user {escape_controls(user.get('name', args.name))}; their token no longer works")
+    return 0

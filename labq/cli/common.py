@@ -1,0 +1,108 @@
+"""What the command families share: the parser helpers, the client, printing, and flags read into plain values.
+
+Nothing heavy at module level: every command module imports this one while ``labq`` builds its parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from labq import units
+from labq.cli.errors import CliError
+
+if TYPE_CHECKING:
+    from labq.client import Client
+
+Command = Callable[[argparse.Namespace], int]
+
+
+# -- the parsers ----------------------------------------------------------------------------------
+
+def path_arg(text: str):
+    """An argparse type for paths, importing pathlib only when a path is given: it costs a fast start."""
+    from pathlib import Path
+
+    return Path(text).expanduser()
+
+
+def leader_option() -> argparse.ArgumentParser:
+    """The ``--leader`` option of every command that talks to the leader, as a parent parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--leader", metavar="URL", help="the leader's address, e.g. http://gpu1:7733 "
+                        "(default: $LABQ_LEADER, else ~/.config/labq/credentials)")
+    return common
+
+
+def command(sub: argparse._SubParsersAction, name: str, summary: str, description: str, examples: str,
+            run: Command | None, parents: list) -> argparse.ArgumentParser:
+    """A subcommand with a wrapped description and an ``examples:`` epilog, that runs ``run``."""
+    import textwrap
+
+    p = sub.add_parser(name, help=summary, description=textwrap.fill(description, 88),
+                       epilog="examples:\n" + examples,
+                       formatter_class=argparse.RawDescriptionHelpFormatter, parents=parents)
+    if run is not None:
+        p.set_defaults(run=run)
+    return p
+
+
+# -- talking and printing -------------------------------------------------------------------------
+
+def leader_client(args: argparse.Namespace) -> Client:
+    from labq.client import Client
+
+    return Client.from_environment(leader=args.leader)
+
+
+def emit(args: argparse.Namespace, data: object, text: Callable[[], str]) -> int:
+    """``--json``: the data as the leader sent it; else the text for people."""
+    print(json.dumps(data, indent=2) if args.json else text())
+    return 0
+
+
+def use_color() -> bool:
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+# -- flags to plain values; a mistake names the flag ----------------------------------------------
+
+def parse_duration(text: str, option: str = "--time", bare_seconds: bool = False) -> float:
+    """Seconds in ``text`` (see ``labq.units.parse_duration``)."""
+    try:
+        return units.parse_duration(text, bare_seconds=bare_seconds)
+    except ValueError as err:
+        raise CliError(f"{option}: {err}") from None
+
+
+def parse_size_mib(text: str, option: str = "--gpu-mem") -> int:
+    try:
+        return units.parse_size_mib(text)
+    except ValueError as err:
+        raise CliError(f"{option}: {err}") from None
+
+
+def parse_priority_arg(text: str, option: str = "--priority") -> int | str:
+    """A class name (sent as the name) or an integer 0-1000 (sent as the integer)."""
+    from labq.protocol.requests import wire_priority
+
+    try:
+        return wire_priority(text)
+    except ValueError as err:
+        raise CliError(f"{option}: {err}") from None
+
+
+def parse_ids(values: list[str], what: str = "job id") -> list[int]:
+    """``12 13`` or ``12,13`` -> [12, 13]."""
+    ids = []
+    for word in (w for v in values for w in v.split(",") if w.strip()):
+        if not word.strip().isdigit() or int(word) < 1:
+            raise CliError(f"{word!r} is not a {what}: use the number `labq ls` shows")
+        ids.append(int(word))
+    if not ids:
+        raise CliError(f"name at least one {what}")
+    return ids

@@ -1,0 +1,50 @@
+"""The CLI's one error type and the one guard every command runs under.
+
+Exit codes: 0 ok; 1 the operation failed; 2 bad usage or input; 3 credentials or permission; 4 the leader
+cannot be reached; 130 interrupted (Ctrl-C), 0 for a command that runs until Ctrl-C (``ls --watch``, ``logs -f``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from labq.protocol.errors import ApiError
+from labq.terminal_text import escape_controls
+
+OK, FAILED, USAGE, CREDENTIALS, UNREACHABLE, INTERRUPTED = 0, 1, 2, 3, 4, 130
+
+
+class CliError(Exception):
+    """Something labq cannot do as asked (most often, something the user typed that it cannot take): printed as
+    one ``labq: error:`` line, without a traceback, and the command exits with ``code``."""
+
+    def __init__(self, message: str, code: int = USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def exit_code(err: ApiError) -> int:
+    """The exit status for an API error (see the module docstring)."""
+    if err.code == "unreachable":
+        return UNREACHABLE
+    if err.status in (401, 403) or err.code in ("no_credentials", "bad_credentials"):
+        return CREDENTIALS
+    return USAGE if err.status in (400, 413, 422) else FAILED
+
+
+def guard(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Runs a command: our errors become one ``labq: error:`` line and an exit code, never a traceback."""
+    try:
+        return command(args)
+    except CliError as err:
+        print(f"labq: error: {escape_controls(err)}", file=sys.stderr)
+        return err.code
+    except ApiError as err:
+        print(f"labq: error: {escape_controls(err)}", file=sys.stderr)
+        return exit_code(err)
+    except KeyboardInterrupt:
+        return OK if getattr(args, "interruptible", False) else INTERRUPTED
+    except BrokenPipeError:
+        return OK
