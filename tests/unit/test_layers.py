@@ -54,8 +54,7 @@ PARTS: dict[str, tuple[str, ...]] = {
     # The Textual app.
     "tui": ("labq.tui",),
     # ``labq ...``: the package labq/cli/ (while it moves there, labq/cli.py and labq/cli_*.py).
-    "cli": ("labq.cli", "labq.cli_daemons", "labq.cli_jobs", "labq.cli_paths", "labq.cli_reserve",
-            "labq.cli_sim", "labq.cli_store"),
+    "cli": ("labq.cli",),
     # ``labq demo``: a leader and an agent on simulated GPUs, wired together like ``labq up``.
     "demo": ("labq.demo",),
 }
@@ -82,16 +81,6 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 MAY_IMPORT_LAZILY: dict[str, frozenset[str]] = {
     "cli": frozenset({"host", "http", "store-contract", "store", "leader", "agent", "sim", "tui", "demo"}),
 }
-
-# Arrows against the table that exist today and are being removed (issue 14). Each must still be
-# there: a fixed one leaves this list in the same commit, so the list only shrinks. Empty at the end.
-#: (importer, imported, kind)
-KNOWN_VIOLATIONS: frozenset[tuple[str, str, str]] = frozenset({
-    # The TUI's reservation dialog reuses the CLI's booking words and job helpers.
-    ("labq.tui.reservations", "labq.cli_reserve", "module"),
-    ("labq.tui.reservations", "labq.cli_reserve", "lazy"),
-    ("labq.tui.reservations", "labq.cli_jobs", "lazy"),
-})
 
 
 @dataclass(frozen=True)
@@ -313,16 +302,8 @@ def test_the_table_names_only_parts():
 
 def test_every_arrow_goes_the_way_of_design(house):
     _, imports = house
-    wrong = [imp for imp in violations(imports) if imp.key not in KNOWN_VIOLATIONS]
+    wrong = violations(imports)
     assert not wrong, "imports against DESIGN's direction (see the table in tests/unit/test_layers.py):\n" + describe(wrong)
-
-
-def test_known_violations_are_still_there(house):
-    """A known violation that is gone must leave KNOWN_VIOLATIONS, so the list only shrinks."""
-    _, imports = house
-    present = {imp.key for imp in violations(imports)}
-    fixed = sorted(KNOWN_VIOLATIONS - present)
-    assert not fixed, f"fixed, so remove them from KNOWN_VIOLATIONS in tests/unit/test_layers.py: {fixed}"
 
 
 def test_no_module_level_import_cycles(house):
