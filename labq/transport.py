@@ -16,21 +16,24 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 from labq.protocol.errors import ApiError
 from labq.wire import Connection, WireError
 
+if TYPE_CHECKING:  # typing.Protocol costs a millisecond of start-up the CLI need not pay
+    from typing import Protocol
 
-class Body(Protocol):
-    """A response's body as it arrives: the part of a binary file the callers use."""
+    class Body(Protocol):
+        """A response's body as it arrives: the part of a binary file the callers use (and, optionally,
+        ``interrupt()``)."""
 
-    def read(self) -> bytes: ...
+        def read(self) -> bytes: ...
 
-    def readline(self) -> bytes: ...
+        def readline(self) -> bytes: ...
 
-    def close(self) -> None: ...
+        def close(self) -> None: ...
 
 
 class Request:

@@ -1,12 +1,12 @@
 """The leader's HTTP server: finding the route, authentication, JSON in and out, errors as JSON.
 
-The standard library's threading server: one thread a request suits a lab's
-scale (tens of agents and people), keeps long polls and event streams simple,
-and matches the store's blocking group commit. What keeps it answering whatever
-arrives: every request body goes through ``labq.protocol.body`` and a parse
-function (a wrong shape is a 400 there), every refusal is JSON (the standard
-library's too), reading a request has a time limit, and one address may hold
-only so many connections.
+The standard library's threading server, as ``labq.http_server`` hardens it for
+the leader and the agent alike: one thread a request suits a lab's scale (tens of
+agents and people), keeps long polls and event streams simple, and matches the
+store's blocking group commit. What keeps it answering whatever arrives: every
+request body goes through ``labq.protocol.body`` and a parse function (a wrong
+shape is a 400 there), every refusal is JSON (the standard library's too), reading
+a request has a time limit, and one address may hold only so many connections.
 """
 
 from __future__ import annotations
