@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import os
 import secrets
 from dataclasses import dataclass
@@ -22,10 +21,6 @@ class Principal:
 
 def new_token(kind: str) -> str:
     return f"lq{kind[0]}_{secrets.token_urlsafe(32)}"
-
-
-def same_hash(a: str, b: str) -> bool:
-    return hmac.compare_digest(a, b)
 
 
 def write_secret(path: Path, secret: str) -> None:

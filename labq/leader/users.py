@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import getpass
 
-from labq.leader.auth import JOIN_TOKEN_FILE, Principal, new_token, same_hash, write_secret
+from labq.http_server import same_secret
+from labq.leader.auth import JOIN_TOKEN_FILE, Principal, new_token, write_secret
 from labq.leader.state import LabState
 from labq.protocol import errors
 from labq.protocol.identity import token_hash
@@ -37,12 +38,12 @@ class Users:
         state = self.state
         with state.lock:
             for name, user in state.users.items():
-                if same_hash(user["token_sha256"], digest):
+                if same_secret(user["token_sha256"], digest):
                     return Principal("user", name, user.get("admin", False))
             for name, session in state.agents.items():
-                if same_hash(session.token_sha256, digest):
+                if same_secret(session.token_sha256, digest):
                     return Principal("agent", name)
-            if self.join_hash is not None and same_hash(self.join_hash, digest):
+            if self.join_hash is not None and same_secret(self.join_hash, digest):
                 return Principal("join", "join")
         raise errors.unauthorized("unknown token: ask an admin for a new one (`labq admin user add NAME`)")
 
