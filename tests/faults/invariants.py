@@ -37,6 +37,7 @@ class Ledger:
     refused: list[dict] = field(default_factory=list)
     in_doubt: list[dict] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    listed: int | None = None  #: acknowledgements before the last ``all_jobs`` listing
 
     def submit(self, client, command: list[str], **fields) -> int | None:
         """Submit a job tagged with a fresh ``FAULT_TAG``; its id if the leader acknowledged it."""
@@ -57,8 +58,15 @@ class Ledger:
             return [job_id for job_id, _ in self.acked]
 
 
-def all_jobs(client) -> list[dict]:
-    """Every job the leader knows, unfinished and archived."""
+def all_jobs(client, ledger: Ledger | None = None) -> list[dict]:
+    """Every job the leader knows, unfinished and archived.
+
+    With ``ledger``, the acknowledgements received before the listing was asked for are noted in it
+    (``ledger.listed``): a submit acknowledged while the listing was on its way may be missing from it.
+    """
+    if ledger is not None:
+        with ledger._lock:
+            ledger.listed = len(ledger.acked)
     return client.jobs(all=True, history=True)
 
 
@@ -66,7 +74,9 @@ def assert_every_acked_job_present(jobs: list[dict], ledger: Ledger, counts: Fau
     """Every submit the leader answered with an id is a job with that id and the spec sent."""
     by_id = {j["id"]: j for j in jobs}
     with ledger._lock:
-        acked = list(ledger.acked)
+        assert ledger.listed is not None, "list the jobs with all_jobs(client, ledger) first"
+        acked = ledger.acked[:ledger.listed]  # those acknowledged before the listing was asked for
+        ledger.listed = None
     missing, changed = [], []
     for job_id, body in acked:
         job = by_id.get(job_id)

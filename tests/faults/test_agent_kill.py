@@ -78,7 +78,7 @@ def test_an_agent_killed_mid_grace_stops_its_victims_once_and_runs_nothing_twice
                     lab.wait(lambda j=job_id: lab.job(j)["state"] == "running" and lab.job(j)["attempt"] == 2,
                              f"{where}: job {job_id} to run again", 60)
 
-                jobs = all_jobs(lab.client)
+                jobs = all_jobs(lab.client, ledger)
                 assert_every_acked_job_present(jobs, ledger, fault_counts)
                 assert_no_id_reused(jobs, ledger, fault_counts)
                 assert_at_most_one_live_run(tmp_path, fault_counts)

@@ -85,7 +85,7 @@ def test_a_full_disk_refuses_changes_and_loses_nothing_acknowledged(tmp_path, sm
                 lab.start_leader()
                 lab.wait(lambda: lab.node(node).get("last_seen", 0) > lab.served_at, f"{where}: the agent to sync")
 
-                jobs = all_jobs(lab.client)
+                jobs = all_jobs(lab.client, ledger)
                 assert_every_acked_job_present(jobs, ledger, fault_counts)
                 assert_refused_submits_absent(jobs, ledger)
                 assert_no_id_reused(jobs, ledger, fault_counts)

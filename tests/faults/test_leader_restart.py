@@ -101,7 +101,7 @@ def test_agent_resyncs_and_nothing_is_lost_across_leader_restarts(tmp_path, dock
                 lab.wait_state(new, "running", "succeeded", timeout=10)
                 assert lab.agents[node].poll() is None, f"{where}: the agent exited\n{lab.log(f'agent-{node}.log')}"
 
-                jobs = all_jobs(lab.client)
+                jobs = all_jobs(lab.client, ledger)
                 assert_every_acked_job_present(jobs, ledger, fault_counts)
                 assert_no_id_reused(jobs, ledger, fault_counts)
                 runs = assert_at_most_one_live_run(tmp_path, fault_counts)
@@ -110,7 +110,7 @@ def test_agent_resyncs_and_nothing_is_lost_across_leader_restarts(tmp_path, dock
                 for job_id in burst.join() if burst else ():  # out of the queue, into the history
                     lab.client.action(job_id, "cancel")
         watch.check()
-        assert_every_acked_job_present(all_jobs(lab.client), ledger, fault_counts)
+        assert_every_acked_job_present(all_jobs(lab.client, ledger), ledger, fault_counts)
     finally:
         if resyncs:
             print(f"resync after the leader's return: max {max(resyncs):.2f} s, "

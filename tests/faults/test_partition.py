@@ -145,7 +145,7 @@ def test_a_cut_off_agent_is_lost_after_its_lease_and_its_jobs_requeued_only_afte
                 assert all({r.attempt for r in runs.get(j, ())} == {2} for j in jobs), runs
             watch.check()
 
-            listed = all_jobs(lab.client)
+            listed = all_jobs(lab.client, ledger)
             assert_every_acked_job_present(listed, ledger, fault_counts)
             assert_no_id_reused(listed, ledger, fault_counts)
             for job_id in jobs:
