@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,8 +62,10 @@ class AgentConfig:
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, inventory: GpuInventory, transport: Transport | None = None) -> None:
+    def __init__(self, config: AgentConfig, inventory: GpuInventory, transport: Transport | None = None, *,
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self.clock, self.monotonic = clock, monotonic  #: graces are kept on the wall clock, retries on monotonic
         self.inventory = inventory
         self.transport = transport or socket_transport  #: how requests reach the leader
         config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -70,13 +73,13 @@ class Agent:
         self.checkpoints = config.state_dir / "checkpoints"
         self.checkpoint_root: str | None = None  #: the admin's shared checkpoint storage, when set
         self.notes = NotesBook(config.state_dir / "attempts")
-        self._timers: dict[tuple[int, int], threading.Timer] = {}
+        self._graces: dict[tuple[int, int], float] = {}  #: attempts being stopped: when their grace ends
         self._checkpoints_told: dict[tuple[int, int], float | None] = {}  #: as the leader last heard them
         self.token: str | None = None
         self.logs_token: str | None = None
         self.fence_after_s = 600.0
         self.lease_s = 30.0
-        self.last_contact = time.monotonic()
+        self.last_contact = monotonic()
         self._apply_lock = threading.Lock()
         self._applied = None  #: the last sync reply applied
         self._stopping: set[tuple[int, int]] = set()
@@ -102,7 +105,8 @@ class Agent:
         self._stop.set()
         self._kick.set()
         self.workers.stopping = True
-        self._logs.shutdown()
+        if self.workers.threads:  # shutdown() waits for serve_forever, which only a started agent runs
+            self._logs.shutdown()
         self._logs.server_close()
         self.workers.join(timeout=1.0)  # daemons: a sync blocked in a long poll is not waited for
 
@@ -182,7 +186,7 @@ class Agent:
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
             raise ValueError(f"the leader's sync reply is not understood ({type(err).__name__}: {err})") from None
         self.runtime.heartbeat()
-        self.last_contact = time.monotonic()
+        self.last_contact = self.monotonic()
         self.fence_after_s, self.lease_s = reply.fence_after_s, reply.lease_s
         self.apply(reply)
 
@@ -227,10 +231,11 @@ class Agent:
             try:
                 running = [s for s in self.runtime.attempts() if s.state is AttemptState.RUNNING]
                 exited = self._reported_running - {(s.job_id, s.attempt) for s in running}
-                news = time.monotonic() - told_at >= CHECKPOINT_NEWS_S and any(
+                self.check_graces()
+                news = self.monotonic() - told_at >= CHECKPOINT_NEWS_S and any(
                     self._checkpoints_told.get((s.job_id, s.attempt)) != self._checkpoint_at(s) for s in running)
                 if (exited or news) and self.token is not None:
-                    told_at = time.monotonic()
+                    told_at = self.monotonic()
                     self.sync_once(0.0)
                     trouble.ok()  # only a report that went through says the leader is reachable again
                     backoff.reset()
@@ -347,31 +352,32 @@ class Agent:
         if notes.signalled_at is None:  # not signalled by an earlier agent
             log.info("job %d attempt %d: %s, %gs to checkpoint (%s)", order.job_id, order.attempt, order.signal,
                      order.grace_s, order.reason)
-            notes = self.notes.update(*key, signalled_at=time.time(), grace_s=order.grace_s, reason=order.reason)
+            notes = self.notes.update(*key, signalled_at=self.clock(), grace_s=order.grace_s, reason=order.reason)
             self.runtime.signal(order.job_id, order.attempt, sig)
-        left = max(0.0, notes.signalled_at + notes.grace_s - time.time())
-        timer = threading.Timer(left, self._grace_over, key)
-        timer.daemon = True
-        self._timers[key] = timer
-        timer.start()
+        self._graces[key] = notes.signalled_at + notes.grace_s
 
-    def _grace_over(self, job_id: int, attempt: int) -> None:
-        self._timers.pop((job_id, attempt), None)
-        try:
-            if not any(s.job_id == job_id and s.attempt == attempt and s.state is AttemptState.RUNNING
-                       for s in self.runtime.attempts()):
-                return  # it stopped within its grace
-            log.info("job %d attempt %d still runs after its grace: TERM, then KILL", job_id, attempt)
-            self.notes.update(job_id, attempt, escalated=True)
-            self.runtime.stop(job_id, attempt, KILL_AFTER_S)
-        except Exception as err:  # noqa: BLE001 - a job past its grace must still be stopped: try again soon
-            log.warning("cannot stop job %d attempt %d after its grace: %s: %s; trying again in %g s", job_id,
-                        attempt, type(err).__name__, err, GRACE_RETRY_S)
-            if not self._stop.is_set():
-                timer = threading.Timer(GRACE_RETRY_S, self._grace_over, (job_id, attempt))
-                timer.daemon = True
-                self._timers[(job_id, attempt)] = timer
-                timer.start()
+    def check_graces(self) -> None:
+        """Stop (TERM, then KILL) each signalled attempt that still runs at the end of its grace, by the agent's
+        clock; the exit watcher calls this every look. A stop that fails is tried again a moment later."""
+        now = self.clock()
+        due = [key for key, end in list(self._graces.items()) if end <= now]
+        if not due:
+            return
+        running = {(s.job_id, s.attempt) for s in self.runtime.attempts() if s.state is AttemptState.RUNNING}
+        for key in due:
+            if key not in running:
+                self._graces.pop(key, None)  # it stopped within its grace
+                continue
+            try:
+                log.info("job %d attempt %d still runs after its grace: TERM, then KILL", *key)
+                self.notes.update(*key, escalated=True)
+                self.runtime.stop(*key, KILL_AFTER_S)
+            except Exception as err:  # noqa: BLE001 - a job past its grace must still be stopped: try again soon
+                log.warning("cannot stop job %d attempt %d after its grace: %s: %s; trying again in %g s", *key,
+                            type(err).__name__, err, GRACE_RETRY_S)
+                self._graces[key] = now + GRACE_RETRY_S
+            else:
+                self._graces.pop(key, None)
 
     def _managed_pids(self) -> frozenset[int]:
         """Every process of every running job: its whole process group, dataloader workers and all."""
