@@ -6,6 +6,7 @@ uses its own node name and job ids, and removes the containers of its nodes at t
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
 import os
@@ -113,3 +114,30 @@ def make_runtime(docker_client, tmp_path: Path):
 def job_user() -> str | None:
     """A non-root user for the container: ``nobody`` when the tests run as root, else the agent's own."""
     return "nobody" if os.geteuid() == 0 else None
+
+
+@contextlib.contextmanager
+def container_lab(client, root: Path, config: str) -> Iterator:
+    """A real leader and an agent of its own name (tests in parallel must not clean up each other), with
+    user nobody's token as ``lab.token``: containers never run as root, so jobs come from an ordinary user
+    with a Unix account here. The agent's containers are removed afterwards."""
+    import secrets
+
+    import docker.errors
+
+    from tests.e2e.conftest import Lab
+
+    lab = Lab(root, config)
+    try:
+        lab.start_leader()
+        lab.node = f"ws-{secrets.token_hex(3)}"
+        lab.start_agent(lab.node)
+        added = lab.labq("admin", "user", "add", "nobody", "--print").stdout
+        lab.token = next(w.strip('"') for w in added.split() if w.strip('"').startswith("lqu_"))
+        yield lab
+    finally:
+        lab.close()
+        node = getattr(lab, "node", None)
+        for container in client.containers.list(all=True, filters={"label": f"labq.agent={node}"}) if node else ():
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # the agent may be removing it
+                container.remove(force=True)

@@ -7,18 +7,14 @@ and the agent must refuse it on the node. Each job's folder belongs to its user,
 
 from __future__ import annotations
 
-import contextlib
-import secrets
 import stat
 
-import docker
-import docker.errors
 import pytest
 
 from labq.isolation import IsolationError, check_mounts, refuse_checkpoint_folders
 from labq.models.job import Mount
-from tests.docker.conftest import IMAGE
-from tests.e2e.conftest import TEST_CONFIG, Lab
+from tests.docker.conftest import IMAGE, container_lab
+from tests.e2e.conftest import TEST_CONFIG
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,18 +28,9 @@ def shared_lab(docker_client, tmp_path):
     (shared / "checkpoints").chmod(0o755)
     config = TEST_CONFIG.replace("[jobs]\n", f'[jobs]\nallowed_mount_roots = ["{shared}"]\n'
                                              f'checkpoint_root = "{shared / "checkpoints"}"\n')
-    lab = Lab(tmp_path / "lab", config)
-    lab.shared = shared
-    lab.start_leader()
-    lab.node = f"ws-{secrets.token_hex(3)}"
-    lab.start_agent(lab.node)
-    added = lab.labq("admin", "user", "add", "nobody", "--print").stdout
-    lab.token = next(w.strip('"') for w in added.split() if w.strip('"').startswith("lqu_"))
-    yield lab
-    lab.close()
-    for container in docker_client.containers.list(all=True, filters={"label": f"labq.agent={lab.node}"}):
-        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
-            container.remove(force=True)
+    with container_lab(docker_client, tmp_path / "lab", config) as lab:
+        lab.shared = shared
+        yield lab
 
 
 def test_a_job_may_not_mount_another_jobs_checkpoint_folder(shared_lab):

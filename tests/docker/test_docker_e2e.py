@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import secrets
 
-import docker
-import docker.errors
 import pytest
 
-from tests.docker.conftest import IMAGE
-from tests.e2e.conftest import TEST_CONFIG, Lab
+from tests.docker.conftest import IMAGE, container_lab
+from tests.e2e.conftest import TEST_CONFIG
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -21,19 +17,9 @@ def docker_lab(docker_client, tmp_path):
     (allowed / "imagenet").mkdir(parents=True)
     (allowed / "imagenet" / "labels.txt").write_text("cat\ndog\n")
     config = TEST_CONFIG.replace("[jobs]\n", f'[jobs]\nallowed_mount_roots = ["{allowed}"]\n')
-    lab = Lab(tmp_path / "lab", config)
-    lab.allowed = allowed
-    lab.start_leader()
-    lab.node = f"ws-{secrets.token_hex(3)}"  # its own name: tests in parallel must not clean up each other
-    lab.start_agent(lab.node)
-    # containers never run as root: jobs come from an ordinary user with a Unix account here
-    added = lab.labq("admin", "user", "add", "nobody", "--print").stdout
-    lab.token = next(w.strip('"') for w in added.split() if w.strip('"').startswith("lqu_"))
-    yield lab
-    lab.close()
-    for container in docker_client.containers.list(all=True, filters={"label": f"labq.agent={lab.node}"}):
-        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # the agent may be removing it
-            container.remove(force=True)
+    with container_lab(docker_client, tmp_path / "lab", config) as lab:
+        lab.allowed = allowed
+        yield lab
 
 
 def test_a_container_job_runs_with_its_mount_and_exit_code(docker_lab):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labq.store import MemoryStore, TinyDBStore
+from labq.store import MemoryStore, PutJob, TinyDBStore
 
 
 class StoreFactory:
@@ -44,3 +44,11 @@ def store(stores):
 
 def job(job_id: int, state: str = "queued", **extra) -> dict:
     return {"id": job_id, "state": state, "spec": {"user": extra.pop("user", "alice"), "gpus": 1}, **extra}
+
+
+def small_lab(folder):
+    """A data folder of two commits: jobs 1 and 2 queued, then 1 finished (archived) and 3 queued."""
+    with TinyDBStore(folder) as store:
+        store.commit([PutJob(job(1)), PutJob(job(2))])
+        store.commit([PutJob(job(1, "succeeded", ended_at=1_700_000_000.0)), PutJob(job(3))])
+    return folder

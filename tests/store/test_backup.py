@@ -21,7 +21,7 @@ from labq.store import PutJob, TinyDBStore
 from labq.store.backup import JOIN_TOKEN, MANIFEST, BackupError, backup, check_backup, restore
 from labq.store.tinydb_store import ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME
 from tests.e2e.conftest import Lab, lab  # noqa: F401  (the fixture)
-from tests.store.conftest import job
+from tests.store.conftest import job, small_lab
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -34,10 +34,7 @@ def files_of(folder: Path) -> dict[str, bytes]:
 
 @pytest.fixture
 def data(tmp_path) -> Path:
-    folder = tmp_path / "data"
-    with TinyDBStore(folder) as store:
-        store.commit([PutJob(job(1)), PutJob(job(2))])
-        store.commit([PutJob(job(1, "succeeded", ended_at=1_700_000_000.0)), PutJob(job(3))])
+    folder = small_lab(tmp_path / "data")
     (folder / JOIN_TOKEN).write_text("join-secret\n")
     return folder
 

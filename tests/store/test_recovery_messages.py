@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from labq.store import CorruptDatabase, PutJob, SchemaMismatch, StoreError, TinyDBStore, plan_recovery
+from labq.store import CorruptDatabase, SchemaMismatch, StoreError, TinyDBStore, plan_recovery
 from labq.store.tinydb_store import DB_NAME, PREVIOUS_NAME
 from tests.e2e.conftest import Lab, lab  # noqa: F401  (the fixture)
-from tests.store.conftest import job
+from tests.store.conftest import small_lab
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,11 +38,7 @@ def damage(path: Path) -> None:
 
 @pytest.fixture
 def data(tmp_path) -> Path:
-    folder = tmp_path / "data"
-    with TinyDBStore(folder) as store:
-        store.commit([PutJob(job(1)), PutJob(job(2))])
-        store.commit([PutJob(job(1, "succeeded", ended_at=1_700_000_000.0)), PutJob(job(3))])
-    return folder
+    return small_lab(tmp_path / "data")
 
 
 def labq(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
