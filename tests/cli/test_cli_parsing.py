@@ -21,9 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -32,11 +30,13 @@ from labq.cli.common import parse_duration, parse_ids, parse_size_mib
 from labq.cli.errors import CliError, exit_code
 from labq.cli.jobs import FINISHED, STATES, build_submit_body
 from labq.client import Client, credentials_path, load_credentials, parse_event_stream, save_credentials
+from labq.http_server import serve_app
 from labq.models import JobState, Node
 from labq.protocol.codec import encode_job, encode_node
 from labq.protocol.errors import ApiError
 from labq.protocol.requests import parse_submit
 from labq.render import estimate_text, jobs_table, show_text, why_text
+from labq.transport import Request, Response
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = 1_000_000.0
@@ -271,34 +271,20 @@ class FakeLeader:
         #: an answer, or a function of the query that returns one
         self.routes: dict[tuple[str, str], tuple[int, dict, bytes] | Callable] = {}
         self.requests: list[dict] = []
-        leader = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self) -> None:
-                url = urlsplit(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                leader.requests.append({"method": self.command, "path": url.path, "query": parse_qs(url.query),
-                                        "auth": self.headers.get("Authorization"),
-                                        "body": json.loads(self.rfile.read(length)) if length else None})
-                route = leader.routes.get(
-                    (self.command, url.path), (404, {}, b'{"error": {"code": "not_found", "message": "no route"}}'))
-                status, headers, body = route(parse_qs(url.query)) if callable(route) else route
-                self.send_response(status)
-                headers = {"Content-Type": "application/json", "Content-Length": str(len(body))} | headers
-                for key, value in headers.items():
-                    if value is not None:
-                        self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST = do_DELETE = _answer
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_app(self._answer, ("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _answer(self, request: Request) -> Response:
+        """The app the shared server helper serves: record the request, answer from ``routes``."""
+        self.requests.append({"method": request.method, "path": request.path, "query": request.query,
+                              "auth": request.header("Authorization"),
+                              "body": json.loads(request.body) if request.body else None})
+        route = self.routes.get((request.method, request.path),
+                                (404, {}, b'{"error": {"code": "not_found", "message": "no route"}}'))
+        status, headers, body = route(request.query) if callable(route) else route
+        headers = {"Content-Type": "application/json"} | headers
+        return Response(status, {k: v for k, v in headers.items() if v is not None}, body)
 
     def json(self, method: str, path: str, answer: object, status: int = 200) -> None:
         self.routes[(method, path)] = (status, {}, json.dumps(answer).encode())
