@@ -10,12 +10,13 @@ from dataclasses import replace
 
 from labq.leader.auth import Principal
 from labq.leader.state import LabState
-from labq.models.job import Job, JobState
+from labq.models.job import Job, JobSpec, JobState
 from labq.models.node import NodeHealth
 from labq.models.reservation import BookingAnswer, Reservation
 from labq.protocol import errors
 from labq.protocol.bookings import ReserveRequest
 from labq.protocol.codec import decode_reservation, encode_reservation
+from labq.scheduler import why_never_fits_reservation
 from labq.scheduler.booking import BookingLimits, book, repin
 from labq.store import DeleteRecord, PutRecord
 
@@ -95,8 +96,9 @@ class Bookings:
         with self.state.lock:
             return sorted(self.by_name.values(), key=lambda r: (r.start, r.name))
 
-    def check_submit(self, user: str, name: str) -> None:
-        """A job naming a reservation: it must exist and admit the user."""
+    def check_submit(self, spec: JobSpec, now: float) -> None:
+        """A job naming a reservation (the lock is held): it must exist, admit the user, and fit in it."""
+        name, user = spec.reservation, spec.user
         r = self.by_name.get(name)
         if r is None:
             raise errors.unprocessable(f"there is no reservation {name!r}; `labq reservations` lists them",
@@ -104,6 +106,11 @@ class Bookings:
         if not r.admits(user):
             raise errors.forbidden(f"{user} may not use reservation {name!r} (booked by {r.owner} for "
                                    f"{', '.join(sorted({r.owner, *r.users}))})")
+        session = self.state.agents.get(r.node) if r.node else None
+        never = why_never_fits_reservation(spec, r, session.node if session else None, now=now,
+                                           stops_at_end=self.state.config.reservation_at_end == "stop")
+        if never is not None:
+            raise errors.unprocessable(f"this job can never run in reservation {name!r}: {never}", "reservation")
 
     def tick(self, now: float) -> list[Job]:
         """Timers (the lock is held): re-pin reservations whose node went away, stop jobs at a

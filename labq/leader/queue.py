@@ -32,7 +32,7 @@ class Queue:
         _check_spec(spec, who, config)
         with state.lock:
             if spec.reservation is not None:
-                self.bookings.check_submit(spec.user, spec.reservation)
+                self.bookings.check_submit(spec, state.clock())
             nodes = state.nodes()
             never = why_never_fits(spec, nodes) if nodes else None
             if never is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from labq.models.job import JobSpec
 from labq.models.node import Node
+from labq.models.reservation import Reservation
 
 
 def gpu_matches(spec: JobSpec, model: str, memory_mib: int) -> bool:
@@ -91,3 +92,38 @@ def why_never_fits(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> str |
         f"node(s) have {gpn} suitable GPUs"
     )
 
+
+def why_never_fits_reservation(spec: JobSpec, r: Reservation, node: Node | None, *, now: float,
+                               stops_at_end: bool) -> str | None:
+    """None if ``spec`` could run inside reservation ``r`` (pinned to ``node``); else why not, and what would.
+
+    A booking holds its GPUs on one node for [start, end): a job asking for more GPUs, or GPUs of
+    another model or memory than the pinned ones, or more nodes, can never start in it; nor can one
+    whose time limit runs past the end when the lab stops jobs at a booking's end.
+    """
+    if r.end <= now:
+        return f"reservation {r.name!r} has ended; submit without --reservation"
+    if spec.nodes > 1:
+        return f"reservation {r.name!r} holds GPUs on one node; this job asks for {spec.nodes} nodes"
+    if spec.gpus > r.gpus:
+        return f"asks for {spec.gpus} GPUs but reservation {r.name!r} holds {r.gpus}; ask for --gpus {r.gpus} or fewer"
+    if node is not None and r.node == node.name and r.gpu_indices:
+        pinned = [node.gpus[i] for i in r.gpu_indices if i < len(node.gpus)]
+        suitable = sum(1 for g in pinned if gpu_matches(spec, g.model, g.memory_mib))
+        if suitable < spec.gpus:
+            kinds = ", ".join(sorted({f"{g.model} {_mib(g.memory_mib)}" for g in pinned}))
+            return (f"reservation {r.name!r} holds {kinds}; {suitable} of its GPUs match this job's model and "
+                    f"memory filter, and it asks for {spec.gpus}")
+    if stops_at_end and spec.time_limit_s is not None:
+        left = r.end - max(r.start, now)
+        if left < 60:
+            return f"reservation {r.name!r} ends in less than a minute; submit without --reservation"
+        if spec.time_limit_s > left:
+            return (f"its time limit ({_hours(spec.time_limit_s)}) runs past the end of reservation {r.name!r}, where "
+                    f"the lab stops its jobs; ask for --time {_hours(left)} or less")
+    return None
+
+
+def _hours(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{max(minutes, 1)}m"

@@ -127,3 +127,17 @@ def test_a_reservation_on_a_lost_node_is_repinned_and_its_owner_sees_it(lab):
     lab.wait(moved, "the reservation to move", timeout=30)
     assert f"re-pinned from {gone} (lost) to {other}" in lab.labq("reservations").stdout
     time.sleep(0.1)
+
+
+def test_a_job_that_can_never_fit_its_reservation_is_refused_at_submit_with_what_would(running_lab):
+    lab = running_lab
+    lab.labq("reserve", "--gpus", "1", "--start", "in 2m", "--for", "10m", "--name", "quick")
+    for gpus in ("2", "3"):
+        out = lab.labq("submit", "--reservation", "quick", "--gpus", gpus, "--", "true", check=False)
+        assert out.returncode == 2, out.stderr  # the request can never be met: bad input, as for the lab
+        assert (f"can never run in reservation 'quick': asks for {gpus} GPUs but reservation 'quick' holds 1; "
+                "ask for --gpus 1 or fewer") in out.stderr
+    out = lab.labq("submit", "--reservation", "quick", "--time", "1h", "--", "true", check=False)
+    assert out.returncode == 2 and "runs past the end of reservation 'quick'" in out.stderr
+    assert lab.api("ls", "--all") == []  # nothing refused was queued
+    assert lab.submit("true", reservation="quick", time="5m") > 0  # what fits is taken
