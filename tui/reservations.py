@@ -280,7 +280,9 @@ class BookingForm(ModalScreen[str | None]):
                 yield Button("Close", id="close", compact=True)
 
     def on_mount(self) -> None:
-        self.query_one("#b-start", Input).focus()
+        first = self.query_one(f"#b-{self.FIELDS[0][0]}", Input)  # the GPU count: typing a number lands there
+        first.focus()
+        first.select_all()  # and replaces the default
 
     def fields(self) -> dict[str, str]:
         return {key: self.query_one(f"#b-{key}", Input).value for key, _, _ in self.FIELDS}

@@ -259,6 +259,20 @@ def test_the_booking_form_answers_while_typing_and_books_for_real(lab):
     drive(lab, app, scenario)
 
 
+def test_the_booking_form_starts_in_its_first_field_so_typing_a_gpu_count_lands_there(lab):
+    app = tui(lab)
+
+    async def scenario(pilot) -> None:
+        await pilot.press("R", "b")
+        form = app.screen
+        assert isinstance(form, BookingForm)
+        await pilot.press("3")  # typed at once, over the default 1
+        assert form.query_one("#b-gpus", Input).value == "3"
+        assert form.query_one("#b-start", Input).value == ""
+
+    drive(lab, app, scenario)
+
+
 def test_a_refused_booking_shows_the_reasons_and_the_alternatives_and_errors_show_in_place(lab):
     app = tui(lab)
 
