@@ -100,6 +100,23 @@ def flaky(tmp_path):
         server.server_close()
 
 
+def _refuse_on(host: str, port: int, until: int, timeout: float = 30.0) -> int:
+    """Stand in for a leader that is down: accept each connection on ``port`` and close it at once, until
+    ``until`` of them came (or ``timeout``); how many came."""
+    tries = 0
+    with socket.create_server((host, port), reuse_port=False) as gone:
+        gone.settimeout(0.5)
+        deadline = time.monotonic() + timeout
+        while tries < until and time.monotonic() < deadline:
+            try:
+                conn, _ = gone.accept()
+            except TimeoutError:
+                continue
+            conn.close()
+            tries += 1
+    return tries
+
+
 def _wait_for(condition, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -128,7 +145,8 @@ def test_an_agent_whose_leader_is_gone_syncs_within_two_seconds_of_its_return(fl
     host, port = server.server_address[:2]
     server.shutdown()
     server.server_close()
-    time.sleep(8.5)  # long enough for an exponential backoff to grow far past 2 s
+    tries = _refuse_on(host, port, until=6)  # six failed syncs: an exponential backoff would be far past 2 s
+    assert tries >= 6, f"the agent stopped retrying after {tries} failed syncs"
     back = ThreadingHTTPServer((host, port), _Handler)
     back.script, back.syncs = [], []
     threading.Thread(target=back.serve_forever, daemon=True).start()

@@ -4,7 +4,6 @@ and one whose join token is wrong stops at once with why: real processes on loop
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 
@@ -26,7 +25,8 @@ def test_an_agent_started_before_its_leader_joins_when_the_leader_comes_up(lab, 
     agent = lab._spawn(["agent", "--leader", lab.url, "--gpus", "sim:ws-4x3090", "--name", "ws1", "--no-mdns",
                         "--join-token-file", str(token), "--state-dir", str(tmp_path / "ws1")], "agent-ws1.log")
     lab.wait(lambda: "keeps trying" in (tmp_path / "agent-ws1.log").read_text(), "the agent to say it waits")
-    time.sleep(2.0)  # a few retries against no leader
+    lab.wait(lambda: "cannot sync with the leader" in (tmp_path / "agent-ws1.log").read_text(),
+             "the agent's sync loop to fail against no leader")
     assert agent.poll() is None, (tmp_path / "agent-ws1.log").read_text()
     lab.start_leader()
     lab.wait(lambda: any(n["name"] == "ws1" and n["health"] == "up" for n in lab.api("nodes")), "ws1 to join", 30)
