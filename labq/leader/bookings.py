@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from labq.leader.auth import Principal
 from labq.leader.state import LabState
+from labq.leader.users import user_only
 from labq.models.job import Job, JobSpec, JobState
 from labq.models.node import NodeHealth
 from labq.models.reservation import BookingAnswer, Reservation
@@ -40,8 +41,7 @@ class Bookings:
 
     def reserve(self, who: Principal, request: ReserveRequest) -> tuple[BookingAnswer, bool]:
         """Answer a booking, and book it if accepted and not a dry run: (answer, booked)."""
-        if who.kind != "user":
-            raise errors.forbidden("this needs a user's token")
+        user_only(who)
         state = self.state
         owner = request.owner or who.name
         if owner != who.name and not who.admin:
@@ -74,8 +74,7 @@ class Bookings:
         return answer, True
 
     def cancel(self, who: Principal, name: str) -> Reservation:
-        if who.kind != "user":
-            raise errors.forbidden("this needs a user's token")
+        user_only(who)
         state = self.state
         with state.lock:
             r = self.by_name.get(name)
@@ -91,8 +90,7 @@ class Bookings:
         return r
 
     def view(self, who: Principal) -> list[Reservation]:
-        if who.kind != "user":
-            raise errors.forbidden("this needs a user's token")
+        user_only(who)
         with self.state.lock:
             return sorted(self.by_name.values(), key=lambda r: (r.start, r.name))
 
