@@ -22,6 +22,8 @@ class Reservation:
     created_at: float = 0.0
     #: what happened to it since booking, for its owner (``re-pinned from ws1 (lost) to ws3``)
     note: str = ""
+    #: when it was cancelled; a cancelled booking stays listed a while, like an ended one, and pins nothing
+    cancelled_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.end <= self.start:
@@ -31,7 +33,21 @@ class Reservation:
         return user == self.owner or user in self.users
 
     def active(self, now: float) -> bool:
-        return self.start <= now < self.end
+        return self.start <= now < self.end and self.cancelled_at is None
+
+    def live(self, now: float) -> bool:
+        """Still to be honoured: not cancelled and not yet ended."""
+        return self.cancelled_at is None and now < self.end
+
+    def state(self, now: float) -> str:
+        """``upcoming``, ``active``, ``ended`` or ``cancelled``: what the lab's lists show."""
+        if self.cancelled_at is not None:
+            return "cancelled"
+        return "upcoming" if now < self.start else ("active" if now < self.end else "ended")
+
+    def over_at(self) -> float:
+        """When it stopped being honoured: its cancellation or its end."""
+        return self.end if self.cancelled_at is None else min(self.end, self.cancelled_at)
 
     def overlaps(self, start: float, end: float) -> bool:
         """Whether [start, end) meets this reservation's [start, end): windows that only touch do not."""

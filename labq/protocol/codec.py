@@ -130,11 +130,11 @@ def encode_reservation(r: Reservation) -> dict:
     return {"name": r.name, "owner": r.owner, "gpus": r.gpus, "start": r.start, "end": r.end,
             "users": sorted(r.users), "group": r.group, "node": r.node, "gpu_indices": list(r.gpu_indices),
             "gpu_model": r.gpu_model, "min_gpu_memory_mib": r.min_gpu_memory_mib, "score": r.score,
-            "created_at": r.created_at, "note": r.note}
+            "created_at": r.created_at, "note": r.note, "cancelled_at": r.cancelled_at}
 
 
 def decode_reservation(doc: dict) -> Reservation:
     return Reservation(doc["name"], doc["owner"], doc["gpus"], doc["start"], doc["end"], frozenset(doc["users"]),
                        doc.get("group"), doc.get("node"), tuple(doc.get("gpu_indices", ())), doc.get("gpu_model"),
                        doc.get("min_gpu_memory_mib", 0), doc.get("score", 0), doc.get("created_at", 0.0),
-                       doc.get("note", ""))
+                       doc.get("note", ""), doc.get("cancelled_at"))
