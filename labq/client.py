@@ -113,8 +113,9 @@ class Client:
         """A booking's answer: ``accepted``, ``booked``, the pinned reservation or reasons and alternatives."""
         return self._json("POST", "/v1/reservations", body=body)
 
-    def reservations(self) -> list[dict]:
-        return self._json("GET", "/v1/reservations")["reservations"]
+    def reservations(self, *, everything: bool = False) -> list[dict]:
+        """Bookings to come or running; ``everything`` adds those ended or cancelled lately."""
+        return self._json("GET", "/v1/reservations" + ("?all=1" if everything else ""))["reservations"]
 
     def cancel_reservation(self, name: str) -> dict:
         return self._json("DELETE", f"/v1/reservations/{quote(name, safe='')}")["reservation"]

@@ -143,14 +143,15 @@ def why_text(job: Mapping, pending: Mapping | None, now: float) -> str:
 
 
 def _why_lines(job: Mapping, pending: Mapping | None, now: float) -> list[str]:
+    note = [f"  {job['note']}"] if job.get("note") else []
     if pending:
         lines = [f"job {job['id']} waits: {pending['reason']}: {pending['detail']}"]
         if pending.get("waiting_for"):
             lines.append(f"  waiting for job {pending['waiting_for']}")
         if estimate := estimate_text(pending.get("estimated_start"), now):
             lines.append(f"  {estimate}")
-        return lines
-    return [_why_sentence(job)]
+        return lines + note
+    return [_why_sentence(job)] + note
 
 
 def _why_sentence(job: Mapping) -> str:
@@ -204,7 +205,11 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
     if spec.get("depends_on"):
         facts.append(("after jobs", ", ".join(map(str, spec["depends_on"]))))
     if spec.get("reservation"):
-        facts.append(("reservation", spec["reservation"]))
+        after = spec.get("after_reservation", "queue")
+        facts.append(("reservation", f"{spec['reservation']} (if it ends first: "
+                                     f"{'cancel' if after == 'cancel' else 'queue normally'})"))
+    if job.get("note"):
+        facts.append(("note", job["note"]))
     if job.get("preemptions"):
         lost = format_duration(job.get("work_lost_s") or 0)
         facts.append(("preemptions", f"{job['preemptions']} (work lost {lost})"))
@@ -390,7 +395,10 @@ def reservations_table(reservations: Sequence[Mapping], now: float, tz) -> str:
         return "no reservations"
     rows = []
     for r in reservations:
-        state = "active" if r["start"] <= now < r["end"] else ("ended" if r["end"] <= now else "upcoming")
+        if r.get("cancelled_at") is not None:
+            state = "cancelled"
+        else:
+            state = "active" if r["start"] <= now < r["end"] else ("ended" if r["end"] <= now else "upcoming")
         users = ",".join(sorted({r["owner"], *r.get("users", ())}))
         if r.get("group"):
             users = f"group {r['group']}"

@@ -89,6 +89,7 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
         env=parse_env(args.env, os.environ if environ is None else environ) if args.env else None,
         depends_on=parse_ids(args.after, "job id for --after") if args.after else None,
         nodes=_node_count(args), node=args.node or None, reservation=args.reservation or None,
+        after_reservation=_after_reservation(args),
         image=args.image or None,
         mounts=[parse_mount(m, cwd) for m in _container_only(args, "mount")],
         shm_size_mib=parse_size_mib(args.shm_size, "--shm-size") if _container_only(args, "shm_size") else None)
@@ -107,6 +108,13 @@ def _requeue_on_timeout(args: argparse.Namespace) -> bool:
     if args.requeue_on_timeout and not args.time:
         raise CliError("--requeue-on-timeout needs --time: the limit at which the job is requeued")
     return args.requeue_on_timeout
+
+
+def _after_reservation(args: argparse.Namespace) -> str | None:
+    if args.after_reservation and not args.reservation:
+        raise CliError("--after-reservation says what happens when the job's reservation ends; "
+                       "give --reservation NAME too")
+    return args.after_reservation
 
 
 def _node_count(args: argparse.Namespace) -> int | None:
@@ -404,6 +412,9 @@ def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
     p.add_argument("--node", metavar="NAME", help="run only on this node")
     p.add_argument("--reservation", metavar="NAME", help="run on a reservation's GPUs (you must be one of its "
                    "users); waits for its start")
+    p.add_argument("--after-reservation", choices=("queue", "cancel"),
+                   help="if the reservation ends (or is cancelled) before the job starts: queue it normally "
+                   "on any GPUs (default) or cancel it")
     p.add_argument("--grace", metavar="DURATION", help="time to checkpoint before a stop (default 60s)")
     p.add_argument("--checkpoint-signal", metavar="SIGNAL", help="signal asking the job to checkpoint "
                    "(default SIGUSR1)")

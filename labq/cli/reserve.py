@@ -77,7 +77,7 @@ def _reserve(args: argparse.Namespace) -> int:
 def _reservations(args: argparse.Namespace) -> int:
     from labq.render import reservations_table
 
-    found = leader_client(args).reservations()
+    found = leader_client(args).reservations(everything=args.all)
     now = time.time()
     print(json.dumps(found, indent=2) if args.json else reservations_table(found, now, _zone(args)))
     return 0
@@ -114,7 +114,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = command(sub, "reservations", "list the lab's reservations",
                 "List the reservations that have not ended: where they are pinned, when, for whom, and what "
-                "happened to them (re-pinned after a node went away).",
-                "  labq reservations\n  labq reservations --json", _reservations, [common])
+                "happened to them (re-pinned after a node went away). With --all, also those that ended or "
+                "were cancelled in the last week. When a booking ends or is cancelled, the jobs still waiting "
+                "in it go to the normal queue (or are cancelled, if submitted with --after-reservation cancel).",
+                "  labq reservations\n  labq reservations --all\n  labq reservations --json", _reservations,
+                [common])
+    p.add_argument("--all", action="store_true", help="also the bookings that ended or were cancelled lately")
     p.add_argument("--tz", metavar="ZONE", help="show times in this zone")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -2,6 +2,11 @@
 
 Reservations are records in the store (``reservations``/NAME), loaded with the
 rest of the hot state. The lab's lock is held for every change, as for jobs.
+
+A booking's end, or its cancellation, is a state change: the record stays (listed by
+``labq reservations --all``) for ``KEEP_OVER_S``, and the jobs still naming it leave it in the
+same commit or the next scheduling pass (``labq.models.transitions.out_of_reservations``), so
+no job ever waits for a booking that no longer holds GPUs.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from dataclasses import replace
 from labq.leader.auth import Principal
 from labq.leader.state import LabState
 from labq.leader.users import user_only
+from labq.models import transitions as t
 from labq.models.job import Job, JobSpec, JobState
 from labq.models.node import NodeHealth
 from labq.models.reservation import BookingAnswer, Reservation
@@ -21,8 +27,8 @@ from labq.scheduler import why_never_fits_reservation
 from labq.scheduler.booking import BookingLimits, book, repin
 from labq.store import DeleteRecord, PutRecord
 
-#: a reservation is forgotten this long after its end
-KEEP_ENDED_S = 3600.0
+#: an ended or cancelled reservation stays listed (``--all``) this long, then is forgotten
+KEEP_OVER_S = 7 * 86400.0
 
 
 class Bookings:
@@ -32,8 +38,12 @@ class Bookings:
         self.by_name: dict[str, Reservation] = {name: decode_reservation(doc) for name, doc in records.items()}
 
     def current(self, now: float) -> list[Reservation]:
-        """The reservations the scheduler must honour: not yet ended."""
-        return [r for r in self.by_name.values() if r.end > now]
+        """The reservations the scheduler must honour: not ended, not cancelled."""
+        return [r for r in self.by_name.values() if r.live(now)]
+
+    def standing(self) -> list[Reservation]:
+        """What a new booking is checked against: all but the cancelled (the booking code skips ended ones)."""
+        return [r for r in self.by_name.values() if r.cancelled_at is None]
 
     def limits(self) -> BookingLimits:
         c = self.state.config
@@ -62,7 +72,7 @@ class Bookings:
                                  frozenset(users) - {owner}, request.group, request.node, (), request.gpu_model,
                                  request.min_gpu_memory_mib)
             nodes = state.nodes()
-            answer = book(wanted, nodes, list(self.by_name.values()), list(state.jobs.values()), now=now,
+            answer = book(wanted, nodes, self.standing(), list(state.jobs.values()), now=now,
                           limits=self.limits(), exempt=who.admin)
             if not answer.accepted or request.dry_run:
                 return answer, False
@@ -74,25 +84,39 @@ class Bookings:
         return answer, True
 
     def cancel(self, who: Principal, name: str) -> Reservation:
+        """Cancel a booking; the jobs waiting in it leave it in the same commit (queued normally or cancelled)."""
         user_only(who)
         state = self.state
         with state.lock:
+            now = state.clock()
             r = self.by_name.get(name)
             if r is None:
                 raise errors.not_found(f"there is no reservation {name!r}")
             if r.owner != who.name and not who.admin:
                 raise errors.forbidden(f"reservation {name!r} was booked by {r.owner}; only they or an admin may "
                                        "cancel it")
-            state.commit([DeleteRecord("reservations", name)])
-            del self.by_name[name]
+            if not r.live(now):
+                raise errors.conflict(f"reservation {name!r} is already {r.state(now)}")
+            r = replace(r, cancelled_at=now)
+            mine = [j for j in state.jobs.values() if j.spec.reservation == name]
+            state.apply(t.out_of_reservations(mine, {name: r}, now),
+                        [PutRecord("reservations", name, encode_reservation(r))])
+            self.by_name[name] = r
         state.events.publish("reservation", {"name": name, "state": "cancelled", "owner": r.owner})
         state.wake()
         return r
 
-    def view(self, who: Principal) -> list[Reservation]:
+    def view(self, who: Principal, *, everything: bool = False) -> list[Reservation]:
+        """The bookings still to come or running; ``everything`` adds those ended or cancelled lately."""
         user_only(who)
         with self.state.lock:
-            return sorted(self.by_name.values(), key=lambda r: (r.start, r.name))
+            now = self.state.clock()
+            return sorted((r for r in self.by_name.values() if everything or r.live(now)),
+                          key=lambda r: (r.start, r.name))
+
+    def release(self, now: float) -> list[Job]:
+        """The jobs whose reservation is over, moved on (the lock is held): run before each scheduling pass."""
+        return t.out_of_reservations(self.state.jobs.values(), self.by_name, now)
 
     def check_submit(self, spec: JobSpec, now: float) -> None:
         """A job naming a reservation (the lock is held): it must exist, admit the user, and fit in it."""
@@ -101,6 +125,9 @@ class Bookings:
         if r is None:
             raise errors.unprocessable(f"there is no reservation {name!r}; `labq reservations` lists them",
                                        "reservation")
+        if not r.live(now):
+            raise errors.unprocessable(f"reservation {name!r} is {r.state(now)}; `labq reservations` lists the "
+                                       "current ones", "reservation")
         if not r.admits(user):
             raise errors.forbidden(f"{user} may not use reservation {name!r} (booked by {r.owner} for "
                                    f"{', '.join(sorted({r.owner, *r.users}))})")
@@ -112,19 +139,19 @@ class Bookings:
 
     def tick(self, now: float) -> list[Job]:
         """Timers (the lock is held): re-pin reservations whose node went away, stop jobs at a
-        reservation's end (per the admin's at_end), forget ended reservations. Returns job updates."""
+        reservation's end (per the admin's at_end), forget reservations long over. Returns job updates."""
         state = self.state
         changes, updates = [], []
         nodes = state.nodes()
         health = {n.name: n.health for n in nodes}
         for r in list(self.by_name.values()):
-            if r.end + KEEP_ENDED_S <= now:
+            if r.over_at() + KEEP_OVER_S <= now:
                 changes.append(DeleteRecord("reservations", r.name))
                 del self.by_name[r.name]
                 continue
-            if r.end > now and health.get(r.node) in (NodeHealth.LOST, NodeHealth.DOWN, None):
+            if r.live(now) and health.get(r.node) in (NodeHealth.LOST, NodeHealth.DOWN, None):
                 why = health[r.node].value if r.node in health else "gone"
-                moved = repin(r, nodes, list(self.by_name.values()), list(state.jobs.values()), now=now, why=why)
+                moved = repin(r, nodes, self.standing(), list(state.jobs.values()), now=now, why=why)
                 if moved is not None:
                     changes.append(PutRecord("reservations", r.name, encode_reservation(moved)))
                     self.by_name[r.name] = moved

@@ -153,7 +153,8 @@ def _reserve(h: _Handler, who, body) -> tuple[int, dict]:
 
 @route("GET", "/v1/reservations")
 def _reservations(h: _Handler, who) -> tuple[int, dict]:
-    return 200, {"reservations": [encode_reservation(r) for r in h.server.leader.bookings.view(who)]}
+    found = h.server.leader.bookings.view(who, everything=h.arg("all") == "1")
+    return 200, {"reservations": [encode_reservation(r) for r in found]}
 
 
 @route("DELETE", r"/v1/reservations/([^/]+)")

@@ -44,6 +44,9 @@ class Scheduling:
         state = self.state
         with state.lock:
             now = state.clock()
+            released = self.bookings.release(now)  # so no job waits for a booking that is over
+            if released:
+                state.apply(released)
             self._decay_usage(now)
             decisions = schedule(list(state.jobs.values()), state.nodes(), now=now, usage=self._usage(now),
                                  policy=self._policy(), finished=self._finished_for_dependencies(),

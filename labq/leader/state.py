@@ -135,6 +135,8 @@ class LabState:
             event["preempted_for"] = job.preempted_for
         if job.drained_for is not None:
             event["drained_for"] = job.drained_for
+        if job.note:
+            event["note"] = job.note
         self.events.publish("job", event)
 
     def nodes(self) -> list[Node]:

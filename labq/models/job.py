@@ -74,6 +74,13 @@ class Attempt:
     drained_for: str | None = None  #: the reservation whose GPUs it freed
 
 
+class AfterReservation(str, Enum):
+    """What becomes of a job still waiting in its reservation when the booking ends or is cancelled."""
+
+    QUEUE = "queue"  #: released to the normal queue, to run on any GPUs it fits
+    CANCEL = "cancel"  #: cancelled, with the reservation's end as the reason
+
+
 class Runtime(str, Enum):
     DOCKER = "docker"  #: a container from ``image``
     PROCESS = "process"  #: a plain process on the workstation
@@ -88,7 +95,8 @@ class Mount:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """Everything a submission says; never changes after submit."""
+    """Everything a submission says; never changes after submit, but for one thing: a job whose
+    reservation is over leaves it (``reservation`` becomes None, and the job's ``note`` says so)."""
 
     user: str
     command: tuple[str, ...]
@@ -113,6 +121,8 @@ class JobSpec:
     checkpoint_signal: str = "SIGUSR1"
     grace_s: float = 60.0
     reservation: str | None = None
+    #: when the reservation ends (or is cancelled) before the job started: queue normally or cancel
+    after_reservation: AfterReservation = AfterReservation.QUEUE
     depends_on: tuple[int, ...] = ()
     #: at the time limit, requeue (attempt + 1, resumed) instead of ending as timeout
     requeue_on_timeout: bool = False
@@ -167,6 +177,8 @@ class Job:
     stop_requested: str | None = None
     #: the attempts before this one, oldest first
     history: tuple[Attempt, ...] = ()
+    #: what the lab did to it besides running it, for its user (``released from reservation 'paper' ...``)
+    note: str = ""
 
     @property
     def user(self) -> str:

@@ -7,8 +7,12 @@ job (next attempt, same class and submit time).
 
 from __future__ import annotations
 
-from labq.models.job import Attempt, AttemptEnd, Job, JobState, StopReason
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from labq.models.job import AfterReservation, Attempt, AttemptEnd, Job, JobState, StopReason
 from labq.models.placement import Placement
+from labq.models.reservation import Reservation
 
 _FINAL_STATE = {StopReason.CANCELLED: JobState.CANCELLED, StopReason.TIMEOUT: JobState.TIMEOUT}
 
@@ -75,6 +79,40 @@ def preempting(job: Job, for_job: int | None, reservation: str | None = None) ->
 
 def cancelled(job: Job, now: float) -> Job:
     return job.evolve(state=JobState.CANCELLED, ended_at=now)
+
+
+def out_of_reservations(jobs: Iterable[Job], reservations: Mapping[str, Reservation], now: float) -> list[Job]:
+    """The unfinished jobs whose reservation is over (ended, cancelled, or not there at all), moved on.
+
+    Nothing waits for a booking that no longer holds GPUs: a job that has not started yet is
+    released to the normal queue, or cancelled if its submitter chose ``--after-reservation cancel``;
+    a job already on GPUs runs on as an ordinary job. Either way its ``note`` says what happened.
+    """
+    moved = []
+    for job in jobs:
+        name = job.spec.reservation
+        if name is None or job.state.finished:
+            continue
+        r = reservations.get(name)
+        if r is not None and r.live(now):
+            continue
+        why = "does not exist" if r is None else ("was cancelled" if r.cancelled_at is not None else "ended")
+        moved.append(leave_reservation(job, f"reservation {name!r} {why}", now))
+    return moved
+
+
+def leave_reservation(job: Job, why: str, now: float) -> Job:
+    """``job`` out of its reservation because ``why`` (``reservation 'paper' ended``)."""
+    waiting = job.state in (JobState.QUEUED, JobState.HELD)
+    if waiting and job.spec.after_reservation is AfterReservation.CANCEL:
+        return job.evolve(state=JobState.CANCELLED, ended_at=now,
+                          note=_noted(job, f"cancelled: {why} before it started (--after-reservation cancel)"))
+    what = "released to the normal queue" if waiting else "runs on outside it"
+    return job.evolve(spec=replace(job.spec, reservation=None), note=_noted(job, f"{why}; {what}"))
+
+
+def _noted(job: Job, line: str) -> str:
+    return f"{job.note}; {line}" if job.note else line
 
 
 def work_lost(job: Job, ended_at: float, end: AttemptEnd) -> float:

@@ -7,7 +7,7 @@ the store or the leader); requests from people go through ``labq.protocol.reques
 from __future__ import annotations
 
 from labq.models.decisions import Pending
-from labq.models.job import Attempt, AttemptEnd, Job, JobSpec, JobState, Mount, Runtime, StopReason
+from labq.models.job import AfterReservation, Attempt, AttemptEnd, Job, JobSpec, JobState, Mount, Runtime, StopReason
 from labq.models.node import Gpu, Node, NodeHealth
 from labq.models.placement import NodeAllocation, Placement
 from labq.models.reservation import Reservation
@@ -21,6 +21,7 @@ _SPEC_SCALARS = ("user", "gpus", "name", "image", "workdir", "nodes", "min_gpu_m
 def encode_spec(spec: JobSpec) -> dict:
     doc = {name: getattr(spec, name) for name in _SPEC_SCALARS}
     doc["runtime"] = spec.runtime.value
+    doc["after_reservation"] = spec.after_reservation.value
     doc["command"] = list(spec.command)
     doc["env"] = dict(spec.env)
     doc["mounts"] = [{"source": m.source, "target": m.target, "read_only": m.read_only} for m in spec.mounts]
@@ -37,6 +38,7 @@ def decode_spec(doc: dict) -> JobSpec:
         env=tuple(sorted(doc.get("env", {}).items())),
         mounts=tuple(Mount(m["source"], m["target"], m.get("read_only", False)) for m in doc.get("mounts", ())),
         depends_on=tuple(doc.get("depends_on", ())),
+        after_reservation=AfterReservation(doc.get("after_reservation", "queue")),
     )
 
 
@@ -55,7 +57,7 @@ def decode_placement(doc: dict | None) -> Placement | None:
 
 
 _JOB_SCALARS = ("attempt", "submitted_at", "started_at", "ended_at", "exit_code", "last_checkpoint_at",
-                "preemptions", "work_lost_s", "preempted_for", "drained_for", "stop_requested")
+                "preemptions", "work_lost_s", "preempted_for", "drained_for", "stop_requested", "note")
 
 
 def encode_attempt(a: Attempt) -> dict:

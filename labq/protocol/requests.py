@@ -230,8 +230,8 @@ def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: 
                    requeue_on_timeout: bool = False, grace_s: float | None = None,
                    checkpoint_signal: str | None = None, env: Mapping[str, str] | None = None,
                    depends_on: Sequence[int] | None = None, nodes: int | None = None, node: str | None = None,
-                   reservation: str | None = None, image: str | None = None, mounts: Sequence[Mount] = (),
-                   shm_size_mib: int | None = None) -> dict:
+                   reservation: str | None = None, after_reservation: str | None = None,
+                   image: str | None = None, mounts: Sequence[Mount] = (), shm_size_mib: int | None = None) -> dict:
     """The ``POST /v1/jobs`` body that ``parse_submit`` reads back: only what differs from the defaults.
 
     Plain values: seconds, MiB, absolute paths. An ``image`` makes it a container job (``runtime`` docker).
@@ -242,7 +242,7 @@ def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: 
                 "time_limit_s": _seconds(time_limit_s), "requeue_on_timeout": requeue_on_timeout or None,
                 "grace_s": _seconds(grace_s), "checkpoint_signal": checkpoint_signal,
                 "env": dict(env) if env else None, "depends_on": list(depends_on) if depends_on else None,
-                "nodes": nodes, "node": node, "reservation": reservation}
+                "nodes": nodes, "node": node, "reservation": reservation, "after_reservation": after_reservation}
     body.update((key, value) for key, value in optional.items() if value is not None)
     if image is not None:
         body["runtime"], body["image"] = "docker", image
@@ -291,6 +291,7 @@ def parse_submit(body: object) -> SubmitRequest:
     out["workdir"] = workdir
     out.update(_runtime(f))
     out["reservation"] = f.name("reservation", "reservation name")
+    out["after_reservation"] = _after_reservation(f.string("after_reservation", max_len=16), out["reservation"])
     after = f.raw("depends_on")
     if after is not None:
         if not isinstance(after, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i > 0
@@ -299,6 +300,20 @@ def parse_submit(body: object) -> SubmitRequest:
         out["depends_on"] = tuple(after)
     f.done()
     return SubmitRequest({k: v for k, v in out.items() if v is not None})
+
+
+def _after_reservation(text: str | None, reservation: str | None):
+    from labq.models.job import AfterReservation
+
+    if text is None:
+        return None
+    if reservation is None:
+        raise bad_request("after_reservation says what happens when the job's reservation ends; name the "
+                          "reservation too", "after_reservation")
+    try:
+        return AfterReservation(text)
+    except ValueError:
+        raise bad_request("after_reservation must be queue or cancel", "after_reservation") from None
 
 
 def _runtime(f: Fields) -> dict:

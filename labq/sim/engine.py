@@ -179,7 +179,7 @@ class _Simulation:
     # -- events --------------------------------------------------------------------------------
 
     def _on_arrive(self, now: float, job: TraceJob) -> None:
-        never = self._never_fits(job)
+        never = self._never_fits(job) or self._not_bookable(job, now)
         if never is not None:
             self.skipped.append((job, never))
             return
@@ -233,7 +233,15 @@ class _Simulation:
                 self.clock.at(edge, "edge")
 
     def _on_edge(self, now: float) -> None:
+        """A reservation drains, starts or ends; at its end, the jobs still waiting in it leave it."""
         self.dirty = True
+        for job in t.out_of_reservations(self.jobs.values(), {r.name: r for r in self.reservations}, now):
+            if job.state is JobState.CANCELLED:  # submitted with --after-reservation cancel
+                del self.jobs[job.id]
+                self.queued -= 1
+                self.skipped.append((self.trace.pop(job.id), job.note))
+            else:
+                self.jobs[job.id] = job
 
     # -- deciding ------------------------------------------------------------------------------
 
@@ -321,6 +329,17 @@ class _Simulation:
             why = why_never_fits(job_spec(job, self.node_size, self.options.grace_s), self.nodes)
             self._never[key] = None if why is None else f"asks for {job.gpus} GPUs: {why}"
         return self._never[key]
+
+    def _not_bookable(self, job: TraceJob, now: float) -> str | None:
+        """Why the leader would refuse a job into its reservation at submit: not booked, or over."""
+        if job.reservation is None or self.reference is not None:  # plain FIFO and SJF know no bookings
+            return None
+        r = next((r for r in self.reservations if r.name == job.reservation), None)
+        if r is None:
+            refused = next((why for wanted, why in self.refused if wanted.name == job.reservation), None)
+            return (f"its reservation {job.reservation!r} was refused: {'; '.join(refused)}" if refused
+                    else f"there is no reservation {job.reservation!r}")
+        return None if r.live(now) else f"its reservation {job.reservation!r} ended before it was submitted"
 
     def _count_usage(self, job: Job, now: float) -> None:
         """An attempt ended: its GPU-hours join the user's decayed usage."""

@@ -141,3 +141,44 @@ def test_a_job_that_can_never_fit_its_reservation_is_refused_at_submit_with_what
     assert out.returncode == 2 and "runs past the end of reservation 'quick'" in out.stderr
     assert lab.api("ls", "--all") == []  # nothing refused was queued
     assert lab.submit("true", reservation="quick", time="5m") > 0  # what fits is taken
+
+
+def test_jobs_still_waiting_when_a_booking_ends_go_to_the_normal_queue_or_are_cancelled_as_asked(running_lab):
+    lab = running_lab
+    assert reserve(lab, "--gpus", "1", "--start", "now", "--for", "10s", "--name", "quick")["accepted"]
+    blocker = lab.submit("sleep", "14")  # an ordinary job that outlives the booking
+    waiting = lab.submit("sleep", "1", reservation="quick", after=blocker)
+    doomed = lab.submit("sleep", "1", reservation="quick", after=blocker, after_reservation="cancel")
+    assert f"waits for job {blocker}" in lab.labq("why", str(waiting)).stdout
+
+    cancelled = lab.wait_state(doomed, "cancelled", timeout=30)
+    assert "reservation 'quick' ended before it started (--after-reservation cancel)" in cancelled["note"]
+    released = lab.job(waiting)
+    assert released["state"] == "queued" and released["spec"]["reservation"] is None
+    assert "reservation 'quick' ended; released to the normal queue" in released["note"]
+    why = lab.labq("why", str(waiting)).stdout
+    assert "does not exist" not in why and "released to the normal queue" in why
+    assert lab.wait_state(waiting, "succeeded", timeout=40)["exit_code"] == 0  # ran on the lab's GPUs
+
+    assert "quick" not in lab.labq("reservations").stdout
+    everything = json.loads(lab.labq("reservations", "--all", "--json").stdout)
+    assert [r["name"] for r in everything] == ["quick"]
+    assert re.search(r"quick .* ended", lab.labq("reservations", "--all").stdout)
+
+
+def test_cancelling_a_booking_releases_its_waiting_jobs_at_once(running_lab):
+    lab = running_lab
+    assert reserve(lab, "--gpus", "2", "--start", "in 5m", "--for", "10m", "--name", "later")["accepted"]
+    job = lab.submit("sleep", "30", gpus=2, reservation="later")
+    assert "reservation 'later' starts in" in lab.labq("why", str(job)).stdout
+
+    assert "cancelled later" in lab.labq("reserve", "cancel", "later").stdout
+    running = lab.wait_state(job, "running", timeout=20)  # the GPUs were free all along
+    assert "reservation 'later' was cancelled; released to the normal queue" in running["note"]
+    assert "later" not in lab.labq("reservations").stdout
+    assert re.search(r"later .* cancelled", lab.labq("reservations", "--all").stdout)
+    again = lab.labq("reserve", "cancel", "later", check=False)
+    assert again.returncode != 0 and "already cancelled" in again.stderr
+    refused = lab.labq("submit", "--reservation", "later", "--", "true", check=False)
+    assert refused.returncode == 2 and "reservation 'later' is cancelled" in refused.stderr
+    lab.labq("cancel", str(job))

@@ -108,3 +108,31 @@ def test_bad_policy_and_cluster_are_refused():
         simulate(Workload(FOUR), parse_cluster("sim:flat:4"), "random")
     with pytest.raises(ValueError, match="COUNTxsim|count|unknown simulated"):
         parse_cluster("0xsim:dgx1")
+
+
+def test_a_job_still_waiting_when_its_reservation_ends_runs_on_the_lab_and_a_refused_bookings_jobs_are_skipped():
+    jobs = (TraceJob(1, 100, 300, 2, user="ana", reservation="paper", preemptible=False),
+            TraceJob(2, 110, 50, 2, user="ana", reservation="paper"),  # waits behind job 1 in the booking
+            TraceJob(3, 120, 10, 1, user="ben", reservation="nope"))  # its booking was refused
+    bookings = (TraceReservation("paper", "ana", 2, start=100, end=200, booked=10),
+                TraceReservation("nope", "ben", 8, start=100, end=200, booked=10))
+    result = simulate(Workload(jobs, bookings), parse_cluster("sim:flat:4"), "labq", options=QUICK)
+    assert times(result) == {1: (100, 400), 2: (200, 250)}  # released at the end, to the two idle GPUs
+    [(skipped, why)] = result.skipped
+    assert skipped.id == 3 and why.startswith("its reservation 'nope' was refused: capacity: no node has 8")
+    assert result.meta["refused_reservations"][0].startswith("nope: ")
+    assert "never_started" not in result.meta
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_in_a_generated_lab_with_bookings_every_job_starts_or_says_why_naming_what_exists(seed):
+    from labq.sim.workload import generate
+
+    workload = generate(seed=seed, days=14, users=6, gpus=8)
+    assert workload.reservations  # the deadline week books
+    result = simulate(workload, parse_cluster("2xsim:ws-4x3090"), "labq")
+    refused = {line.split(":", 1)[0] for line in result.meta.get("refused_reservations", ())}
+    assert all(o.start is not None for o in result.outcomes), result.meta.get("never_started")
+    for job, why in result.skipped:
+        if job.reservation is not None:
+            assert job.reservation in refused and why.startswith(f"its reservation {job.reservation!r} was refused")

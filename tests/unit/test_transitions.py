@@ -148,3 +148,57 @@ def test_fair_share_counts_running_work_of_users_with_no_history(tmp_path):
     leader.scheduling.schedule_pass()
     assert leader.state.jobs[veteran.id].state is JobState.STARTING  # less used, though submitted later
     assert leader.state.jobs[newcomer.id].state is JobState.QUEUED
+
+
+# -- leaving a reservation that is over ---------------------------------------------------------
+
+def _in(name: str | None, after: str = "queue", state: JobState = JobState.QUEUED, note: str = "") -> Job:
+    from labq.models.job import AfterReservation
+
+    spec = JobSpec(user="alice", command=("train",), reservation=name, after_reservation=AfterReservation(after))
+    placed = PLACE if state.holds_gpus else None
+    return Job(7, spec, submitted_at=100.0, state=state, placement=placed, note=note)
+
+
+def _booking(name: str = "paper", end: float = 500.0, cancelled_at: float | None = None):
+    from labq.models.reservation import Reservation
+
+    return Reservation(name, "alice", 1, 100.0, end, cancelled_at=cancelled_at)
+
+
+@pytest.mark.parametrize("job, bookings, now, state, reservation, note", [
+    # still live: nothing moves
+    (_in("paper"), [_booking()], 499.0, JobState.QUEUED, "paper", ""),
+    # ended: released, or cancelled as asked
+    (_in("paper"), [_booking()], 500.0, JobState.QUEUED, None, "reservation 'paper' ended; released to the normal queue"),
+    (_in("paper", "cancel"), [_booking()], 500.0, JobState.CANCELLED, "paper",
+     "cancelled: reservation 'paper' ended before it started (--after-reservation cancel)"),
+    (_in("paper", "cancel", JobState.HELD), [_booking()], 500.0, JobState.CANCELLED, "paper",
+     "cancelled: reservation 'paper' ended before it started (--after-reservation cancel)"),
+    (_in("paper", state=JobState.HELD), [_booking()], 500.0, JobState.HELD, None,
+     "reservation 'paper' ended; released to the normal queue"),
+    # on GPUs already: it runs on, outside the booking, whatever it asked for the queue
+    (_in("paper", "cancel", JobState.RUNNING), [_booking()], 500.0, JobState.RUNNING, None,
+     "reservation 'paper' ended; runs on outside it"),
+    # cancelled early, or not there at all (forgotten, never booked)
+    (_in("paper"), [_booking(cancelled_at=200.0)], 200.0, JobState.QUEUED, None,
+     "reservation 'paper' was cancelled; released to the normal queue"),
+    (_in("paper"), [], 200.0, JobState.QUEUED, None, "reservation 'paper' does not exist; released to the normal queue"),
+    # an earlier note is kept
+    (_in("paper", note="moved"), [_booking()], 600.0, JobState.QUEUED, None,
+     "moved; reservation 'paper' ended; released to the normal queue"),
+])
+def test_a_job_leaves_a_reservation_that_is_over(job, bookings, now, state, reservation, note):
+    moved = t.out_of_reservations([job], {r.name: r for r in bookings}, now)
+    if note == "":
+        assert moved == []
+        return
+    [out] = moved
+    assert (out.state, out.spec.reservation, out.note) == (state, reservation, note)
+    assert (out.ended_at == now) == (state is JobState.CANCELLED)
+    assert decode_job(encode_job(out)) == out  # the note and the choice survive the store
+
+
+def test_jobs_without_a_reservation_or_finished_never_move():
+    done = _in("paper").evolve(state=JobState.SUCCEEDED)
+    assert t.out_of_reservations([_in(None), done], {}, 10_000.0) == []
