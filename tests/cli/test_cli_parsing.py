@@ -112,6 +112,8 @@ def submit_body(*argv: str, environ: dict | None = None) -> dict:
     (["--gpus", "4", "--nodes", "2", "--node", "ws1", "--", "x"], {"gpus": 4, "nodes": 2, "node": "ws1"}),
     (["--checkpoint-signal", "usr2", "--", "x"], {"checkpoint_signal": "SIGUSR2"}),
     (["--", "--weird-program", "-v"], {"command": ["--weird-program", "-v"]}),
+    (["--reservation", "paper", "--after-reservation", "cancel", "--", "x"],
+     {"reservation": "paper", "after_reservation": "cancel"}),
 ])
 def test_submit_arguments_become_the_request_body(argv, expected):
     body = submit_body(*argv, environ={"HOME": "/home/alice"})
@@ -137,6 +139,7 @@ def test_submit_sends_only_what_was_chosen():
     (["--gpus", "3", "--nodes", "2", "--", "x"], "must split evenly"),
     (["--nodes", "0", "--", "x"], "must split evenly"),
     (["--checkpoint-signal", "KILL", "--", "x"], "not a signal a job can catch"),
+    (["--after-reservation", "cancel", "--", "x"], "give --reservation NAME too"),
 ])
 def test_bad_submit_arguments_are_refused_before_any_request(argv, words):
     with pytest.raises(CliError, match=words):

@@ -52,6 +52,10 @@ BIG = ["x" * (10 * 1024 * 1024)]
         (json.dumps({"command": ["true"], "requeue_on_timeout": True}).encode(), 400, "needs a time limit"),
         (json.dumps({"command": ["true"], "requeue_on_timeout": "yes"}).encode(), 400, "true or false"),
         (json.dumps({"command": ["true"], "grace_s": 600}).encode(), 400, "grace is at most"),
+        (json.dumps({"command": ["true"], "after_reservation": "cancel"}).encode(), 400, "name the reservation too"),
+        (json.dumps({"command": ["true"], "reservation": "x", "after_reservation": "drop"}).encode(), 400,
+         "must be queue or cancel"),
+        (json.dumps({"command": ["true"], "reservation": "x"}).encode(), 422, "there is no reservation 'x'"),
     ],
 )
 def test_bad_submits_are_refused_and_nothing_is_stored(running_lab, body, status, words):
