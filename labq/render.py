@@ -414,3 +414,20 @@ def _iso(t: float, tz) -> str:
     from labq.when import time_zone
 
     return datetime.fromtimestamp(t, time_zone(tz)).strftime("%Y-%m-%d %H:%M")
+
+
+def deadline_text(answer: Mapping, now: float, tz) -> str:
+    """For a booking by need: the earliest and the latest window that end by the deadline, and how to pick."""
+    from labq.when import format_when
+
+    windows = answer["deadline"]
+    earliest, latest = windows.get("earliest"), windows.get("latest")
+    if earliest is None:
+        return "  nothing of that size ends by the deadline"
+    lines = [f"  earliest start {format_when(earliest['start'], now, tz)} (ends {format_when(earliest['end'], now, tz)})",
+             f"  latest start   {format_when(latest['start'], now, tz)} (ends {format_when(latest['end'], now, tz)})"]
+    r = answer.get("reservation") or {}
+    if answer.get("accepted") and latest["start"] != earliest["start"]:
+        other = "latest" if r.get("start") == earliest["start"] else "earliest"
+        lines.append(f"  --start {other} books the {other} window instead; a --start between them works too")
+    return "\n".join(escape_controls(line) for line in lines)

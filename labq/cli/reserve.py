@@ -20,32 +20,61 @@ from labq.terminal_text import escape_controls
 def build_reserve_body(args: argparse.Namespace, now: float, tz) -> dict:
     """The ``POST /v1/reservations`` body for ``labq reserve``'s arguments (``labq.protocol.bookings``)."""
     from labq.protocol.bookings import reserve_request
-    from labq.when import parse_for, parse_when
 
-    if args.gpus is None or args.start is None:
-        raise CliError('say how many GPUs and when: labq reserve --gpus 4 --start "fri 09:00" --for 48h')
+    if args.gpus is None or (args.start is None and args.by is None):
+        raise CliError('say how many GPUs and when: labq reserve --gpus 4 --start "fri 09:00" --for 48h, '
+                       'or by when: labq reserve --gpus 4 --gpu-hours 200 --by "fri 18:00"')
     if args.gpus < 1:
         raise CliError("--gpus must be 1 or more")
-    if (args.duration is None) == (args.end is None):
-        raise CliError("say how long with --for DURATION (90m, 48h, 2d) or until when with --end WHEN")
-    try:
-        start = parse_when(args.start, now, tz)
-    except ValueError as err:
-        raise CliError(f"--start: {err}") from None
-    try:
-        end = start + parse_for(args.duration) if args.duration else parse_when(args.end, now, tz)
-    except ValueError as err:
-        raise CliError(f"{'--for' if args.duration else '--end'}: {err}") from None
-    if end <= start:
-        raise CliError("--end must be after --start")
+    if sum(x is not None for x in (args.duration, args.end, args.gpu_hours)) != 1:
+        raise CliError("say how long with --for DURATION (90m, 48h, 2d), until when with --end WHEN, or how much "
+                       "with --gpu-hours H")
+    if args.by is not None and args.end is not None:
+        raise CliError("with --by DEADLINE, say how long (--for or --gpu-hours), not --end")
+    start, end, by, length = _window_args(args, now, tz)
     memory = parse_size_mib(args.min_gpu_mem, "--min-gpu-mem") if args.min_gpu_mem else None
     if args.users and args.group:
         raise CliError("give --users or --group, not both")
     return reserve_request(
-        args.gpus, start, end, name=args.name or None, node=args.node or None, gpu_model=args.gpu_model or None,
-        min_gpu_memory_mib=memory,
+        args.gpus, start, end, by=by, length=length, name=args.name or None, node=args.node or None,
+        gpu_model=args.gpu_model or None, min_gpu_memory_mib=memory,
         users=[u.strip() for u in args.users.split(",") if u.strip()] if args.users else (),
         group=args.group or None, owner=args.for_user or None, dry_run=args.dry_run)
+
+
+def _window_args(args: argparse.Namespace, now: float, tz) -> tuple:
+    """(start, end, by, length): a window, or for a booking by need (--by) a length and a start that may be
+    ``earliest`` or ``latest``."""
+    from labq.when import parse_for, parse_when
+
+    def when(text: str, flag: str) -> float:
+        try:
+            return parse_when(text, now, tz)
+        except ValueError as err:
+            raise CliError(f"{flag}: {err}") from None
+
+    if args.gpu_hours is not None:
+        if not args.gpu_hours > 0:
+            raise CliError("--gpu-hours must be more than 0")
+        length = round(args.gpu_hours * 3600 / args.gpus / 60) * 60.0  # whole minutes
+    elif args.duration is not None:
+        try:
+            length = parse_for(args.duration)
+        except ValueError as err:
+            raise CliError(f"--for: {err}") from None
+    else:
+        length = None
+    by = when(args.by, "--by") if args.by is not None else None
+    pick = args.start if args.start in ("earliest", "latest") else None
+    if pick is not None and by is None:
+        raise CliError(f"--start {pick} picks a window that ends by a deadline: give --by WHEN too")
+    if by is not None:
+        return pick or (when(args.start, "--start") if args.start else None), None, by, length
+    start = when(args.start, "--start")
+    end = start + length if length is not None else when(args.end, "--end")
+    if end <= start:
+        raise CliError("--end must be after --start")
+    return start, end, None, None
 
 
 def _zone(args: argparse.Namespace):
@@ -70,7 +99,14 @@ def _reserve(args: argparse.Namespace) -> int:
     from labq.render import answer_text
 
     answer = leader_client(args).reserve(build_reserve_body(args, now, tz))
-    print(json.dumps(answer, indent=2) if args.json else answer_text(answer, now, tz))
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    else:
+        from labq.render import deadline_text
+
+        print(answer_text(answer, now, tz))
+        if answer.get("deadline") is not None:
+            print(deadline_text(answer, now, tz))
     return 0 if answer["accepted"] else 1
 
 
@@ -87,10 +123,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     common = leader_option()
     p = command(sub, "reserve", "book GPUs for a window of time (or cancel a booking)",
                 "Book GPUs from --start for --for (or until --end), for you and the --users or --group you name. "
+                "Or book by need: how much (--gpu-hours, or --for) by when (--by); the answer gives the earliest "
+                "start available and the latest that still finishes by the deadline, and books the one you pick "
+                "with --start earliest (the default), --start latest or --start TIME. "
                 "The answer comes at once: the node and GPUs pinned, and the jobs that will be asked to "
-                "checkpoint before the start; or why not, with alternatives that work. Times are in your time "
+                "checkpoint before the start, with the work they lose; or why not, with alternatives that work. "
+                "The GPUs pinned are those that displace the least running work. Times are in your time "
                 "zone: now, in 2h, 14:00, tomorrow 9am, fri 09:00, next mon 8:00, 2026-11-27 09:00.",
                 '  labq reserve --gpus 4 --start "fri 09:00" --for 48h --name paper\n'
+                '  labq reserve --gpus 4 --gpu-hours 200 --by "fri 18:00" --dry-run   when could it run?\n'
+                '  labq reserve --gpus 4 --for 48h --by "fri 18:00" --start latest\n'
                 '  labq reserve --gpus 2 --start tomorrow --for 8h --gpu-model A100 --users alice,bob\n'
                 '  labq reserve --gpus 8 --start "2026-12-01 09:00" --end "2026-12-03 18:00" --dry-run\n'
                 "  labq reserve cancel paper\n"
@@ -98,9 +140,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("action", nargs="?", choices=["cancel"], help="cancel a booking (with its NAME)")
     p.add_argument("target", nargs="?", metavar="NAME", help="the booking to cancel")
     p.add_argument("--gpus", type=int, metavar="N", help="how many GPUs (on one node)")
-    p.add_argument("--start", metavar="WHEN", help="when it starts, in your time zone")
+    p.add_argument("--start", metavar="WHEN", help="when it starts, in your time zone; with --by also earliest "
+                   "or latest")
     p.add_argument("--for", dest="duration", metavar="DURATION", help="how long: 90m, 48h, 2d")
     p.add_argument("--end", metavar="WHEN", help="when it ends (instead of --for)")
+    p.add_argument("--gpu-hours", type=float, metavar="H", help="how much: GPU-hours, spread over --gpus "
+                   "(instead of --for)")
+    p.add_argument("--by", metavar="WHEN", help="the deadline: book a window of --for or --gpu-hours that ends by "
+                   "then")
     p.add_argument("--name", help="a name for it (default: USER-N)")
     p.add_argument("--node", metavar="NAME", help="only on this node")
     p.add_argument("--gpu-model", metavar="MODEL", help="part of the GPU model name: A100, 3090")

@@ -25,6 +25,7 @@ from labq.protocol.bookings import ReserveRequest
 from labq.protocol.codec import decode_reservation, encode_reservation
 from labq.scheduler import why_never_fits_reservation
 from labq.scheduler.booking import BookingLimits, book, repin
+from labq.scheduler.deadline import DeadlineWindows, windows_by
 from labq.store import DeleteRecord, PutRecord
 
 #: an ended or cancelled reservation stays listed (``--all``) this long, then is forgotten
@@ -49,8 +50,9 @@ class Bookings:
         c = self.state.config
         return BookingLimits(c.max_reserved_gpu_hours_per_week, c.max_reservation_lead_s, c.max_reservation_s)
 
-    def reserve(self, who: Principal, request: ReserveRequest) -> tuple[BookingAnswer, bool]:
-        """Answer a booking, and book it if accepted and not a dry run: (answer, booked)."""
+    def reserve(self, who: Principal, request: ReserveRequest) -> tuple[BookingAnswer, bool, DeadlineWindows | None]:
+        """Answer a booking, and book it if accepted and not a dry run: (answer, booked, and for a booking
+        by need the earliest and latest windows that end by its deadline)."""
         user_only(who)
         state = self.state
         owner = request.owner or who.name
@@ -65,23 +67,30 @@ class Bookings:
             users = members
         with state.lock:
             now = state.clock()
-            if request.start < now - 60:
-                raise errors.bad_request("the reservation would start in the past", "start")
-            name = request.name or self._new_name(owner)
-            wanted = Reservation(name, owner, request.gpus, max(request.start, now), request.end,
+            wanted = Reservation(request.name or self._new_name(owner), owner, request.gpus, now, now + 1,
                                  frozenset(users) - {owner}, request.group, request.node, (), request.gpu_model,
                                  request.min_gpu_memory_mib)
-            nodes = state.nodes()
-            answer = book(wanted, nodes, self.standing(), list(state.jobs.values()), now=now,
-                          limits=self.limits(), exempt=who.admin)
+            nodes, standing, jobs = state.nodes(), self.standing(), list(state.jobs.values())
+            windows = None
+            if request.by is not None:
+                windows = windows_by(wanted, request.length, request.by, nodes, standing, jobs, now=now,
+                                     limits=self.limits(), exempt=who.admin)
+            start, end = _window(request, windows, now)
+            if start < now - 60 or end <= now:
+                raise errors.bad_request("the reservation would start in the past", "start")
+            wanted = replace(wanted, start=max(start, now), end=end)
+            answer = book(wanted, nodes, standing, jobs, now=now, limits=self.limits(), exempt=who.admin)
+            if windows is not None and not answer.accepted and windows.earliest is None:
+                answer = replace(answer, reasons=(f"no window of {request.gpus} GPU(s) for "
+                                                  f"{_hours(request.length)} ends by the deadline", *answer.reasons))
             if not answer.accepted or request.dry_run:
-                return answer, False
+                return answer, False, windows
             r = answer.reservation
             state.commit([PutRecord("reservations", r.name, encode_reservation(r))])
             self.by_name[r.name] = r
         state.events.publish("reservation", {"name": r.name, "state": "booked", "owner": r.owner})
         state.wake()
-        return answer, True
+        return answer, True, windows
 
     def cancel(self, who: Principal, name: str) -> Reservation:
         """Cancel a booking; the jobs waiting in it leave it in the same commit (queued normally or cancelled)."""
@@ -176,3 +185,20 @@ class Bookings:
         while f"{owner}-{n}" in self.by_name:
             n += 1
         return f"{owner}-{n}"
+
+
+def _window(request: ReserveRequest, windows: DeadlineWindows | None, now: float) -> tuple[float, float]:
+    """The window to book: the one asked for, or the earliest or latest that ends by the deadline; when none
+    does, the last one before it (so that the refusal says what is in the way, and what would work)."""
+    if windows is None or request.pick is None:
+        return request.start, request.end
+    chosen = windows.earliest if request.pick == "earliest" else windows.latest
+    if chosen is not None:
+        return chosen.start, chosen.end
+    start = max(now, request.by - request.length)
+    return start, start + request.length
+
+
+def _hours(seconds: float) -> str:
+    hours = seconds / 3600
+    return f"{hours:g} h" if hours < 48 else f"{hours / 24:g} days"

@@ -17,7 +17,7 @@ from labq.leader.node_logs import fetch_log
 from labq.models.job import Job
 from labq.protocol import errors
 from labq.protocol.agents import encode_reply, parse_registration, parse_sync
-from labq.protocol.bookings import encode_answer, parse_reserve
+from labq.protocol.bookings import encode_answer, encode_windows, parse_reserve
 from labq.protocol.codec import encode_job, encode_pending, encode_reservation
 from labq.protocol.names import check_name
 from labq.protocol.requests import parse_action, parse_submit, parse_user, require_int
@@ -147,8 +147,11 @@ def _logs(h: _Handler, who, job_id: str) -> None:
 
 @route("POST", "/v1/reservations")
 def _reserve(h: _Handler, who, body) -> tuple[int, dict]:
-    answer, booked = h.server.leader.bookings.reserve(who, parse_reserve(body))
-    return (201 if booked else 200), encode_answer(answer, booked)
+    answer, booked, windows = h.server.leader.bookings.reserve(who, parse_reserve(body))
+    doc = encode_answer(answer, booked)
+    if windows is not None:
+        doc["deadline"] = encode_windows(windows)
+    return (201 if booked else 200), doc
 
 
 @route("GET", "/v1/reservations")

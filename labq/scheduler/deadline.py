@@ -19,7 +19,7 @@ So the earliest start that fits is now or the end of one of those (a booking's
 end, a job's end, the horizon, a Monday), and the latest is ``by - length`` or
 the start of a booking minus ``length``, or the lead limit. Candidates are whole
 minutes (rounded towards the inside of the free interval), which people can type
-back.
+back (but ``by - length`` itself, so that no time before the deadline is lost).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def windows_by(request: Reservation, length: float, by: float, nodes: list[Node]
     """The earliest and the latest window of ``length`` seconds for ``request`` (its GPUs, node and filters;
     its own window is ignored) that start now or later and end by ``by``."""
     lab = _Lab(nodes, reservations, jobs, now, skip=None)
-    last_start = _minute_down(by - length) if by - length > now else by - length
+    last_start = by - length  # not rounded: a deadline of "in 6h" is not a whole minute, and no minute is lost
     lead = now + limits.max_lead_s if limits.max_lead_s is not None and not exempt else inf
     last_start = min(last_start, lead)
     if last_start < now:

@@ -660,12 +660,54 @@ def test_reserve_reads_times_in_the_users_zone():
     (["--gpus", "2", "--start", "fri 09:00", "--for", "0m"], "--for:"),
     (["--gpus", "2", "--start", "fri 09:00", "--for", "2h", "--users", "a", "--group", "g"], "not both"),
     (["--gpus", "2", "--start", "fri 10:00", "--end", "fri 09:00"], "--end must be after --start"),
+    (["--gpus", "2", "--start", "latest", "--for", "2h"], "--start latest picks a window that ends by a deadline"),
+    (["--gpus", "2", "--by", "sat", "--end", "sat"], "not --end"),
+    (["--gpus", "2", "--by", "sat"], "--gpu-hours H"),
+    (["--gpus", "2", "--by", "sat", "--for", "2h", "--gpu-hours", "4"], "--gpu-hours H"),
+    (["--gpus", "2", "--by", "sat", "--gpu-hours", "0"], "--gpu-hours must be more than 0"),
+    (["--gpus", "2", "--by", "someday", "--gpu-hours", "4"], "--by: can't read 'someday'"),
 ])
 def test_reserve_mistakes_are_named(argv, words):
     from labq.cli.reserve import build_reserve_body
 
     with pytest.raises(CliError, match=re.escape(words)):
         build_reserve_body(reserve_args(*argv), BERLIN_FRIDAY_8AM, "Europe/Berlin")
+
+
+@pytest.mark.parametrize(("argv", "body", "pick"), [
+    (["--gpus", "4", "--gpu-hours", "200", "--by", "fri 18:00"],
+     {"gpus": 4, "by": BERLIN_FRIDAY_8AM + 10 * 3600, "length": 50 * 3600.0}, "earliest"),
+    (["--gpus", "4", "--for", "48h", "--by", "fri 18:00", "--start", "latest"],
+     {"gpus": 4, "start": "latest", "by": BERLIN_FRIDAY_8AM + 10 * 3600, "length": 48 * 3600.0}, "latest"),
+    (["--gpus", "3", "--gpu-hours", "10", "--by", "fri 18:00", "--start", "fri 09:00"],  # 3 h 20 m
+     {"gpus": 3, "start": BERLIN_FRIDAY_8AM + 3600, "by": BERLIN_FRIDAY_8AM + 10 * 3600, "length": 200 * 60.0},
+     None),
+    (["--gpus", "2", "--gpu-hours", "4", "--start", "fri 09:00"],  # how much, without a deadline: 2 h
+     {"gpus": 2, "start": BERLIN_FRIDAY_8AM + 3600, "end": BERLIN_FRIDAY_8AM + 3 * 3600}, None),
+])
+def test_reserve_by_need_sends_a_length_and_a_deadline(argv, body, pick):
+    from labq.cli.reserve import build_reserve_body
+    from labq.protocol.bookings import parse_reserve
+
+    sent = build_reserve_body(reserve_args(*argv), BERLIN_FRIDAY_8AM, "Europe/Berlin")
+    assert sent == body
+    request = parse_reserve(sent)  # the leader's own validator takes it
+    assert (request.by, request.length, request.pick) == (body.get("by"), body.get("length"), pick)
+
+
+def test_a_booking_by_need_answer_shows_both_windows_and_how_to_pick_the_other():
+    from labq.render import deadline_text
+
+    hour = 3600
+    answer = {"accepted": True, "reservation": {"start": BERLIN_FRIDAY_8AM + hour},
+              "deadline": {"earliest": {"start": BERLIN_FRIDAY_8AM + hour, "end": BERLIN_FRIDAY_8AM + 3 * hour},
+                           "latest": {"start": BERLIN_FRIDAY_8AM + 8 * hour, "end": BERLIN_FRIDAY_8AM + 10 * hour}}}
+    assert deadline_text(answer, BERLIN_FRIDAY_8AM, "Europe/Berlin").splitlines() == [
+        "  earliest start Fri 27 Nov 09:00 CET (ends Fri 27 Nov 11:00 CET)",
+        "  latest start   Fri 27 Nov 16:00 CET (ends Fri 27 Nov 18:00 CET)",
+        "  --start latest books the latest window instead; a --start between them works too"]
+    none = {"accepted": False, "deadline": {"earliest": None, "latest": None}}
+    assert deadline_text(none, BERLIN_FRIDAY_8AM, "Europe/Berlin") == "  nothing of that size ends by the deadline"
 
 
 def test_reserve_answers_for_people():

@@ -182,3 +182,28 @@ def test_cancelling_a_booking_releases_its_waiting_jobs_at_once(running_lab):
     refused = lab.labq("submit", "--reservation", "later", "--", "true", check=False)
     assert refused.returncode == 2 and "reservation 'later' is cancelled" in refused.stderr
     lab.labq("cancel", str(job))
+
+
+def test_booking_by_need_answers_the_earliest_and_latest_start_and_books_the_one_picked(running_lab):
+    lab = running_lab  # 4 GPUs
+    assert reserve(lab, "--gpus", "4", "--start", "in 3h", "--for", "1h", "--name", "first")["accepted"]
+    first = json.loads(lab.labq("reservations", "--json").stdout)[0]
+
+    asked = reserve(lab, "--gpus", "4", "--gpu-hours", "8", "--by", "in 6h", "--dry-run")  # 2 h of 4 GPUs
+    assert asked["accepted"] and not asked["booked"]
+    earliest, latest = asked["deadline"]["earliest"], asked["deadline"]["latest"]
+    assert earliest["end"] <= first["start"] and earliest["end"] - earliest["start"] == 2 * 3600
+    assert latest["start"] >= first["end"] and latest["end"] - latest["start"] == 2 * 3600
+    assert asked["reservation"]["start"] == earliest["start"]  # the default pick
+
+    text = lab.labq("reserve", "--gpus", "4", "--gpu-hours", "8", "--by", "in 6h", "--start", "latest",
+                    "--name", "late").stdout
+    assert text.startswith("booked late: 4 GPU(s)") and "--start earliest books the earliest window" in text
+    late = {r["name"]: r for r in json.loads(lab.labq("reservations", "--json").stdout)}["late"]
+    assert late["end"] - late["start"] == 2 * 3600 and late["start"] >= first["end"]
+    assert late["start"] == pytest.approx(latest["start"], abs=5)  # "in 6h" read a second or two later
+
+    refused = lab.labq("reserve", "--gpus", "4", "--for", "5h", "--by", "in 6h", check=False)
+    assert refused.returncode == 1
+    assert "cannot book it: no window of 4 GPU(s) for 5 h ends by the deadline" in refused.stdout
+    assert "nothing of that size ends by the deadline" in refused.stdout

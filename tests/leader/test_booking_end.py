@@ -49,7 +49,7 @@ def lab(tmp_path):
 
 
 def book(leader: Leader, name: str, gpus: int, start: float, end: float, **extra) -> None:
-    answer, booked = leader.bookings.reserve(ALICE, parse_reserve({"name": name, "gpus": gpus, "start": start,
+    answer, booked, _ = leader.bookings.reserve(ALICE, parse_reserve({"name": name, "gpus": gpus, "start": start,
                                                                    "end": end, **extra}))
     assert booked, answer.reasons
 
