@@ -29,12 +29,14 @@ from labq.protocol.errors import ApiError
 from labq.render import answer_text, reservations_table
 from labq.terminal_text import escape_controls
 from labq.tui.dialogs import Confirm
-from labq.tui.timeline import LEGEND, timeline_lines
+from labq.tui.timeline import LEGEND, Timeline, draw_timeline
 from labq.when import EXAMPLES, local_zone, parse_for, parse_when
 
 DEFAULT_DAYS, MIN_DAYS, MAX_DAYS = 3, 1, 14
 DEBOUNCE_S = 0.3  #: the pause in typing after which the form asks the leader
 CLOCK_TICK_S = 60.0  #: the timeline starts at now: move it along
+#: the screen's rows that are not the timeline: banner, margin, the list's header and 3 rows, status, footer
+ROWS_BESIDE_TIMELINE = 8
 READONLY = "read-only (started with --readonly): booking and cancelling are off"
 
 
@@ -99,18 +101,10 @@ class ReservationsScreen(Screen):
         banner.update(Text(f" reservations | the next {self.days} day{'s' * (self.days != 1)} (+/- to change){mode}"
                            if app.connected else f" {app.status or 'connecting to the leader...'}"))
         width = max(20, (self.size.width or app.size.width) - 2)
-        lines = timeline_lines(app.nodes, app.reservations, app.jobs.values(), app.clock(), self.days, width,
-                               tz=self.tz)
-        text = Text(lines[0], style="bold")
-        for line in lines[1:]:
-            row = Text("\n" + line)
-            row.highlight_regex(r"[\[<][^\]>.|]*[\]>]|#", "bold cyan")
-            row.highlight_regex(r"\*", "bold yellow")
-            text.append_text(row)
-        if len(lines) == 1:
-            text.append("\nno nodes yet")
-        text.append("\n" + LEGEND[:width], style="dim")
-        self.query_one("#timeline", Static).update(text)
+        drawn = draw_timeline(app.nodes, app.reservations, app.jobs.values(), app.clock(), self.days, width,
+                              tz=self.tz)
+        key_rows = (self.size.height or app.size.height) - len(drawn.lines) - 1 - ROWS_BESIDE_TIMELINE
+        self.query_one("#timeline", Static).update(timeline_text(drawn, width, key_rows))
 
     def redraw_list(self) -> None:
         listing = self.query_one(DataTable)
@@ -173,6 +167,37 @@ class ReservationsScreen(Screen):
             self.app.post_message(ActionDone(f"cancelled reservation {name}"))
         except ApiError as err:
             self.app.post_message(ActionDone(f"cancel {name}: {err}", error=True))
+
+
+def timeline_text(drawn: Timeline, width: int, key_rows: int) -> Text:
+    """The timeline's lines (bars and job ends colored), its legend, then at most ``key_rows`` lines of its key.
+
+    A key longer than that ends in a line saying how much more there is (fewer days make the bars longer).
+    """
+    text = Text("\n".join(drawn.lines))
+    starts = [0]
+    for line in drawn.lines:
+        starts.append(starts[-1] + len(line) + 1)
+    text.stylize("bold", 0, len(drawn.lines[0]))
+    for row, first, end in drawn.bars:
+        text.stylize("bold cyan", starts[row] + first, starts[row] + end)
+    for row, column in drawn.job_ends:
+        text.stylize("bold yellow", starts[row] + column, starts[row] + column + 1)
+    if len(drawn.lines) == 1:
+        text.append("\nno nodes yet")
+    text.append("\n" + LEGEND[:width], style="dim")
+    key, more = list(drawn.key), ""
+    if len(key) > max(1, key_rows):
+        shown = max(0, key_rows - 1)
+        more = f"... {len(key) - shown} more lines of the key: - shows fewer days, with longer bars"[:width]
+        key = key[:shown]
+    for line in key:  # a bar's key in its color; a long entry's next lines begin with spaces
+        text.append("\n")
+        text.append(line[0], style="bold cyan" if line[0] != " " else "")
+        text.append(line[1:])
+    if more:
+        text.append("\n" + more, style="dim")
+    return text
 
 
 def booking_body(values: Mapping[str, str], now: float, tz: tzinfo) -> dict | None:

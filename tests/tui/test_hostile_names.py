@@ -118,7 +118,8 @@ def test_nodes_and_reservations_screens_show_names_escaped(hostile):
         lines = screen_text(app).splitlines()
         assert any(line.startswith(f" {escape_controls(RESERVATION)}  ") for line in lines)  # the list
         timeline = [line for line in lines if line.startswith(f" {escape_controls(NODE)[:12]} ")]  # the node column
-        assert len(timeline) == 1 and f"[{escape_controls(RESERVATION)[:16]}" in timeline[0], lines  # its bar
+        assert len(timeline) == 1 and f"[1:{escape_controls(RESERVATION)[:16]}" in timeline[0], lines  # its bar
+        assert any(line.startswith(f" 1  {escape_controls(RESERVATION)}  ") for line in lines), lines  # its key
 
         await pilot.press("c")
         await on_screen(pilot, Confirm)

@@ -67,7 +67,7 @@ def test_day_boundaries_are_midnights_in_the_users_zone():
 def test_bars_are_clipped_at_the_window_edges():
     lines = timeline_lines(NODES, [booking("early", -5, 4), booking("late", 60, 100, "ws2")], [], **ONE_H)
     early, late = bar(lines, 0), bar(lines, 1)
-    assert early[0] == "<" and early[3] == "]" and early[1:3] == "ea"  # 00:00-04:00 of the window: 4 columns
+    assert early[:4] == "<1=]"  # 00:00-04:00 of the window: 4 columns, too few for "early": its key
     assert late[60] == "[" and late.endswith(">") and late[61:65] == "late"
 
 
@@ -94,7 +94,7 @@ def test_eighty_columns_every_line_fits():
         assert [len(line) for line in lines] == [80, 80, 80]
     lines = timeline_lines(NODES, reservations, [], NOW, 14, 80, tz=UTC)
     assert lines[0].count("|") == 14  # a boundary a day; short day names where long ones do not fit
-    assert "[" in bar(lines, 0) and "pap" in bar(lines, 0)
+    assert "[1:pa" in bar(lines, 0)  # too short for the whole name: its key and what fits
 
 
 def test_running_jobs_show_where_their_time_limits_end():
@@ -108,7 +108,7 @@ def test_running_jobs_show_where_their_time_limits_end():
 def test_a_node_that_went_away_keeps_its_reservations_visible():
     lines = timeline_lines(NODES, [booking("gone", 2, 3, "ws9"), booking("tiny", 5, 5.5)], [], **ONE_H)
     assert [line[:4] for line in lines[1:]] == ["ws1 ", "ws2 ", "ws9 "]
-    assert bar(lines, 2)[2] == "#" and bar(lines, 0)[5] == "#"  # an hour or less: one mark
+    assert bar(lines, 2)[2] == "2" and bar(lines, 0)[5] == "1"  # an hour or less: one column, its key
 
 
 # -- the screens, with a real leader and a simulated agent ----------------------------------------
@@ -254,7 +254,9 @@ def test_the_booking_form_answers_while_typing_and_books_for_real(lab):
         screen = app.screen
         assert isinstance(screen, ReservationsScreen)
         await until(pilot, lambda: listed(screen) == ["deadline"], "the new reservation in the list")
-        assert "[dea]" in text(screen, "#timeline")  # 4 h of 3 days: 4 columns
+        timeline = text(screen, "#timeline")
+        assert "[1:d" in timeline  # 4 h of 3 days: 5 columns, too few for the name: its key and what fits
+        assert "\n1  deadline  ws1:" in timeline  # and the key, under the legend, names it
 
     drive(lab, app, scenario)
 
