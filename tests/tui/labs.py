@@ -255,6 +255,32 @@ def canned_leader():
         made.close()
 
 
+# -- a canned lab with bookings that overlap, for the timeline ------------------------------------------
+
+def overlapping_bookings(now: float) -> list[dict]:
+    """Bookings on ``ws1`` (4 GPUs) that overlap and that touch, one that began before ``now``, one with a
+    long name, and one on ``ws9``, a node that went away: as ``GET /v1/reservations`` lists them."""
+    h = 3600.0
+
+    def booking(name: str, node: str, gpus: list[int], start_h: float, end_h: float) -> dict:
+        return {"name": name, "owner": "alice", "gpus": len(gpus), "start": now + start_h * h, "end": now + end_h * h,
+                "users": [], "group": None, "node": node, "gpu_indices": gpus, "gpu_model": None,
+                "min_gpu_memory_mib": 0, "score": 0, "created_at": now - 86400.0, "note": "", "cancelled_at": None}
+
+    return [booking("paper-deadline", "ws1", [0, 1], -6, 20),  # began before now
+            booking("bert-large-pretraining-sweep", "ws1", [2, 3], 4, 30),  # overlaps paper-deadline
+            booking("eval", "ws1", [0, 1], 20, 26),  # right after paper-deadline, on its GPUs
+            booking("demo", "ws1", [0], 40, 42),  # too short for its name at 80 columns
+            booking("old-node-reservation", "ws9", [0], 10, 40)]  # ws9 went away
+
+
+def booked_canned_leader() -> CannedLeader:
+    """The canned leader of ``data/lab.json`` with ``overlapping_bookings`` (close it after use)."""
+    state = json.loads((DATA / "lab.json").read_text())
+    state["reservations"] = overlapping_bookings(state["now"])
+    return CannedLeader(state)
+
+
 # -- how data/lab.json was made -------------------------------------------------------------------------
 
 FIXED_NOW = 1_767_261_600.0  #: 2026-01-01 10:00 UTC: the canned lab's "now"

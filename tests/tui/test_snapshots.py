@@ -1,4 +1,5 @@
-"""Snapshots of the main screens at 80x24, against a canned lab (``data/lab.json``) and a fixed clock.
+"""Snapshots of the main screens at 80x24, against a canned lab (``data/lab.json``) and a fixed clock; the
+reservations screen with bookings that overlap at 80 and 120 columns (``labs.overlapping_bookings``).
 
 The canned leader is a real HTTP server on loopback; its event stream stays quiet, so what the
 screens show depends only on the file. ``--snapshot-update`` rewrites ``__snapshots__/`` after a
@@ -12,7 +13,8 @@ import time
 import pytest
 from textual.widgets import Input
 
-from tests.tui.labs import SIZE, until
+from labq.tui.reservations import ReservationsScreen
+from tests.tui.labs import SIZE, booked_canned_leader, until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -77,3 +79,34 @@ def test_submit_form(screen_after):
 def test_submit_form_scrolls_to_its_last_field(screen_after):
     """At 80x24 the form is taller than the screen: Tab to the folder field scrolls it into view."""
     assert screen_after("s", *["tab"] * 5)
+
+
+@pytest.fixture
+def booked_screen(snap_compare):
+    """``booked_screen(size)``: whether ``R`` on the canned lab with overlapping bookings matches its snapshot."""
+    leader = booked_canned_leader()
+
+    async def run_before(pilot) -> None:
+        app = pilot.app
+        await until(pilot, lambda: app.connected and len(app.reservations) == 5
+                    and "/v1/events" in leader.requests, "the canned lab, and the event stream open",
+                    lambda: (app.status, leader.requests))
+        await pilot.press("R")
+        await until(pilot, lambda: isinstance(app.screen, ReservationsScreen)
+                    and app.screen.cursor_reservation() is not None, "the reservations listed")
+
+    try:
+        yield lambda size: snap_compare(leader.app(), terminal_size=size, run_before=run_before)
+    finally:
+        leader.close()
+
+
+def test_reservations_with_overlapping_bookings_at_80_columns(booked_screen):
+    """``R``: the bookings that overlap on ws1 in two lanes, the back-to-back pair both whole, the bars too short
+    for their names keyed, and the key under the legend naming them in full."""
+    assert booked_screen(SIZE)
+
+
+def test_reservations_with_overlapping_bookings_at_120_columns(booked_screen):
+    """``R`` at 120x36: the same lanes, room for more of the names, so fewer keys."""
+    assert booked_screen((120, 36))
