@@ -63,11 +63,17 @@ class Reservation:
 
 @dataclass(frozen=True)
 class Displaced:
-    """A running job on the pinned GPUs that will be asked to checkpoint before the start."""
+    """A running job on the pinned GPUs that will be asked to checkpoint before the start.
+
+    What it costs is defined once, in ``labq.scheduler.booking``: the job leaves whole, so all of
+    its GPUs times the work it risks at ``signal_at`` (since its last checkpoint or start) plus its grace.
+    """
 
     job_id: int
     user: str
     signal_at: float
+    gpus: int = 0  #: all of the job's GPUs, on every node: a displaced job leaves whole
+    gpu_seconds_lost: int = 0  #: the expected cost, in whole GPU-seconds
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,11 @@ class Alternative:
 class BookingAnswer:
     accepted: bool
     reservation: Reservation | None = None  #: pinned, when accepted
-    displaced: tuple[Displaced, ...] = ()
+    displaced: tuple[Displaced, ...] = ()  #: every job the pinned GPUs take from, by job id
     reasons: tuple[str, ...] = ()
     alternatives: tuple[Alternative, ...] = ()
+
+    @property
+    def gpu_seconds_lost(self) -> int:
+        """What the displaced jobs are expected to lose, in all."""
+        return sum(d.gpu_seconds_lost for d in self.displaced)

@@ -65,9 +65,12 @@ def test_running_jobs_are_displaced_only_when_they_would_still_run(jobs):
     start = NOW + 2 * H
     endless = jobs.running(ws, (0,), started_at=NOW - H, grace_s=120)  # preemptible, no limit
     done_by_then = jobs.running(ws, (1,), started_at=NOW - H, time_limit_s=2 * H)  # ends at NOW + 1 h
-    answer = book(ask(2, start), [ws], [], [endless, done_by_then], now=NOW, limits=FREE)
+    other = pinned(ask(2, start, name="other"), "ws", (2, 3))  # the idle pair is booked: 0,1 is all there is
+    answer = book(ask(2, start), [ws], [other], [endless, done_by_then], now=NOW, limits=FREE)
     assert answer.reservation.gpu_indices == (0, 1)
     assert [(d.job_id, d.signal_at) for d in answer.displaced] == [(endless.id, start - 120)]
+    # 1 GPU x (work since its start an hour ago, to its signal 2 min before the start, + its 2 min grace)
+    assert [(d.gpus, d.gpu_seconds_lost) for d in answer.displaced] == [(1, 3 * H)]
 
 
 def test_jobs_that_cannot_be_preempted_keep_their_gpus(jobs):
