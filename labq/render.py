@@ -372,8 +372,13 @@ def _answer_lines(answer: Mapping, now: float, tz) -> list[str]:
                  f"{format_when(r['start'], now, tz)} to {format_when(r['end'], now, tz)}"]
         if answer["displaced"]:
             lines.append("  jobs asked to checkpoint and requeued before it starts:")
-            lines += [f"    job {d['job_id']} ({d['user']}) at {format_when(d['signal_at'], now, tz)}"
-                      for d in answer["displaced"]]
+            for d in answer["displaced"]:
+                line = f"    job {d['job_id']} ({d['user']}) at {format_when(d['signal_at'], now, tz)}"
+                if "gpu_seconds_lost" in d:  # an older leader sends no cost
+                    minutes = d["gpu_seconds_lost"] / 60
+                    lost = f"{minutes / 60:.1f} GPU-h" if minutes >= 120 else f"{minutes:.0f} GPU-min"
+                    line += f": {d['gpus']} GPU{'' if d['gpus'] == 1 else 's'}, about {lost} lost"
+                lines.append(line)
         if answer["booked"]:
             lines.append(f"  run jobs in it with: labq submit --reservation {r['name']} ...")
         return lines
