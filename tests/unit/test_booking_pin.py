@@ -356,3 +356,18 @@ def _victims(r: Reservation, jobs) -> list[Job]:
     mask = indices_to_mask(r.gpu_indices)
     return [j for j in jobs if j.state.holds_gpus and j.spec.preemptible and _until(j) > r.start
             and any(a.node == r.node and indices_to_mask(a.gpu_indices) & mask for a in j.placement.allocations)]
+
+
+def test_the_answer_says_what_each_displaced_job_loses(jobs):
+    from labq.protocol.bookings import encode_answer
+    from labq.render import answer_text
+
+    ws = make_node("ws", "sim:ws-4x3090")
+    pair = jobs.running(ws, (0, 1), started_at=NOW - 9 * M)  # signalled a minute before the start: 10 min at risk
+    held = pinned(ask(2, NOW, 1, name="held"), "ws", (2, 3))
+    answer = book(ask(1, NOW + 2 * M, 10 / 60), [ws], [held], [pair], now=NOW, limits=FREE)
+    wire = encode_answer(answer, booked=True)
+    assert wire["displaced"] == [{"job_id": pair.id, "user": "bob", "signal_at": NOW + M, "gpus": 2,
+                                  "gpu_seconds_lost": 2 * 11 * M}]
+    text = answer_text(wire, NOW, "UTC")
+    assert f"    job {pair.id} (bob) at Mon 12 Jan 13:47 UTC: 2 GPUs, about 22 GPU-min lost" in text.splitlines()
