@@ -24,7 +24,8 @@ from labq.protocol import errors
 from labq.protocol.bookings import ReserveRequest
 from labq.protocol.codec import decode_reservation, encode_reservation
 from labq.scheduler import why_never_fits_reservation
-from labq.scheduler.booking import BookingLimits, book, repin
+from labq.scheduler.booking import BookingLimits, better_pin, book, repin
+from labq.scheduler.placement import indices_to_mask
 from labq.scheduler.deadline import DeadlineWindows, windows_by
 from labq.store import DeleteRecord, PutRecord
 
@@ -147,28 +148,25 @@ class Bookings:
             raise errors.unprocessable(f"this job can never run in reservation {name!r}: {never}", "reservation")
 
     def tick(self, now: float) -> list[Job]:
-        """Timers (the lock is held): re-pin reservations whose node went away, stop jobs at a
-        reservation's end (per the admin's at_end), forget reservations long over. Returns job updates."""
+        """Timers (the lock is held): re-pin reservations whose node went away, or whose pin would now displace
+        less elsewhere on its node; stop jobs at a reservation's end (per the admin's at_end); forget
+        reservations long over. Returns job updates."""
         state = self.state
-        changes, updates = [], []
+        changes: list = []
         nodes = state.nodes()
         health = {n.name: n.health for n in nodes}
+        displacing = _displacing(state.jobs.values())
         for r in list(self.by_name.values()):
             if r.over_at() + KEEP_OVER_S <= now:
                 changes.append(DeleteRecord("reservations", r.name))
                 del self.by_name[r.name]
-                continue
-            if r.live(now) and health.get(r.node) in (NodeHealth.LOST, NodeHealth.DOWN, None):
-                why = health[r.node].value if r.node in health else "gone"
-                moved = repin(r, nodes, self.standing(), list(state.jobs.values()), now=now, why=why)
+            elif r.live(now) and health.get(r.node) in (NodeHealth.LOST, NodeHealth.DOWN, None):
+                changes += self._repin_lost(r, nodes, health, now)
+            elif r.start > now and displacing.get(r.node, 0) & indices_to_mask(r.gpu_indices):
+                moved = better_pin(r, nodes, self.standing(), list(state.jobs.values()), now=now)
                 if moved is not None:
-                    changes.append(PutRecord("reservations", r.name, encode_reservation(moved)))
-                    self.by_name[r.name] = moved
-                    state.events.publish("reservation", {"name": r.name, "state": "re-pinned", "owner": r.owner})
-                elif not r.note.endswith("no other GPUs fit"):
-                    note = f"{r.node} is {why}; no other GPUs fit"
-                    self.by_name[r.name] = replace(r, note=f"{r.note}; {note}" if r.note else note)
-                    changes.append(PutRecord("reservations", r.name, encode_reservation(self.by_name[r.name])))
+                    changes.append(self._moved(moved, "moved"))
+        updates = []
         if state.config.reservation_at_end == "stop":
             for job in state.jobs.values():
                 r = self.by_name.get(job.spec.reservation) if job.spec.reservation else None
@@ -180,11 +178,38 @@ class Bookings:
             state.wake()
         return updates
 
+    def _repin_lost(self, r: Reservation, nodes: list, health: dict, now: float) -> list:
+        """A live booking whose node is lost, down or gone: onto GPUs that are up, or a note saying none fit."""
+        why = health[r.node].value if r.node in health else "gone"
+        moved = repin(r, nodes, self.standing(), list(self.state.jobs.values()), now=now, why=why)
+        if moved is not None:
+            return [self._moved(moved, "re-pinned")]
+        if r.note.endswith("no other GPUs fit"):
+            return []
+        note = f"{r.node} is {why}; no other GPUs fit"
+        self.by_name[r.name] = replace(r, note=f"{r.note}; {note}" if r.note else note)
+        return [PutRecord("reservations", r.name, encode_reservation(self.by_name[r.name]))]
+
+    def _moved(self, r: Reservation, what: str) -> PutRecord:
+        self.by_name[r.name] = r
+        self.state.events.publish("reservation", {"name": r.name, "state": what, "owner": r.owner})
+        return PutRecord("reservations", r.name, encode_reservation(r))
+
     def _new_name(self, owner: str) -> str:
         n = 1
         while f"{owner}-{n}" in self.by_name:
             n += 1
         return f"{owner}-{n}"
+
+
+def _displacing(jobs) -> dict[str, int]:
+    """Per node, the GPUs of preemptible jobs on GPUs: where a booking's pin may displace running work."""
+    found: dict[str, int] = {}
+    for job in jobs:
+        if job.state.holds_gpus and job.spec.preemptible and job.placement is not None:
+            for a in job.placement.allocations:
+                found[a.node] = found.get(a.node, 0) | indices_to_mask(a.gpu_indices)
+    return found
 
 
 def _window(request: ReserveRequest, windows: DeadlineWindows | None, now: float) -> tuple[float, float]:

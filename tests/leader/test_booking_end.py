@@ -153,3 +153,30 @@ def test_an_ended_booking_is_listed_for_a_week_then_forgotten_and_refuses_new_jo
     step(leader, clock, T0 + 60 + KEEP_OVER_S)
     assert leader.bookings.view(ALICE, everything=True) == []
     book(leader, "short", 1, clock.now, clock.now + 60)  # the name is free again
+
+
+def test_a_pin_moves_to_a_gpu_that_freed_up_before_any_job_is_signalled_for_it(lab):
+    from labq.models import transitions as t
+
+    leader, clock = lab
+    leader.state.agents["ws2"].node = replace(leader.state.agents["ws2"].node, health=NodeHealth.DOWN)
+    ids = [submit(leader, gpus=1) for _ in range(4)]  # one on each GPU of ws1, none with a time limit
+    step(leader, clock, T0 + 1)
+    with leader.state.lock:
+        leader.state.apply([t.running(leader.state.jobs[i], T0 + 1) for i in ids])
+    answer, booked, _ = leader.bookings.reserve(ALICE, parse_reserve({"name": "soon", "gpus": 1,
+                                                                      "start": T0 + 3600, "end": T0 + 7200}))
+    [victim] = answer.displaced
+    pinned = answer.reservation.gpu_indices
+    gone = next(i for i in ids if i != victim.job_id)
+    freed = leader.state.jobs[gone].placement.allocations[0].gpu_indices
+    with leader.state.lock:
+        leader.state.apply([t.exited(leader.state.jobs[gone], 0, T0 + 60)])
+    seq = leader.state.events.seq
+
+    step(leader, clock, T0 + 61)
+    r = leader.bookings.by_name["soon"]
+    assert r.gpu_indices == freed != pinned and r.note.endswith("displaces nothing")
+    assert [e.data["state"] for e in leader.state.events.after(seq, 0) if e.kind == "reservation"] == ["moved"]
+    step(leader, clock, T0 + 3600 - 30)  # a grace before the start: nothing is drained for it
+    assert leader.state.jobs[victim.job_id].state is JobState.RUNNING
