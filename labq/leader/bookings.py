@@ -19,14 +19,14 @@ from labq.leader.users import user_only
 from labq.models import transitions as t
 from labq.models.job import Job, JobSpec, JobState
 from labq.models.node import NodeHealth
-from labq.models.reservation import BookingAnswer, Reservation
+from labq.models.reservation import BookingAnswer, DeadlineWindows, Reservation
 from labq.protocol import errors
 from labq.protocol.bookings import ReserveRequest
 from labq.protocol.codec import decode_reservation, encode_reservation
 from labq.scheduler import why_never_fits_reservation
 from labq.scheduler.booking import BookingLimits, better_pin, book, repin
+from labq.scheduler.deadline import windows_by
 from labq.scheduler.placement import indices_to_mask
-from labq.scheduler.deadline import DeadlineWindows, windows_by
 from labq.store import DeleteRecord, PutRecord
 
 #: an ended or cancelled reservation stays listed (``--all``) this long, then is forgotten

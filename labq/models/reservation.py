@@ -98,3 +98,20 @@ class BookingAnswer:
     def gpu_seconds_lost(self) -> int:
         """What the displaced jobs are expected to lose, in all."""
         return sum(d.gpu_seconds_lost for d in self.displaced)
+
+
+# -- the answer to a booking by need ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class DeadlineWindows:
+    """The two ends of what fits before a deadline; both None when nothing does."""
+
+    earliest: Window | None
+    latest: Window | None

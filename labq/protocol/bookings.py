@@ -18,16 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from typing import TYPE_CHECKING
-
-from labq.models.reservation import BookingAnswer
+from labq.models.reservation import BookingAnswer, DeadlineWindows
 from labq.protocol.codec import encode_reservation
 from labq.protocol.errors import bad_request
 from labq.protocol.names import user_name_problem
 from labq.protocol.requests import Fields
-
-if TYPE_CHECKING:
-    from labq.scheduler.deadline import DeadlineWindows
 
 MAX_RESERVATION_GPUS = 512
 MAX_WINDOW_S = 366 * 86400.0

@@ -25,28 +25,14 @@ back (but ``by - length`` itself, so that no time before the deadline is lost).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from math import inf
 
 from labq.models.job import Job
 from labq.models.node import Node
-from labq.models.reservation import Reservation
+from labq.models.reservation import DeadlineWindows, Reservation, Window
 from labq.scheduler.booking import (UNMANAGED_HORIZON_S, WEEK_S, BookingLimits, _Lab, _over_limits,
                                     _still_running_until, week_of)
-
-
-@dataclass(frozen=True)
-class Window:
-    start: float
-    end: float
-
-
-@dataclass(frozen=True)
-class DeadlineWindows:
-    """The two ends of what fits before a deadline; both None when nothing does."""
-
-    earliest: Window | None
-    latest: Window | None
 
 
 def windows_by(request: Reservation, length: float, by: float, nodes: list[Node], reservations: list[Reservation],

@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from labq.models import Reservation
 from labq.scheduler.booking import BookingLimits, book, week_of
-from labq.scheduler.deadline import DeadlineWindows, Window, windows_by
+from labq.models.reservation import DeadlineWindows, Window
+from labq.scheduler.deadline import windows_by
 from tests.conftest import JobFactory, make_node
 
 NOW = 999_960.0  #: a whole minute: the windows' starts are whole minutes, which people can type back
