@@ -71,6 +71,17 @@ def pct(values: list[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
 
 
+def summary(prefix: str, values: list[float], tails: bool = True) -> dict:
+    """``PREFIX_n``, median and p95 of millisecond timings (and p99 and max with ``tails``)."""
+    if not values:
+        return {f"{prefix}_n": 0}
+    fig = {f"{prefix}_n": len(values), f"{prefix}_median_ms": statistics.median(values),
+           f"{prefix}_p95_ms": pct(values, 0.95)}
+    if tails:
+        fig |= {f"{prefix}_p99_ms": pct(values, 0.99), f"{prefix}_max_ms": max(values)}
+    return fig
+
+
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
