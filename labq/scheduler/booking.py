@@ -168,6 +168,11 @@ class _Lab:
                          key=lambda v: (v.displaced.gpu_seconds_lost, v.displaced.job_id))
         return _Spot(node, allowed, allowed & ~busy, tuple(victims))
 
+    def fits(self, r: Reservation, start: float, end: float, gpus: int) -> bool:
+        """Whether some pin exists (best_pin would find one), without costing the choices."""
+        return any((s := self.spot(n, r, start, end)) is not None and s.allowed.bit_count() >= gpus
+                   for n in self.nodes.values() if r.node is None or n.name == r.node)
+
     def best_pin(self, r: Reservation, start: float, end: float, gpus: int) -> _Pin | None:
         """The least pin over the nodes the booking may use: idle GPUs anywhere first, then the cheapest
         displacement, each node's search cut off by the best cost found on the nodes before it."""

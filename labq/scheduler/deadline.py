@@ -51,7 +51,7 @@ def windows_by(request: Reservation, length: float, by: float, nodes: list[Node]
         window = replace(request, start=start, end=start + length)
         if not exempt and _over_limits(window, reservations, now, limits):
             return False
-        return lab.best_pin(request, start, start + length, request.gpus) is not None
+        return lab.fits(request, start, start + length, request.gpus)
 
     lefts, rights = _edges(lab, jobs, length, now, last_start, limits, exempt)
     earliest = next((s for s in sorted(lefts) if now <= s <= last_start and fits(s)), None)
