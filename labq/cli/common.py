@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from labq.client import Client
 
 Command = Callable[[argparse.Namespace], int]
+STATES = ("queued", "held", "starting", "running", "preempting", "succeeded", "failed", "cancelled", "timeout")
+FINISHED = frozenset(STATES[5:])
 
 
 # -- the parsers ----------------------------------------------------------------------------------

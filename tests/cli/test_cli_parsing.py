@@ -28,7 +28,8 @@ import pytest
 from labq.cli import _parser
 from labq.cli.common import parse_duration, parse_ids, parse_size_mib
 from labq.cli.errors import CliError, exit_code
-from labq.cli.jobs import FINISHED, STATES, build_submit_body
+from labq.cli.common import FINISHED, STATES
+from labq.cli.jobs import build_submit_body
 from labq.client import Client, credentials_path, load_credentials, parse_event_stream, save_credentials
 from labq.http_server import serve_app
 from labq.models import JobState, Node
