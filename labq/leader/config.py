@@ -28,7 +28,9 @@ max_preemptions_per_day = 0      # a job preempted this often in 24 h is left al
 non_preemptible_users = []       # who besides admins may submit --no-preempt jobs; ["*"]: everyone
 fair_share_half_life = "7d"      # how fast past GPU-hours stop counting against a user
 hold_depth = 16                  # blocked jobs that hold GPUs for themselves (backfill respects them)
-user_max_priority = "high"       # the highest class non-admins may use; urgent is for admins
+user_max_priority = "normal"     # the highest class users may use, unless granted more below
+# [scheduling.class_grants]      # who besides admins may use a class above user_max_priority
+# high = ["alice", "@nlp"]       # users, @groups from [groups], or ["*"] for everyone
 # [scheduling.may_preempt]       # which classes may preempt which; default: every class all lower ones
 # urgent = ["low", "normal", "high"]
 # high = ["low"]                 # a class left out preempts nothing
@@ -80,7 +82,9 @@ class LeaderConfig:
     min_runtime_s: float = 300.0
     fair_share_half_life_s: float = 7 * 86400.0
     hold_depth: int = 16
-    user_max_priority: int = int(PriorityClass.HIGH)
+    user_max_priority: int = int(PriorityClass.NORMAL)
+    #: a class above user_max_priority, and who may use it besides admins (user names, ``@group``, ``*``)
+    class_grants: dict[int, tuple[str, ...]] = field(default_factory=dict)
     max_preemptions_per_day: int | None = None
     non_preemptible_users: tuple[str, ...] = ()
     may_preempt: dict[int, frozenset[int]] | None = None
@@ -114,6 +118,16 @@ class LeaderConfig:
                 f"{KILL_AFTER_TERM_S:g} s and {2 * FENCE_LOOK_EVERY_S:g} s of looks after the node's last sync")
         if self.request_timeout_s <= 0 or self.max_connections_per_address < 1:
             raise ConfigError("leader.request_timeout and leader.max_connections_per_address must be positive")
+
+    def max_priority_for(self, user: str) -> int:
+        """The highest priority ``user`` may ask for (admins may ask for any): the lab's ceiling for users,
+        raised by the classes granted to them by name, by one of their groups, or to everyone."""
+        best = self.user_max_priority
+        for klass, names in self.class_grants.items():
+            if klass > best and any(n in ("*", user) or (n.startswith("@") and user in self.groups.get(n[1:], ()))
+                                    for n in names):
+                best = klass
+        return best
 
     @property
     def last_stop_after_s(self) -> float:
@@ -155,7 +169,8 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         "user_max_priority": lambda v: values.update(user_max_priority=parse_priority(v)),
         "max_preemptions_per_day": lambda v: values.update(max_preemptions_per_day=_count(v) or None),
         "non_preemptible_users": lambda v: values.update(non_preemptible_users=_names(v)),
-        "may_preempt": lambda v: values.update(may_preempt=_class_rules(v))})
+        "may_preempt": lambda v: values.update(may_preempt=_class_rules(v)),
+        "class_grants": lambda v: values.update(class_grants=_class_grants(v))})
     _take(doc.get("quotas", {}), where, "quotas", values, {
         "max_gpus_per_user": lambda v: values.update(max_gpus_per_user=int(v) or None),
         "users": lambda v: values.update(user_gpu_quota={_name(k, "user name"): int(n) for k, n in dict(v).items()})})
@@ -249,6 +264,19 @@ def _class_rules(value) -> dict[int, frozenset[int]]:
             raise ValueError(f"{name} may preempt only lower classes")
         rules[klass] = lower
     return rules
+
+
+def _class_grants(value) -> dict[int, tuple[str, ...]]:
+    """``{high = ["alice", "@nlp"]}`` -> {300: ("alice", "@nlp")}."""
+    if not isinstance(value, dict):
+        raise ValueError('must be a table of class = ["user", "@group", ...], e.g. high = ["alice", "@nlp"]')
+    grants = {}
+    for name, names in value.items():
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f'{name} must list users or @groups, e.g. {name} = ["alice", "@nlp"]')
+        grants[_class(name)] = tuple(n if n == "*" else ("@" + _name(n[1:], "group name") if n.startswith("@")
+                                                          else _name(n, "user name")) for n in names)
+    return grants
 
 
 def _class(name) -> int:

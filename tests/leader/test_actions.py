@@ -20,7 +20,8 @@ ADMIN = Principal("user", "root", admin=True)
 
 @pytest.fixture
 def leader(tmp_path):
-    made = Leader(LeaderConfig(data_dir=tmp_path), MemoryStore(), clock=lambda: 1000.0)
+    # the lab lets its users ask for high (by default, classes above normal are the admin's to grant)
+    made = Leader(LeaderConfig(data_dir=tmp_path, user_max_priority=300), MemoryStore(), clock=lambda: 1000.0)
     inv = parse_sim_spec("sim:ws-4x3090")
     made.state.agents["ws1"] = AgentSession("ws1", Node("ws1", inv.gpus("ws1"), inv.topology, simulated=True), "x", None,
                                       None, last_seen=1000.0)

@@ -16,10 +16,10 @@ def test_the_documented_defaults_are_the_defaults(tmp_path):
 def test_values_are_read_and_overrides_win(tmp_path):
     path = tmp_path / "leader.toml"
     path.write_text('[leader]\nlisten = "0.0.0.0:8000"\n[quotas]\nmax_gpus_per_user = 4\n[quotas.users]\nalice = 8\n'
-                    '[scheduling]\nuser_max_priority = "normal"\n[agents]\nlease = "10s"\n')
+                    '[scheduling]\nuser_max_priority = "low"\n[agents]\nlease = "10s"\n')
     config = load_config(path, port=9000)
     assert (config.host, config.port, config.max_gpus_per_user) == ("0.0.0.0", 9000, 4)
-    assert config.user_gpu_quota == {"alice": 8} and config.user_max_priority == 200 and config.lease_s == 10
+    assert config.user_gpu_quota == {"alice": 8} and config.user_max_priority == 100 and config.lease_s == 10
     assert config.url == "http://127.0.0.1:9000"
 
 
@@ -44,6 +44,19 @@ def test_preemption_policy_is_read(tmp_path):
     assert config.checkpoint_root == "/shared/ckpt"
 
 
+def test_classes_above_normal_are_the_admins_to_grant(tmp_path):
+    assert LeaderConfig().max_priority_for("anyone") == 200  # normal, by default
+    path = tmp_path / "leader.toml"
+    path.write_text('[scheduling.class_grants]\nhigh = ["alice", "@nlp"]\nurgent = ["carol"]\n'
+                    '[groups]\nnlp = ["bob"]\n')
+    config = load_config(path)
+    assert config.class_grants == {300: ("alice", "@nlp"), 400: ("carol",)}
+    assert {u: config.max_priority_for(u) for u in ("alice", "bob", "carol", "dave")} == {
+        "alice": 300, "bob": 300, "carol": 400, "dave": 200}
+    path.write_text('[scheduling]\nuser_max_priority = "high"\nclass_grants = {normal = ["*"], urgent = ["*"]}\n')
+    assert load_config(path).max_priority_for("dave") == 400  # a grant at or below the ceiling changes nothing
+
+
 @pytest.mark.parametrize(
     ("text", "words"),
     [
@@ -65,6 +78,9 @@ def test_preemption_policy_is_read(tmp_path):
         ('[reservations]\nat_end = "explode"\n', "must be one of stop, keep"),
         ('[reservations]\nmax_gpu_hours_per_week = "lots"\n', "must be a number of GPU-hours"),
         ('[groups]\nnlp = "alice"\n', "must be a list of user names"),
+        ('[scheduling.class_grants]\nhigh = "alice"\n', "high must list users or @groups"),
+        ('[scheduling.class_grants]\nhighest = ["alice"]\n', "'highest' is not a class"),
+        ('[scheduling.class_grants]\nhigh = ["@"]\n', "group name"),
     ],
 )
 def test_mistakes_are_named(tmp_path, text, words):
