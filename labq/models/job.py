@@ -124,6 +124,8 @@ class JobSpec:
     #: when the reservation ends (or is cancelled) before the job started: queue normally or cancel
     after_reservation: AfterReservation = AfterReservation.QUEUE
     depends_on: tuple[int, ...] = ()
+    #: start once every job in ``depends_on`` has ended, however it ended (``--after-any``); else each must succeed
+    after_any: bool = False
     #: at the time limit, requeue (attempt + 1, resumed) instead of ending as timeout
     requeue_on_timeout: bool = False
     shm_size_mib: int = 1024  #: /dev/shm of a docker job (dataloaders need more than Docker's 64 MiB)

@@ -111,6 +111,41 @@ def leave_reservation(job: Job, why: str, now: float) -> Job:
     return job.evolve(spec=replace(job.spec, reservation=None), note=_noted(job, f"{why}; {what}"))
 
 
+def dependency_failure(spec_after_any: bool, dep: int, state: JobState | None) -> str | None:
+    """Why a job that waits for job ``dep`` (in ``state``; None: there is no such job) can never start, or None.
+
+    ``--after`` needs each job to succeed; ``--after-any`` only that it ends."""
+    if state is None:
+        return f"job {dep} does not exist"
+    if state.finished and state is not JobState.SUCCEEDED and not spec_after_any:
+        return f"job {dep} ended {state.value} (--after waits for success; --after-any for any end)"
+    return None
+
+
+def out_of_dependencies(jobs: Iterable[Job], finished: Mapping[int, JobState], now: float) -> list[Job]:
+    """The waiting jobs whose dependencies can never be met, cancelled with the reason in their ``note``.
+
+    Slurm's DependencyNeverSatisfied, but ended rather than stuck; a chain (c after b after a) goes in
+    one call, since each job cancelled here is a dependency that ended too."""
+    states = {**finished, **{j.id: j.state for j in jobs}}
+    waiting = [j for j in jobs if j.spec.depends_on and j.state in (JobState.QUEUED, JobState.HELD)]
+    cancelled: dict[int, Job] = {}
+    while True:
+        more = {}
+        for job in waiting:
+            if job.id in cancelled:
+                continue
+            why = next(filter(None, (dependency_failure(job.spec.after_any, d, states.get(d))
+                                     for d in job.spec.depends_on)), None)
+            if why is not None:
+                more[job.id] = job.evolve(state=JobState.CANCELLED, ended_at=now,
+                                          note=_noted(job, f"cancelled: it can never start: {why}"))
+        if not more:
+            return list(cancelled.values())
+        cancelled.update(more)
+        states.update((i, JobState.CANCELLED) for i in more)
+
+
 def _noted(job: Job, line: str) -> str:
     return f"{job.note}; {line}" if job.note else line
 

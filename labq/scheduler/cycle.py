@@ -423,16 +423,18 @@ class _Pass(LabView):
         return False
 
     def _dependencies_met(self, job: Job) -> bool:
+        """``--after``: each job in depends_on has succeeded; ``--after-any``: each has ended, however."""
+        any_end = job.spec.after_any
         for dep in job.spec.depends_on:
             state = self.states.get(dep)
-            if state is JobState.SUCCEEDED:
+            if state is JobState.SUCCEEDED or (any_end and state is not None and state.finished):
                 continue
             if state is None:
                 detail = f"depends on job {dep}, which does not exist; it can never start"
             elif state.finished:
                 detail = f"depends on job {dep}, which ended {state.value}; it can never start"
             else:
-                detail = f"waits for job {dep} ({state.value}) to succeed"
+                detail = f"waits for job {dep} ({state.value}) to {'end' if any_end else 'succeed'}"
             self._wait(job, PendingReason.DEPENDENCY, detail, dep)
             return False
         return True
