@@ -106,6 +106,8 @@ def _config(args):
         host, _, port = args.listen.rpartition(":")
         if not port.isdigit():
             raise CliError(f"--listen {args.listen!r}: use HOST:PORT, e.g. 127.0.0.1:7733")
+        if int(port) > 65535:
+            raise CliError(f"--listen {args.listen!r}: a port is 0 to 65535 (0: any free port); nothing was created")
         overrides.update(host=host or "127.0.0.1", port=int(port))
     if args.data_dir:
         overrides["data_dir"] = args.data_dir.expanduser()
@@ -115,6 +117,37 @@ def _config(args):
         raise CliError(str(err)) from None
 
 
+def _check_listen(host: str, port: int) -> None:
+    """Bind the leader's address once and let it go, as the leader's server will (IPv4, SO_REUSEADDR): a port in
+    use or an address not of this machine is refused before the lab's files and the first admin's token exist."""
+    import errno
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            why = {errno.EADDRINUSE: f"port {port} is in use (another labq leader?)",
+                   errno.EADDRNOTAVAIL: f"{host} is not an address of this machine",
+                   errno.EACCES: f"port {port} needs root (ports below 1024)"}.get(err.errno)
+            raise CliError(f"cannot listen on {host}:{port}: {why or err.strerror or err}; choose another address "
+                           "with --listen HOST:PORT (or listen in the settings); nothing was created") from None
+
+
+def _check_folder(path: Path, what: str) -> None:
+    """A folder labq will make or write in: its nearest existing part must be a folder it may write in. Checked
+    before anything is made, so that a bad one leaves nothing behind."""
+    probe = path.absolute()
+    while not (probe.exists() or probe.is_symlink()) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        where = "it" if probe == path.absolute() else str(probe)
+        raise CliError(f"{what} {path}: {where} is not a folder; choose another; nothing was created")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise CliError(f"{what} {path}: cannot write in {probe}; choose another; nothing was created")
+
+
 def _start(args):
     """Start the leader for ``leader`` and ``up``; save the first admin's credentials."""
     from labq.client import save_credentials
@@ -122,6 +155,8 @@ def _start(args):
 
     configure_logging(args.log_level)
     config = _config(args)
+    _check_folder(config.data_dir, "the data folder")
+    _check_listen(config.host, config.port)
     admin = _first_admin(args, config)
     try:
         if getattr(args, "recover", False):
@@ -209,8 +244,8 @@ def _leader(args) -> int:
     return _serve(running.stop, [running.leader.check, _serving(running)])
 
 
-def _open_agent(args, leader_url: str, join_token: str, data_dir: Path):
-    from labq.agent.daemon import Agent, AgentConfig
+def _open_inventory(args):
+    """The GPUs this agent offers (``--gpus``), read once: a bad spec or no GPU is refused before anything starts."""
     from labq.agent.inventory import NoGpuFound, open_inventory
 
     _node_name(args)
@@ -220,7 +255,15 @@ def _open_agent(args, leader_url: str, join_token: str, data_dir: Path):
     except NoGpuFound as err:
         raise CliError(str(err)) from None
     except ValueError as err:
-        raise CliError(f"--gpus: {err}") from None
+        raise CliError(str(err) if str(err).startswith("--gpus") else f"--gpus: {err}") from None
+    if args.state_dir:
+        _check_folder(args.state_dir.expanduser(), "--state-dir")
+    return inventory
+
+
+def _open_agent(args, inventory, leader_url: str, join_token: str, data_dir: Path):
+    from labq.agent.daemon import Agent, AgentConfig
+
     state_dir = args.state_dir or data_dir / "agents" / args.name
     import urllib.parse
 
@@ -259,8 +302,9 @@ def _agent(args) -> int:
             raise CliError(f"no join token: cannot read {token_file} ({err.strerror}); copy the file "
                            "from the leader's data folder and pass --join-token-file, or set $LABQ_JOIN_TOKEN"
                            ) from None
+    inventory = _open_inventory(args)
     leader_url = args.leader or _find_leader(token)
-    agent = _open_agent(args, leader_url, token, data_dir)
+    agent = _open_agent(args, inventory, leader_url, token, data_dir)
     _first_registration(agent, leader_url)
     agent.start()
     advertiser = None if args.no_mdns else _advertise_agent(agent, token)
@@ -316,10 +360,11 @@ def _advertise_agent(agent, join_token: str):
 def _up(args) -> int:
     from labq.leader.main import join_token_path
 
-    _node_name(args)
+    inventory = _open_inventory(args)  # all of up's input is checked before the leader makes the lab's files
     config, running = _start(args)
     try:
-        agent = _open_agent(args, running.url, join_token_path(config).read_text().strip(), config.data_dir)
+        agent = _open_agent(args, inventory, running.url, join_token_path(config).read_text().strip(),
+                            config.data_dir)
         agent.register()
     except (CliError, Exception):
         running.stop()
