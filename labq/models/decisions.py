@@ -17,6 +17,7 @@ class PendingReason(str, Enum):
     DEPENDENCY = "Dependency"  #: waits for other jobs to succeed
     HELD = "Held"  #: held by its user or an admin
     PREEMPTING = "Preempting"  #: lower jobs are checkpointing to make room for it
+    USER = "User"  #: no node that could run it has an account for its user
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,35 @@ class Gpu:
     memory_mib: int  #: total memory
 
 
+@dataclass(frozen=True)
+class Account:
+    """How a node runs one lab user's jobs: as which local account, or why it cannot (``problem``)."""
+
+    user: str  #: the lab's user name
+    login: str | None = None  #: the local account; another name where the agent's user map says so
+    uid: int | None = None
+    gid: int | None = None
+    problem: str | None = None  #: e.g. "no such user on this machine"; None: the node runs the user's jobs
+
+
+@dataclass(frozen=True)
+class NodeProblem:
+    """A reason of the node, not of the job, why jobs fail to start there, as its agent reports it.
+
+    It concerns the jobs it names (one user's, one runtime's, one image's; all of them where it names
+    none): the scheduler places none of those on the node while its agent reports the problem.
+    """
+
+    detail: str  #: a sentence, e.g. "docker is not available on node ws1: ..."
+    user: str | None = None  #: only this lab user's jobs
+    runtime: str | None = None  #: only jobs of this runtime ("process", "docker")
+    image: str | None = None  #: only jobs of this container image
+
+    def concerns(self, user: str, runtime: str, image: str | None) -> bool:
+        return ((self.user is None or self.user == user) and (self.runtime is None or self.runtime == runtime)
+                and (self.image is None or self.image == image))
+
+
 class NodeHealth(str, Enum):
     UP = "up"  #: takes new jobs
     DRAINING = "draining"  #: keeps its running jobs, takes no new ones
@@ -34,6 +63,10 @@ class Node:
     #: simulated GPUs are handed to jobs by index, real ones by UUID
     simulated: bool = False
     labels: tuple[str, ...] = field(default=())
+    #: how the node maps the lab's users to local accounts, as its agent last reported (empty: not reported)
+    accounts: tuple[Account, ...] = ()
+    #: what keeps jobs from starting here now, as its agent last reported
+    problems: tuple[NodeProblem, ...] = ()
 
     def __post_init__(self) -> None:
         if [g.index for g in self.gpus] != list(range(len(self.gpus))):
@@ -50,3 +83,20 @@ class Node:
     @property
     def schedulable(self) -> bool:
         return self.health is NodeHealth.UP
+
+    def account_problem(self, user: str) -> str | None:
+        """Why this node cannot run ``user``'s jobs as a local account; None if it can or has not said."""
+        for account in self.accounts:
+            if account.user == user:
+                return account.problem
+        return None
+
+    def refuses(self, user: str, runtime: str = "process", image: str | None = None) -> str | None:
+        """Why this node cannot start a job of ``user`` (of that runtime and image) now; None if it can."""
+        problem = self.account_problem(user) if self.accounts else None
+        if problem is not None:
+            return f"no account for {user} on {self.name}: {problem}"
+        for found in self.problems:
+            if found.concerns(user, runtime, image):
+                return found.detail
+        return None

@@ -30,7 +30,7 @@ from labq.models.node import Node
 from labq.models.placement import NodeAllocation, Placement
 from labq.models.priority import priority_name
 from labq.models.reservation import Reservation
-from labq.scheduler.fit import why_never_fits
+from labq.scheduler.fit import why_kept_off, why_never_fits
 from labq.scheduler.lab_view import Hold, LabView, OnGpus
 from labq.scheduler.placement import SetChoice, best_set, indices_to_mask, mask_to_indices
 from labq.scheduler.policy import Policy, order_queue
@@ -74,12 +74,14 @@ class _Pass(LabView):
             queue = self._serve_reservations_first(queue)
         settled, pending, inflight, quotas = self.memo.settled, self.pending, self.inflight, self._quotas
         make_pending = tuple.__new__  # skips NamedTuple's Python-level __new__
+        barring, barred_nodes, no_node = self.barring, self.barred_nodes, frozenset()
         for job in queue:
             # The fast path: most of a long queue waits for the same reasons as a job
             # of the same shape and priority before it, while nothing has changed. Only
-            # jobs that can fit the lab and name no reservation settle a verdict (_blocked).
+            # jobs that can fit the lab and name no reservation settle a verdict (_blocked),
+            # and only for jobs that the same nodes keep off (their users' accounts, see barred_nodes).
             spec = job.spec
-            verdict = settled.get((spec.resource_shape, spec.priority))
+            verdict = settled.get((spec.resource_shape, barred_nodes(job) if barring else no_node, spec.priority))
             if (verdict is not None and not spec.depends_on and job.id not in inflight
                     and (not quotas or self._plain(job))):
                 pending.append(make_pending(Pending, (job.id, *verdict)))
@@ -96,11 +98,13 @@ class _Pass(LabView):
         if spec.reservation is not None and not self._reservation_open(job):
             return
         lasting = self.memo.lasting
-        never = lasting.get(("never", spec.resource_shape), _UNKNOWN)
+        barred = self.barred_nodes(job)
+        key = ("never", spec.resource_shape, barred, spec.user if barred else None)
+        never = lasting.get(key, _UNKNOWN)
         if never is _UNKNOWN:
-            never = lasting["never", spec.resource_shape] = why_never_fits(spec, self._candidate_nodes(job))
+            never = lasting[key] = self._never_runs(job, barred)
         if never is not None:
-            self._wait(job, PendingReason.RESOURCES, f"no node that is up can run it: {never}")
+            self._wait(job, *never)
             return
         if self._quotas and not self._within_quota(job):
             return
@@ -154,7 +158,20 @@ class _Pass(LabView):
     def _shape(self, job: Job) -> tuple:
         """Everything a job's placement depends on besides its priority and the state of the nodes."""
         personal = job.id if job.id in self.inflight else None
-        return (job.spec.resource_shape, personal)
+        return (job.spec.resource_shape, personal, self.barred_nodes(job))
+
+    def _never_runs(self, job: Job, barred: frozenset[str]) -> tuple[PendingReason, str] | None:
+        """Why ``job`` can never start on the nodes that are up, if so: it fits none of them, or it would
+        fit only nodes that cannot start its user's jobs (``barred``)."""
+        spec = job.spec
+        nodes = self._candidate_nodes(job)
+        why = why_never_fits(spec, nodes)
+        if barred and (why is not None or not nodes):
+            everywhere = self._candidate_nodes(job, barred=False)
+            kept_off = [n for n in everywhere if n.name in barred]
+            if kept_off and why_never_fits(spec, everywhere) is None:
+                return why_kept_off(spec.user, spec.runtime.value, spec.image, kept_off)
+        return None if why is None else (PendingReason.RESOURCES, f"no node that is up can run it: {why}")
 
     def _on_each_node(self, kind: str, job: Job, shape: tuple, compute, *extra) -> dict[str, object]:
         """``compute(node)`` for each of the job's nodes, by node name; remembered per node until it changes.
@@ -305,7 +322,7 @@ class _Pass(LabView):
                 self._wait(job, reason, detail, waiting_for, estimate)
                 return
         if self._plain(job) and self.memo.version == seen:
-            self.memo.settled[job.spec.resource_shape, job.priority] = (reason, detail, waiting_for, None)
+            self.memo.settled[job.spec.resource_shape, shape[2], job.priority] = (reason, detail, waiting_for, None)
         self._wait(job, reason, detail, waiting_for)
 
     def _why_blocked(self, job: Job, shape: tuple) -> tuple[PendingReason, str, int | None]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from labq.models.decisions import PendingReason
 from labq.models.job import JobSpec
 from labq.models.node import Node
 from labq.models.reservation import Reservation
@@ -27,6 +30,32 @@ def eligible_mask(spec: JobSpec, node: Node) -> int:
         if gpu.index not in node.unmanaged_busy and gpu_matches(spec, gpu.model, gpu.memory_mib):
             mask |= 1 << gpu.index
     return mask
+
+
+def no_account(user: str, nodes: Iterable[str]) -> str:
+    """The sentence for a user whom ``nodes`` have no local account for."""
+    return f"no account for {user} on {', '.join(sorted(nodes))}"
+
+
+def why_no_node_runs_user(user: str, nodes: Iterable[Node]) -> str | None:
+    """For a submit: "no account for bob on ws1, ws2" when every node of the lab has said it has no
+    account for ``user``; None when some node runs their jobs, or has not said (an agent of an older
+    labq, one that has not synced since the user was added), or the lab has no nodes yet."""
+    nodes = list(nodes)
+    lacking = [n.name for n in nodes if n.account_problem(user) is not None]
+    if not nodes or len(lacking) < len(nodes):
+        return None
+    return no_account(user, lacking)
+
+
+def why_kept_off(user: str, runtime: str, image: str | None, nodes: list[Node]) -> tuple[PendingReason, str]:
+    """Why a job waits when only ``nodes``, which cannot start it now, could run it: User when some lack an
+    account for its user ("no account for bob on ws1, ws2"), with the other nodes' own problems after."""
+    lacking = [n.name for n in nodes if n.account_problem(user) is not None]
+    problems = [why for n in nodes if n.name not in lacking and (why := n.refuses(user, runtime, image))]
+    if lacking:
+        return PendingReason.USER, "; ".join([no_account(user, lacking), *problems])
+    return PendingReason.RESOURCES, f"no node that is up can start it now: {'; '.join(problems)}"
 
 
 def _mib(value: int) -> str:

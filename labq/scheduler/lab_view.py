@@ -97,6 +97,9 @@ class LabView:
             elif state in _ON_GPUS and job.placement is not None:
                 self._occupy(job)
         self.most_free = self._count_most_free()
+        #: some node that is up keeps some jobs off: a user it has no account for, or a problem of its own
+        self.barring = any(n.problems or any(a.problem for a in n.accounts) for n in self.up)
+        self._barred: dict[tuple, frozenset[str]] = {}
         if self.inflight:
             queued = {j.id: j for j in self.queued}
             self.inflight = {i: where for i, where in self.inflight.items() if i in queued}
@@ -137,7 +140,7 @@ class LabView:
             for where, mask, _ in self.inflight[job.id]:
                 if where == name:
                     freeing |= mask
-            usable = self._available(job, node) if node.schedulable else 0
+            usable = self._available(job, node) if node.schedulable and name not in self.barred_nodes(job) else 0
             target = best_set(node.topology, usable | freeing, job.spec.gpus_per_node)
             self.holds[name].append(Hold(job.id, job.priority, target.mask if target else freeing, None))
 
@@ -164,14 +167,35 @@ class LabView:
         limit = job.spec.time_limit_s
         return self.now + limit if limit is not None else inf
 
-    def _candidate_nodes(self, job: Job) -> list[Node]:
+    def _candidate_nodes(self, job: Job, *, barred: bool = True) -> list[Node]:
+        """The nodes that are up where ``job`` may run; with ``barred=False`` also those that cannot start
+        its user's jobs now (``barred_nodes``)."""
         spec = job.spec
         if spec.reservation is not None:
             pinned = self.reservations[spec.reservation].node
-            return [n for n in self.up if n.name == pinned]
-        if spec.node is not None:
-            return [n for n in self.up if n.name == spec.node]
-        return self.up
+            nodes = [n for n in self.up if n.name == pinned]
+        elif spec.node is not None:
+            nodes = [n for n in self.up if n.name == spec.node]
+        else:
+            nodes = self.up
+        kept_off = self.barred_nodes(job) if barred else frozenset()
+        return [n for n in nodes if n.name not in kept_off] if kept_off else nodes
+
+    def barred_nodes(self, job: Job) -> frozenset[str]:
+        """The nodes that are up but cannot start ``job`` now: no account for its user there, or a problem
+        of the node's own that concerns it (its runtime, its image). Empty for most jobs.
+
+        Jobs of the same shape share verdicts only when the same nodes keep them off, so a job of a
+        user without an account on a node never takes the verdict of another user's job, or gives it.
+        """
+        if not self.barring:
+            return frozenset()
+        spec = job.spec
+        key = (spec.user, spec.runtime.value, spec.image)
+        barred = self._barred.get(key)
+        if barred is None:
+            barred = self._barred[key] = frozenset(n.name for n in self.up if n.refuses(*key) is not None)
+        return barred
 
     def _eligible_on(self, job: Job, node: Node) -> int:
         spec = job.spec

@@ -40,3 +40,32 @@ def test_jobs_that_fit_an_idle_lab_pass(kwargs):
 
 def test_an_empty_lab_says_to_start_an_agent():
     assert "start an agent" in why_never_fits(JobSpec(user="alice", command=("x",)), [])
+
+
+def _accounts(node, **problems):
+    """``node`` reporting an account for each user given None, and no account for each given a problem."""
+    from dataclasses import replace
+
+    from labq.models.node import Account
+
+    return replace(node, accounts=tuple(Account(u, None if p else u, None if p else 1000, None if p else 1000, p)
+                                        for u, p in problems.items()))
+
+
+@pytest.mark.parametrize(
+    ("nodes", "refusal"),
+    [
+        ([], None),  # no nodes yet: nothing to go by
+        ([_accounts(LAB[0], bob="no such user on this machine")], "no account for bob on ws1"),
+        ([_accounts(LAB[1], bob="no such user on this machine"), _accounts(LAB[0], bob="not in the user map")],
+         "no account for bob on dgx, ws1"),
+        ([_accounts(LAB[0], bob="no such user on this machine"), _accounts(LAB[1], bob=None)], None),
+        ([_accounts(LAB[0], bob="no such user on this machine"), LAB[1]], None),  # dgx has not said (older agent)
+        ([_accounts(LAB[0], bob="no such user on this machine"), _accounts(LAB[1], alice=None)], None),  # not yet
+        ([_accounts(LAB[0], alice="no such user on this machine")], None),  # another user's account
+    ],
+)
+def test_a_submit_is_refused_only_when_every_node_has_said_it_has_no_account(nodes, refusal):
+    from labq.scheduler.fit import why_no_node_runs_user
+
+    assert why_no_node_runs_user("bob", nodes) == refusal
