@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import quote, urlencode, urlsplit
 
 from labq.protocol.errors import ApiError
@@ -23,6 +23,13 @@ if TYPE_CHECKING:
 DEFAULT_LEADER = "http://127.0.0.1:7733"
 #: the event stream sends a keepalive every 15 s; a read that waits longer than this means a dead leader
 EVENTS_READ_TIMEOUT = 45.0
+
+
+class LogChunk(NamedTuple):
+    data: bytes
+    next_offset: int  #: where the next read starts
+    done: bool  #: the attempt has ended and all of its log has been sent
+    attempt: int | None  #: the attempt read (an older leader does not say which)
 
 
 def normalize_url(url: str) -> str:
@@ -73,11 +80,20 @@ class Client:
 
     def jobs(self, user: str | None = None, states: Iterable[str] = (), all: bool = False,
              history: bool = False, limit: int | None = None) -> list[dict]:
+        return self.listing(user, states, all=all, history=history, limit=limit)[0]
+
+    def listing(self, user: str | None = None, states: Iterable[str] = (), *, all: bool = False,
+                history: bool = False, finished: bool = False, limit: int | None = None,
+                pending: bool = False) -> tuple[list[dict], dict[int, dict]]:
+        """Jobs as ``labq ls`` lists them, and (``pending``) why each waiting one waits. ``finished``: only
+        finished jobs, the ``limit`` that ended last; ``history`` adds finished jobs to the unfinished ones."""
         query: list[tuple[str, object]] = [("user", user)] if user else []
         query += [("state", s) for s in states]
-        query += [("all", 1)] * all + [("history", 1)] * history
+        query += [("all", 1)] * all + [("history", 1)] * history + [("finished", 1)] * finished
         query += [("limit", limit)] if limit is not None else []
-        return self._json("GET", "/v1/jobs", query)["jobs"]
+        query += [("pending", 1)] * pending
+        answer = self._json("GET", "/v1/jobs", query)
+        return answer["jobs"], {int(k): v for k, v in (answer.get("pending") or {}).items() if v}
 
     def queue(self, ids: Iterable[int] = ()) -> tuple[list[dict], dict[int, dict]]:
         """Everyone's unfinished jobs (or just ``ids``) and the pending reasons of those that wait."""
@@ -97,15 +113,30 @@ class Client:
             body["priority"] = priority
         return self._json("POST", f"/v1/jobs/{int(job_id)}/actions", body=body)["job"]
 
+    def restart(self, job_id: int) -> dict:
+        """A finished job submitted again with the same spec: the new job."""
+        return self._json("POST", f"/v1/jobs/{int(job_id)}/actions", body={"action": "restart"})["job"]
+
+    def clean(self) -> dict:
+        """Hide your finished jobs from listings: ``{"cleaned_up_to", "hidden"}``."""
+        return self._json("DELETE", "/v1/history")
+
     def logs(self, job_id: int, attempt: int | None = None, offset: int = 0) -> tuple[bytes, int, bool]:
         """Bytes from ``offset`` of an attempt's log, the offset to ask for next, and whether it has ended."""
+        data, next_offset, done, _ = self.log(job_id, attempt, offset)
+        return data, next_offset, done
+
+    def log(self, job_id: int, attempt: int | None = None, offset: int = 0) -> LogChunk:
+        """``logs`` and the attempt the leader read: without ``attempt``, the latest that ran."""
         query = [("offset", offset)] + ([("attempt", attempt)] if attempt is not None else [])
         resp = self._send("GET", f"/v1/jobs/{int(job_id)}/logs", query)
         try:
             data = self._read(resp)
             header = resp.header("X-Labq-Offset") or ""
             next_offset = int(header) if header.isdigit() else offset + len(data)
-            return data, next_offset, resp.header("X-Labq-Done") == "1"
+            served = resp.header("X-Labq-Attempt") or ""
+            return LogChunk(data, next_offset, resp.header("X-Labq-Done") == "1",
+                            int(served) if served.isdigit() else attempt)
         finally:
             resp.close()
 

@@ -5,39 +5,53 @@ from __future__ import annotations
 from labq.leader.auth import Principal
 from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
+from labq.leader.scheduling import finished_states
 from labq.leader.state import LabState
 from labq.leader.users import user_only
 from labq.models.actions import ActionRefused, Rules, Wish, acted
 from labq.models.decisions import Pending
 from labq.models.job import Job, JobSpec, JobState, Runtime
 from labq.models.priority import priority_name
+from labq.models.transitions import dependency_failure
 from labq.protocol import errors
 from labq.protocol.codec import decode_job, encode_job
 from labq.protocol.requests import ActionRequest, SubmitRequest
 from labq.scheduler import why_never_fits
-from labq.store import CommitFailed, PutJob
+from labq.store import CommitFailed, PutJob, PutRecord
 
+CLEANED = "cleaned"  #: the store's table of ``labq clean`` marks: user -> {"up_to": time}
 _REFUSALS = {"conflict": errors.conflict, "forbidden": errors.forbidden, "bad_request": errors.bad_request}
 
 
 class Queue:
     def __init__(self, state: LabState, bookings: Bookings) -> None:
         self.state, self.bookings = state, bookings
+        #: per user, the time up to which ``labq clean`` hides their finished jobs from listings
+        self.cleaned: dict[str, float] = {user: rec["up_to"] for user, rec in state.records.get(CLEANED, {}).items()}
 
     def submit(self, who: Principal, request: SubmitRequest) -> Job:
-        """Checked, then committed outside the lock, so that concurrent submits share the store's group commit."""
         user_only(who)
-        config, state = self.state.config, self.state
-        spec = request.spec_for(who.name, default_grace_s=config.default_grace_s)
-        _check_spec(spec, who, config)
+        return self._enqueue(who, request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s))
+
+    def restart(self, who: Principal, job_id: int) -> Job:
+        """A finished job submitted again as a new job with the same spec (``labq restart``)."""
+        user_only(who)
+        old, _ = self.job(who, job_id)
+        if not old.state.finished:
+            raise errors.conflict(f"job {job_id} is {old.state.value}; restart submits a finished job again "
+                                  f"(`labq cancel {job_id}` first to start it over)")
+        if old.user != who.name:
+            raise errors.forbidden(f"job {job_id} belongs to {old.user}; a restart runs as its submitter, so only "
+                                   "they may restart it")
+        return self._enqueue(who, old.spec, note=f"restart of job {job_id}")
+
+    def _enqueue(self, who: Principal, spec: JobSpec, note: str = "") -> Job:
+        """Checked, then committed outside the lock, so that concurrent submits share the store's group commit."""
+        state = self.state
+        _check_spec(spec, who, state.config)
         with state.lock:
-            if spec.reservation is not None:
-                self.bookings.check_submit(spec, state.clock())
-            nodes = state.nodes()
-            never = why_never_fits(spec, nodes) if nodes else None
-            if never is not None:
-                raise errors.unprocessable(f"this job can never run here: {never}")
-            job = Job(state.next_job_id, spec, submitted_at=state.clock())
+            self._check_lab(spec)
+            job = Job(state.next_job_id, spec, submitted_at=state.clock(), note=note)
             state.next_job_id += 1
         try:
             state.store.commit([PutJob(encode_job(job))])
@@ -49,23 +63,58 @@ class Queue:
         state.wake()
         return job
 
+    def _check_lab(self, spec: JobSpec) -> None:
+        """What a submit must find in the lab as it is now (the lock is held): one check a line."""
+        state = self.state
+        if spec.reservation is not None:
+            self.bookings.check_submit(spec, state.clock())
+        nodes = state.nodes()
+        never = why_never_fits(spec, nodes) if nodes else None
+        if never is not None:
+            raise errors.unprocessable(f"this job can never run here: {never}")
+        _check_dependencies(spec, state)
+
     def visible(self, who: Principal, *, user: str | None, states: tuple[str, ...], everyone: bool,
-                history: bool, limit: int | None, ids: tuple[int, ...] = ()) -> tuple[list[Job], dict[int, Job]]:
-        """The jobs ``who`` asked for, sorted by id, and the unfinished jobs as they are now."""
+                history: bool, limit: int | None, ids: tuple[int, ...] = (),
+                finished: bool = False) -> tuple[list[Job], dict[int, Job]]:
+        """The jobs ``who`` asked for and the unfinished jobs as they are now. Sorted by id, the last ``limit``;
+        ``finished``: only finished jobs, by when they ended, the ``limit`` that ended last. Finished jobs that
+        their users cleaned away (``labq clean``) are left out."""
         user_only(who)
         with self.state.lock:
             live = dict(self.state.jobs)
-        jobs = [live[i] for i in ids if i in live] if ids else list(live.values())
-        if history:
-            jobs += [decode_job(doc) for doc in self.state.store.history()]
+        if finished:
+            jobs = []
+        else:
+            jobs = [live[i] for i in ids if i in live] if ids else list(live.values())
+        if history or finished:
+            jobs += [j for j in map(decode_job, self.state.store.history()) if not self._cleaned(j)]
         if user is not None:
             jobs = [j for j in jobs if j.user == user]
         elif not everyone:
             jobs = [j for j in jobs if j.user == who.name]
         if states:
             jobs = [j for j in jobs if j.state.value in states]
-        jobs.sort(key=lambda j: j.id)
+        jobs.sort(key=(lambda j: (j.ended_at or 0.0, j.id)) if finished else (lambda j: j.id))
         return (jobs[-limit:] if limit else jobs), live
+
+    def _cleaned(self, job: Job) -> bool:
+        mark = self.cleaned.get(job.user)
+        return mark is not None and job.ended_at is not None and job.ended_at <= mark
+
+    def clean(self, who: Principal) -> tuple[float, int]:
+        """``labq clean``: hide the caller's finished jobs from listings from now on (the archive keeps them, and
+        ``labq show ID`` still finds them). The time marked, and how many jobs it hid."""
+        user_only(who)
+        state = self.state
+        with state.lock:
+            now = state.clock()
+            state.commit([PutRecord(CLEANED, who.name, {"up_to": now})])
+            before, self.cleaned[who.name] = self.cleaned.get(who.name), now
+        hidden = sum(1 for doc in state.store.history() if doc["spec"]["user"] == who.name
+                     and (before is None or (doc.get("ended_at") or 0.0) > before)
+                     and (doc.get("ended_at") or 0.0) <= now)
+        return now, hidden
 
     def pending_of(self, ids) -> dict[int, Pending]:
         with self.state.lock:
@@ -93,7 +142,7 @@ class Queue:
                 raise errors.forbidden(f"job {job_id} belongs to {job.user}; only they or an admin may change it")
             top = max((j.priority for j in state.jobs.values() if j.state is JobState.QUEUED and j.id != job.id),
                       default=job.priority - 1)
-            wish = Wish(request.action, request.priority, request.gpus, request.time_limit_s)
+            wish = Wish(request.action, request.priority, request.gpus, request.time_limit_s, request.by, request.name)
             try:
                 new = acted(job, wish, state.clock(), admin=who.admin, top_priority=top,
                             rules=Rules(config.user_max_priority, config.max_time_limit_s))
@@ -123,6 +172,19 @@ def _check_spec(spec: JobSpec, who: Principal, config: LeaderConfig) -> None:
         raise errors.bad_request(f"jobs here need a time limit of at most {limit:g} s (--time)", "time_limit_s")
     if spec.runtime is Runtime.DOCKER:
         _check_container(spec, config)
+
+
+def _check_dependencies(spec: JobSpec, state: LabState) -> None:
+    """A job that waits for jobs that do not exist, or (``--after``) for one that did not succeed, could never
+    start: refused now rather than queued to be cancelled (the lock is held)."""
+    if not spec.depends_on:
+        return
+    finished = finished_states(state, spec.depends_on)
+    for dep in spec.depends_on:
+        live = state.jobs.get(dep)
+        why = dependency_failure(spec.after_any, dep, live.state if live is not None else finished.get(dep))
+        if why is not None:
+            raise errors.unprocessable(f"this job could never start: {why}", "depends_on")
 
 
 def listed(user: str, names: tuple[str, ...]) -> bool:

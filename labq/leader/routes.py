@@ -96,7 +96,8 @@ def _jobs(h: _Handler, who) -> tuple[int, bytes]:
     queue = h.server.leader.queue
     jobs, live = queue.visible(
         who, user=h.arg("user"), states=tuple(h.query.get("state", ())), everyone=h.arg("all") == "1" or bool(ids),
-        history=h.arg("history") == "1", limit=require_int(limit, "limit") if limit else None, ids=ids)
+        history=h.arg("history") == "1", limit=require_int(limit, "limit") if limit else None, ids=ids,
+        finished=h.arg("finished") == "1")
     text = '{"jobs":' + _JOB_TEXTS.listing(jobs, live)
     if h.arg("pending") == "1":
         pending = {str(i): encode_pending(p) for i, p in queue.pending_of(j.id for j in jobs).items()}
@@ -112,8 +113,16 @@ def _job(h: _Handler, who, job_id: str) -> tuple[int, dict]:
 
 @route("POST", r"/v1/jobs/([0-9]+)/actions")
 def _action(h: _Handler, who, job_id: str, body) -> tuple[int, dict]:
-    job = h.server.leader.queue.act(who, _job_id(job_id), parse_action(body))
-    return 200, {"job": encode_job(job)}
+    request, queue = parse_action(body), h.server.leader.queue
+    if request.action == "restart":  # a new job: its answer is the new job's
+        return 201, {"job": encode_job(queue.restart(who, _job_id(job_id)))}
+    return 200, {"job": encode_job(queue.act(who, _job_id(job_id), request))}
+
+
+@route("DELETE", "/v1/history")
+def _clean(h: _Handler, who) -> tuple[int, dict]:
+    up_to, hidden = h.server.leader.queue.clean(who)
+    return 200, {"cleaned_up_to": up_to, "hidden": hidden}
 
 
 @route("GET", r"/v1/jobs/([0-9]+)/logs", head=False)
@@ -122,13 +131,15 @@ def _logs(h: _Handler, who, job_id: str) -> None:
     job, _ = leader.queue.job(who, _job_id(job_id))
     if job.user != who.name and not who.admin:
         raise errors.forbidden(f"job {job.id} belongs to {job.user}")
-    attempt = require_int(h.arg("attempt"), "attempt") if h.arg("attempt") else job.attempt
+    attempt = require_int(h.arg("attempt"), "attempt") if h.arg("attempt") else job.latest_run()
     offset = require_int(h.arg("offset"), "offset") if h.arg("offset") else 0
+    if attempt is None:
+        raise errors.not_found(f"job {job.id} has not started yet: no log")
     placement = job.placement if attempt == job.attempt else next(
         (a.placement for a in job.history if a.number == attempt), None)
     if placement is None:
         if attempt == job.attempt:
-            raise errors.not_found(f"job {job.id} has not started yet: no log")
+            raise errors.not_found(f"job {job.id} has not started attempt {attempt} yet: no log")
         raise errors.not_found(f"job {job.id} has no attempt {attempt} that ran; it is on attempt {job.attempt}")
     node = placement.nodes[0]
     logs_url, logs_token = leader.agents.logs_of(node) or (None, None)
@@ -141,6 +152,7 @@ def _logs(h: _Handler, who, job_id: str) -> None:
     h.send_header("Content-Length", str(len(data)))
     h.send_header("X-Labq-Offset", str(next_offset))
     h.send_header("X-Labq-Done", "1" if done else "0")
+    h.send_header("X-Labq-Attempt", str(attempt))
     h.end_headers()
     h.wfile.write(data)
 

@@ -9,6 +9,7 @@ signal jobs a grace before their time limit.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import replace
 
 from labq.leader.bookings import Bookings
@@ -47,10 +48,13 @@ class Scheduling:
             released = self.bookings.release(now)  # so no job waits for a booking that is over
             if released:
                 state.apply(released)
+            finished = finished_states(state)
+            never = t.out_of_dependencies(state.jobs.values(), finished, now)  # nor for a job that cannot succeed
+            if never:
+                state.apply(never)
             self._decay_usage(now)
             decisions = schedule(list(state.jobs.values()), state.nodes(), now=now, usage=self._usage(now),
-                                 policy=self._policy(), finished=self._finished_for_dependencies(),
-                                 reservations=self.bookings.current(now))
+                                 policy=self._policy(), finished=finished, reservations=self.bookings.current(now))
             updates = [t.placed(state.jobs[s.job_id], s.placement) for s in decisions.starts]
             updates += [t.preempting(state.jobs[p.job_id], p.for_job, p.reservation) for p in decisions.preemptions]
             changed_pending = {p.job_id for p in decisions.pending
@@ -74,15 +78,6 @@ class Scheduling:
             if job.started_at is not None:
                 usage[job.user] = usage.get(job.user, 0.0) + t.gpu_hours(job, now)
         return usage
-
-    def _finished_for_dependencies(self) -> dict[int, JobState]:
-        state = self.state
-        wanted = {d for j in state.jobs.values() for d in j.spec.depends_on if d not in state.jobs}
-        if wanted - state.finished.keys() and not state.history_loaded:
-            state.history_loaded = True
-            for doc in state.store.history():
-                state.finished[doc["id"]] = JobState(doc["state"])
-        return state.finished
 
     def tick(self) -> None:
         """Timers: agents that went silent, reservations, and jobs past their time limit."""
@@ -115,6 +110,19 @@ class Scheduling:
         state = self.state
         state.usage = decay_usage(state.usage, now - state.usage_at, state.config.fair_share_half_life_s)
         state.usage_at = now
+
+
+def finished_states(state: LabState, wanted: Iterable[int] = ()) -> dict[int, JobState]:
+    """The end states of finished jobs, enough for the dependencies of every unfinished job and for ``wanted``
+    (the lock is held). The archive is read once, the first time a dependency is not known yet; after that a
+    job that is neither unfinished nor here does not exist."""
+    known = state.finished
+    wanted = {d for j in state.jobs.values() for d in j.spec.depends_on} | set(wanted)
+    if not state.history_loaded and any(d not in known and d not in state.jobs for d in wanted):
+        state.history_loaded = True
+        for doc in state.store.history():
+            known[doc["id"]] = JobState(doc["state"])
+    return known
 
 
 def _time_is_up(job: Job, now: float) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from labq.models import transitions as t
 from labq.models.job import Job, JobState
-from labq.models.priority import MAX_PRIORITY, priority_name
+from labq.models.priority import MAX_PRIORITY, MIN_PRIORITY, priority_name
 
 
 class ActionRefused(Exception):
@@ -28,9 +28,11 @@ class Wish:
     """One action on one job, as asked: ``action`` and the values it needs."""
 
     action: str
-    priority: int | None = None
+    priority: int | None = None  #: prio, edit: the new priority
     gpus: int | None = None
     time_limit_s: float | None = None  #: edit: 0 removes the limit
+    priority_by: int | None = None  #: prio: a change to the priority (``labq prio 6 +10``), not a value
+    name: str | None = None  #: edit: the new name ("" removes it)
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,13 @@ def _preempted(job: Job, wish: Wish, now: float, admin: bool, rules: Rules, top:
 
 
 def _edited(job: Job, wish: Wish, now: float, admin: bool, rules: Rules, top: int) -> Job:
-    if job.state not in (JobState.QUEUED, JobState.HELD):
-        raise ActionRefused("conflict", f"only a queued or held job can be edited; job {job.id} is {job.state.value}")
+    """GPUs and the time limit while the job waits; its name and priority while it is unfinished."""
+    if job.state.finished:
+        raise ActionRefused("conflict", f"job {job.id} has ended ({job.state.value}); `labq restart {job.id}` "
+                            "submits it again")
+    if job.state not in (JobState.QUEUED, JobState.HELD) and (wish.gpus is not None or wish.time_limit_s is not None):
+        raise ActionRefused("conflict", f"only a queued or held job can be edited; job {job.id} is {job.state.value} "
+                            "(its name and priority can change while it runs)")
     spec, changes = job.spec, {}
     if wish.gpus is not None:
         if spec.gpus_per_node * spec.nodes != spec.gpus or wish.gpus % spec.nodes:
@@ -91,7 +98,11 @@ def _edited(job: Job, wish: Wish, now: float, admin: bool, rules: Rules, top: in
         changes["time_limit_s"] = limit
         if limit is None and spec.requeue_on_timeout:
             changes["requeue_on_timeout"] = False
-    return job.evolve(spec=replace(spec, **changes))
+    if wish.name is not None:
+        changes["name"] = wish.name
+    if wish.priority is not None:
+        job = _prioritised(job, wish, now, admin, rules, top)
+    return job.evolve(spec=replace(job.spec, **changes))
 
 
 def _topped(job: Job, wish: Wish, now: float, admin: bool, rules: Rules, top: int) -> Job:
@@ -103,11 +114,18 @@ def _topped(job: Job, wish: Wish, now: float, admin: bool, rules: Rules, top: in
 
 
 def _prioritised(job: Job, wish: Wish, now: float, admin: bool, rules: Rules, top: int) -> Job:
-    assert wish.priority is not None
-    if wish.priority > rules.user_max_priority and not admin:
-        raise ActionRefused("forbidden", f"priority {priority_name(wish.priority)} is for admins; the highest for "
+    """A new priority, or the current one changed by ``priority_by`` (``+10``, ``-50``)."""
+    target = wish.priority
+    if wish.priority_by is not None:
+        target = job.priority + wish.priority_by
+        if not MIN_PRIORITY <= target <= MAX_PRIORITY:
+            raise ActionRefused("bad_request", f"job {job.id}'s priority {job.priority} {wish.priority_by:+d} is "
+                                f"{target}, outside {MIN_PRIORITY}-{MAX_PRIORITY}", "by")
+    assert target is not None
+    if target > rules.user_max_priority and target > job.priority and not admin:
+        raise ActionRefused("forbidden", f"priority {priority_name(target)} is for admins; the highest for "
                             f"users is {priority_name(rules.user_max_priority)}")
-    return job.evolve(spec=replace(job.spec, priority=wish.priority))
+    return job.evolve(spec=replace(job.spec, priority=target))
 
 
 _ACTIONS = {"cancel": _cancelled, "hold": _held, "release": _released, "preempt": _preempted, "edit": _edited,

@@ -205,5 +205,11 @@ class Job:
         """Attempts ended by a preemption after ``since`` (for the admin's cap per day)."""
         return sum(1 for a in self.history if a.stop_reason is StopReason.PREEMPTED and a.ended_at > since)
 
+    def latest_run(self) -> int | None:
+        """The latest attempt that ran, so has a log: this one once placed, else the last before it; None if none."""
+        if self.placement is not None:
+            return self.attempt
+        return next((a.number for a in reversed(self.history) if a.placement is not None), None)
+
     def evolve(self, **changes) -> Job:
         return replace(self, **changes)

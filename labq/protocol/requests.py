@@ -216,12 +216,22 @@ class SubmitRequest:
 
 def wire_priority(text: str) -> int | str:
     """A priority as people type it, as the API takes it: a class name (``High`` -> ``"high"``) or an integer
-    0-1000 (``"250"`` -> 250). ValueError says what is accepted."""
+    0-1000 (``"250"`` -> 250). ValueError says what is accepted; ``+10`` is a change, not a priority."""
     from labq.models.priority import PriorityClass, parse_priority
 
-    value = parse_priority(text)
     name = text.strip().lower()
+    if name[:1] in ("+", "-"):
+        raise ValueError(f"{text.strip()!r} is a change, not a priority: use low, normal, high, urgent or 0-1000")
+    value = parse_priority(text)
     return name if name.upper() in PriorityClass.__members__ else value
+
+
+def priority_change(text: str) -> int | None:
+    """``+10`` -> 10, ``-50`` -> -50: a relative change as people type it; None for anything else."""
+    word = text.strip()
+    if word[:1] in ("+", "-") and word[1:].isdigit() and word[1:].isascii():
+        return int(word)
+    return None
 
 
 def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: str | None = None,
@@ -229,8 +239,8 @@ def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: 
                    priority: int | str | None = None, preemptible: bool = True, time_limit_s: float | None = None,
                    requeue_on_timeout: bool = False, grace_s: float | None = None,
                    checkpoint_signal: str | None = None, env: Mapping[str, str] | None = None,
-                   depends_on: Sequence[int] | None = None, nodes: int | None = None, node: str | None = None,
-                   reservation: str | None = None, after_reservation: str | None = None,
+                   depends_on: Sequence[int] | None = None, after_any: bool = False, nodes: int | None = None,
+                   node: str | None = None, reservation: str | None = None, after_reservation: str | None = None,
                    image: str | None = None, mounts: Sequence[Mount] = (), shm_size_mib: int | None = None) -> dict:
     """The ``POST /v1/jobs`` body that ``parse_submit`` reads back: only what differs from the defaults.
 
@@ -242,7 +252,7 @@ def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: 
                 "time_limit_s": _seconds(time_limit_s), "requeue_on_timeout": requeue_on_timeout or None,
                 "grace_s": _seconds(grace_s), "checkpoint_signal": checkpoint_signal,
                 "env": dict(env) if env else None, "depends_on": list(depends_on) if depends_on else None,
-                "nodes": nodes, "node": node, "reservation": reservation, "after_reservation": after_reservation}
+                "after_any": after_any or None, "nodes": nodes, "node": node, "reservation": reservation, "after_reservation": after_reservation}
     body.update((key, value) for key, value in optional.items() if value is not None)
     if image is not None:
         body["runtime"], body["image"] = "docker", image
@@ -259,8 +269,6 @@ def _seconds(value: float | None) -> int | float | None:
 
 
 def parse_submit(body: object) -> SubmitRequest:
-    from labq.models.priority import parse_priority
-
     f = Fields(body, "a job")
     out: dict = {"command": _command(f.raw("command", required=True))}
     out["gpus"] = f.integer("gpus", low=1, high=MAX_GPUS) or 1
@@ -269,14 +277,7 @@ def parse_submit(body: object) -> SubmitRequest:
     out["min_gpu_memory_mib"] = f.integer("min_gpu_memory_mib", low=0, high=10**7) or 0
     out["gpu_model"] = f.string("gpu_model")
     out["node"] = f.name("node", "node name")
-    priority = f.raw("priority")
-    if priority is not None:
-        if isinstance(priority, bool) or not isinstance(priority, (int, str)):
-            raise bad_request("priority must be low, normal, high, urgent or an integer", "priority")
-        try:
-            out["priority"] = parse_priority(priority)
-        except ValueError as err:
-            raise bad_request(str(err), "priority") from None
+    out["priority"] = _priority(f.raw("priority"))
     out["preemptible"] = f.boolean("preemptible", default=True)
     out["time_limit_s"] = f.number("time_limit_s", low=1, high=MAX_TIME_LIMIT_S)
     out["requeue_on_timeout"] = f.boolean("requeue_on_timeout", default=False)
@@ -298,6 +299,9 @@ def parse_submit(body: object) -> SubmitRequest:
                                                   for i in after) or len(after) > 1000:
             raise bad_request("depends_on must be a list of job ids", "depends_on")
         out["depends_on"] = tuple(after)
+    out["after_any"] = f.boolean("after_any", default=False) or None
+    if out["after_any"] and not out.get("depends_on"):
+        raise bad_request("after_any says how the jobs in depends_on must end; name them too", "after_any")
     f.done()
     return SubmitRequest({k: v for k, v in out.items() if v is not None})
 
@@ -344,41 +348,55 @@ def _runtime(f: Fields) -> dict:
             "shm_size_mib": shm}
 
 
-ACTIONS = ("cancel", "hold", "release", "prio", "top", "edit", "preempt")
+ACTIONS = ("cancel", "hold", "release", "prio", "top", "edit", "preempt", "restart")
 
 
 @dataclass(frozen=True)
 class ActionRequest:
     action: str
-    priority: int | None = None
+    priority: int | None = None  #: prio, edit: the new priority
     gpus: int | None = None  #: edit: the new GPU count (queued jobs only)
     time_limit_s: float | None = None  #: edit: the new time limit; 0 removes it
+    by: int | None = None  #: prio: change the priority by this much instead (``+10``, ``-50``)
+    name: str | None = None  #: edit: the new name; "" removes it
 
 
 def parse_action(body: object) -> ActionRequest:
-    from labq.models.priority import parse_priority
-
     f = Fields(body, "an action")
     action = f.string("action", required=True, max_len=16)
     if action not in ACTIONS:
         raise bad_request(f"action must be one of {', '.join(ACTIONS)}, not {action!r}", "action")
-    priority = None
+    fields: dict = {}
+    if action in ("prio", "edit"):
+        fields["priority"] = _priority(f.raw("priority"))
     if action == "prio":
-        raw = f.raw("priority", required=True)
-        if isinstance(raw, bool) or not isinstance(raw, (int, str)):
-            raise bad_request("priority must be low, normal, high, urgent or an integer", "priority")
-        try:
-            priority = parse_priority(raw)
-        except ValueError as err:
-            raise bad_request(str(err), "priority") from None
-    gpus = limit = None
+        fields["by"] = f.integer("by", low=-1000, high=1000)
+        if (fields["priority"] is None) == (fields["by"] is None):
+            raise bad_request("prio needs priority (a value) or by (a change), one of them", "priority")
     if action == "edit":
-        gpus = f.integer("gpus", low=1, high=MAX_GPUS)
-        limit = f.number("time_limit_s", low=0, high=MAX_TIME_LIMIT_S)
-        if gpus is None and limit is None:
-            raise bad_request("edit needs gpus or time_limit_s", "action")
+        fields["gpus"] = f.integer("gpus", low=1, high=MAX_GPUS)
+        fields["time_limit_s"] = f.number("time_limit_s", low=0, high=MAX_TIME_LIMIT_S)
+        name = f.raw("name")
+        fields["name"] = "" if name == "" else f.name("name", "job name")
+        if all(value is None for value in fields.values()):
+            raise bad_request("edit needs gpus or time_limit_s, or priority or name", "action")
     f.done()
-    return ActionRequest(action, priority, gpus, limit)
+    return ActionRequest(action, **fields)
+
+
+def _priority(raw: object) -> int | None:
+    from labq.models.priority import parse_priority
+
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or (isinstance(raw, str) and raw.strip()[:1] in "+-"
+                                                                     and raw.strip()):
+        raise bad_request("priority must be low, normal, high, urgent or an integer 0-1000 (a change such as "
+                          "+10 goes in by)", "priority")
+    try:
+        return parse_priority(raw)
+    except ValueError as err:
+        raise bad_request(str(err), "priority") from None
 
 
 @dataclass(frozen=True)
@@ -406,4 +424,5 @@ def require_int(value: str, what: str, *, low: int = 0, high: int = MAX_QUERY_IN
 
 
 __all__ = ["ACTIONS", "ActionRequest", "ApiError", "Fields", "MAX_BODY_BYTES", "SubmitRequest", "UserRequest",
-           "parse_action", "parse_submit", "parse_user", "require_int", "submit_request", "wire_priority"]
+           "parse_action", "parse_submit", "parse_user", "priority_change", "require_int", "submit_request",
+           "wire_priority"]
