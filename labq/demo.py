@@ -1,9 +1,15 @@
 """``labq demo``: a self-contained tour of labq on simulated GPUs. Runs anywhere, leaves nothing behind.
 
 It starts a leader and an agent for a simulated workstation (four RTX 3090s in
-two NVLink pairs) in a temporary folder, submits a few jobs as the person
-running it, and narrates what the queue does: best-connected placement, a
-waiting job and why, a preemption, logs. The jobs are tiny shell loops.
+two NVLink pairs) in a temporary folder, adds two lab users with tokens of their
+own, submits a few jobs as each, and narrates what the queue does: best-connected
+placement, a waiting job and why, a preemption, logs. The jobs are tiny shell
+loops that run as the account running the demo, whichever lab user submits them.
+It takes about 15 seconds, and says at the end how long it took.
+
+It ends in order: the agent first, waiting for its threads to end (a short lease
+keeps its long poll short), then any job still running, then the leader, then the
+folder; so no thread of the agent looks at a folder that is gone.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import getpass
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -19,9 +26,10 @@ from pathlib import Path
 
 from labq.agent.daemon import Agent, AgentConfig
 from labq.agent.inventory import open_inventory
+from labq.agent.process_runtime import AttemptState
 from labq.client import Client
 from labq.leader.config import LeaderConfig
-from labq.leader.main import join_token_path, start_leader
+from labq.leader.main import RunningLeader, join_token_path, start_leader
 from labq.render import jobs_table, why_text
 
 TRAIN = ("sh", "-c", 'i=0; while [ $i -lt {steps} ]; do i=$((i+1)); echo "step $i on GPUs $CUDA_VISIBLE_DEVICES"; '
@@ -46,77 +54,110 @@ def _ls(client: Client) -> None:
     _say()
 
 
+PEOPLE = ("ada", "grace")  #: the tour's two lab users: ada, and grace, an admin (who may submit urgent jobs)
+LEASE_S = 3.0  #: the agent's long poll lasts half a lease: short, so that stopping it is quick
+JOBS_END_S = 5.0  #: how long the end waits for a killed job's exit to be written
+
+
 def run_demo(keep: bool = False) -> int:
+    started = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix="labq-demo-"))
-    user = getpass.getuser()
-    # the tour's jobs run as whoever runs it: as root only because root asked for the tour
+    # the tour's jobs run as whoever runs it (as root only because root asked for the tour), for both lab users
     config = replace(LeaderConfig(data_dir=folder / "leader", port=0), min_runtime_s=0.0, default_grace_s=2.0,
-                     allow_root=os.geteuid() == 0)
-    running, token = start_leader(config, first_admin=user)
+                     allow_root=os.geteuid() == 0, lease_s=LEASE_S)
+    running, token = start_leader(config, first_admin=getpass.getuser())
     agent = None
     try:
-        agent = Agent(AgentConfig(running.url, join_token_path(config).read_text().strip(), "ws1", folder / "agent"),
-                      open_inventory("sim:ws-4x3090", "ws1"))
+        agent = Agent(AgentConfig(running.url, join_token_path(config).read_text().strip(), "ws1", folder / "agent",
+                                  run_as_job_user=False), open_inventory("sim:ws-4x3090", "ws1"))
         agent.register()
         agent.start()
-        _tour(Client(running.url, token), running.url, folder)
+        admin = Client(running.url, token)
+        people = {name: Client(running.url, admin.add_user(name, admin=name == PEOPLE[1])[1]) for name in PEOPLE}
+        _tour(admin, people, running.url, folder)
+        _say(f"\nThat was labq; the tour took {time.monotonic() - started:.0f} s. To run it for real on this "
+             "machine: labq up (or labq up --gpus sim:dgx1).")
         return 0
     finally:
-        if agent is not None:
-            agent.stop()
-        running.stop()
-        if agent is not None:  # the demo's jobs must not outlive it
-            for status in agent.runtime.attempts():
-                agent.runtime.stop(status.job_id, status.attempt, 0.1)
-        if keep:
-            print(f"(kept {folder})", file=sys.stderr)
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
+        _take_down(agent, running, folder, keep)
 
 
-def _tour(client: Client, url: str, folder: Path) -> None:
+def _take_down(agent: Agent | None, running: RunningLeader, folder: Path, keep: bool) -> None:
+    """The agent first, waiting until its threads have ended; then the jobs, which must not outlive the demo;
+    then the leader; then the folder, which nothing running looks at any more."""
+    if agent is not None:
+        agent.stop()
+        for thread in agent.workers.threads:  # a sync in its long poll comes back within half a lease
+            thread.join(LEASE_S + 5.0)
+        _end_jobs(agent)
+    running.stop()
+    if keep:
+        print(f"(kept {folder})", file=sys.stderr)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _end_jobs(agent: Agent) -> None:
+    """Kill the jobs still running (only a demo cut short has any) and wait until their shims have written
+    their exits, so that neither a job nor its shim is left behind."""
+    for status in agent.runtime.attempts():
+        if status.state is AttemptState.RUNNING:
+            agent.runtime.signal(status.job_id, status.attempt, signal.SIGKILL)
+    deadline = time.monotonic() + JOBS_END_S
+    while (any(s.state is AttemptState.RUNNING for s in agent.runtime.attempts())
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+
+
+def _tour(admin: Client, people: dict[str, Client], url: str, folder: Path) -> None:
     """The narrated part: who submits what, and what labq does about it."""
+    ada, grace = (people[name] for name in PEOPLE)
     _say("A lab of one simulated workstation, ws1: four RTX 3090s, NVLink pairs 0+1 and 2+3.")
-    _say(f"The leader serves {url}; everything lives in {folder}.\n")
+    _say(f"The leader serves {url}; everything lives in {folder}.")
+    _say(f"Two lab users, {PEOPLE[0]} and {PEOPLE[1]} (an admin), each with a token of their own (labq admin user "
+         f"add); their jobs run as {getpass.getuser()}, the account running this tour.\n")
 
-    _say("1. Two people submit. A 2-GPU job gets an NVLink pair; a 1-GPU job leaves the other pair whole.")
-    pair = client.submit({"command": list(TRAIN[:2]) + [TRAIN[2].format(steps=8)], "gpus": 2, "name": "bert"})
-    single = client.submit({"command": list(TRAIN[:2]) + [TRAIN[2].format(steps=6)], "gpus": 1, "name": "probe"})
+    _say(f"1. Both submit. {PEOPLE[0]}'s 2-GPU job gets an NVLink pair; {PEOPLE[1]}'s 1-GPU job leaves the other "
+         "pair whole.")
+    pair = ada.submit({"command": _train(8), "gpus": 2, "name": "bert"})
+    single = grace.submit({"command": _train(6), "gpus": 1, "name": "probe"})
     for job in (pair, single):
-        _wait(client, job["id"], {"running"})
-    _ls(client)
+        _wait(admin, job["id"], {"running"})
+    _ls(admin)
 
-    _say("2. A low-priority job takes the last GPU: the workstation is full.")
-    filler = client.submit({"command": list(TRAIN[:2]) + [TRAIN[2].format(steps=12)], "gpus": 1,
-                            "name": "filler", "priority": "low"})
-    _wait(client, filler["id"], {"running"})
-    _say("   A 4-GPU job cannot start now; labq says why, and holds the GPUs it will get.")
-    wide = client.submit({"command": list(TRAIN[:2]) + [TRAIN[2].format(steps=3)], "gpus": 4,
-                          "name": "sweep", "priority": "low"})
+    _say(f"2. A low-priority job of {PEOPLE[0]}'s takes the last GPU: the workstation is full.")
+    filler = ada.submit({"command": _train(12), "gpus": 1, "name": "filler", "priority": "low"})
+    _wait(admin, filler["id"], {"running"})
+    _say(f"   {PEOPLE[1]}'s 4-GPU job cannot start now; labq says why, and holds the GPUs it will get.")
+    wide = grace.submit({"command": _train(3), "gpus": 4, "name": "sweep", "priority": "low"})
     time.sleep(1.0)
-    job, pending = client.job(wide["id"])
+    job, pending = admin.job(wide["id"])
     _say(f"   labq why {wide['id']}: {why_text(job, pending, time.time())}\n")
-    _preempt_and_finish(client, [pair, single, wide, filler])
+    _preempt_and_finish(admin, grace, [pair, single, wide, filler])
 
 
-def _preempt_and_finish(client: Client, jobs: list[dict]) -> None:
+def _train(steps: int) -> list[str]:
+    return [*TRAIN[:2], TRAIN[2].format(steps=steps)]
+
+
+def _preempt_and_finish(admin: Client, urgent_user: Client, jobs: list[dict]) -> None:
     pair, single, wide, filler = jobs
-    _say("3. An urgent 1-GPU job arrives: labq signals the cheapest lower-priority job to checkpoint,")
-    _say("   requeues it as the same job, and starts the urgent one on the GPU it freed.")
-    urgent = client.submit({"command": ["sh", "-c", "echo deadline work; sleep 2"], "gpus": 1,
-                            "name": "hotfix", "priority": "urgent"})
-    _wait(client, urgent["id"], {"running", "succeeded"})
-    after, _ = client.job(filler["id"])
+    _say(f"3. {PEOPLE[1]}, an admin and so allowed the urgent class, submits an urgent 1-GPU job: labq signals")
+    _say("   the cheapest lower-priority job to checkpoint, requeues it as the same job, and starts the urgent one")
+    _say("   on the GPU it freed.")
+    urgent = urgent_user.submit({"command": ["sh", "-c", "echo deadline work; sleep 2"], "gpus": 1,
+                                 "name": "hotfix", "priority": "urgent"})
+    _wait(admin, urgent["id"], {"running", "succeeded"})
+    after, _ = admin.job(filler["id"])
     _say(f"   job {filler['id']} ({after['spec']['name']}) is {after['state']}, attempt {after['attempt']}, "
          f"preempted {after['preemptions']} time(s)\n")
-    _ls(client)
+    _ls(admin)
 
     _say("4. Everything runs to the end; finished jobs stay in the history.")
     for job in (pair, single, wide, filler, urgent):
-        _wait(client, job["id"], {"succeeded", "failed", "cancelled"}, timeout=120)
-    _ls(client)
-    data, _, _ = client.logs(pair["id"])
+        _wait(admin, job["id"], {"succeeded", "failed", "cancelled"}, timeout=120)
+    _ls(admin)
+    data, _, _ = admin.logs(pair["id"])
     _say(f"labq logs {pair['id']} (last lines):")
     for line in data.decode().splitlines()[-3:]:
         _say(f"   {line}")
-    _say("\nThat was labq. To run it for real on this machine: labq up (or labq up --gpus sim:dgx1).")

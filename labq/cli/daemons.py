@@ -71,9 +71,10 @@ def add_commands(sub) -> None:
     _agent_options(up)
     up.set_defaults(run=_up)
 
-    demo = sub.add_parser("demo", help="a two-minute tour of labq on simulated GPUs",
-                          description="Start a throwaway leader and a simulated 4-GPU workstation, submit a few "
-                          "jobs and narrate what the queue does. Runs anywhere; leaves nothing behind.")
+    demo = sub.add_parser("demo", help="a short tour of labq on simulated GPUs (about 15 seconds)",
+                          description="Start a throwaway leader and a simulated 4-GPU workstation, add two lab users, "
+                          "submit a few jobs as each and narrate what the queue does. Takes about 15 seconds and "
+                          "says how long it took. Runs anywhere; leaves nothing behind.")
     demo.add_argument("--keep", action="store_true", help="keep the temporary folder for a look afterwards")
     demo.set_defaults(run=_demo)
 
