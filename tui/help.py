@@ -1,8 +1,6 @@
-"""``?``: the keys of the screen below, and of the app."""
+"""``?``: the keys that work on the screen below (its focused widget's, its own, the app's), each key once."""
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -25,13 +23,45 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         lines = [f"keys on this screen ({type(self.below).__name__.removesuffix('Screen').lower()}):"]
-        focused = self.below.focused
-        widget_keys = [b for b in getattr(focused, "BINDINGS", ()) if isinstance(b, Binding) and b.description]
-        for binding in [*widget_keys, *self.below.BINDINGS, *self.app.BINDINGS]:
-            if isinstance(binding, Binding):
-                keys = ", ".join(self.app.get_key_display(replace(binding, key=k)) for k in binding.key.split(","))
-                lines.append(f"  {keys:<22} {binding.description or binding.action}")
-        lines += ["  ctrl+p                 command palette: every action by name", "  esc                    back",
-                  "", FILTERS if type(self.below).__name__ == "QueueScreen" else ""]
+        listed = keys_that_work(self.below)
+        for keys, what in listed:
+            lines.append(f"  {', '.join(self.app.get_key_display(Binding(key, '')) for key in keys):<22} {what}")
+        taken = {key for keys, _ in listed for key in keys}
+        lines += [f"  {shown:<22} {what}" for key, shown, what in EXTRA if key not in taken]
+        lines += ["", FILTERS if type(self.below).__name__ == "QueueScreen" else ""]
         with VerticalScroll(classes="dialog help"):
             yield Static("\n".join(lines))
+
+
+#: keys every screen has that no binding of labq's declares (unless the screen binds them to something else)
+EXTRA = (("ctrl+p", "ctrl+p", "command palette: every action by name"), ("escape", "esc", "back"))
+
+
+def keys_that_work(screen: Screen) -> list[tuple[list[str], str]]:
+    """(keys, what they do) for the bindings of the focused widget, of the screen and of the app that a key
+    press on ``screen`` reaches, in that order.
+
+    A key bound in more than one of them is listed once, for the binding Textual runs (the focused widget's
+    before the screen's before the app's: the log's ``n`` is "next match", not the app's "nodes"); a
+    binding the screen turns off or dims for now (``check_action``) is left out.
+    """
+    active = screen.active_bindings
+    focused = screen.focused
+    widget_keys = [b for b in getattr(focused, "BINDINGS", ()) if isinstance(b, Binding) and b.description]
+    listed: list[tuple[list[str], str]] = []
+    seen: set[str] = set()
+    for binding in [*widget_keys, *screen.BINDINGS, *screen.app.BINDINGS]:
+        if not isinstance(binding, Binding):
+            continue
+        works = [one for one in Binding.make_bindings([binding]) if one.key not in seen and _runs(active, one)]
+        if works:
+            seen.update(one.key for one in works)
+            listed.append(([one.key for one in works], binding.description or binding.action))
+    return listed
+
+
+def _runs(active: dict, binding: Binding) -> bool:
+    """Whether a press of ``binding.key`` runs ``binding``, which is enabled now."""
+    now = active.get(binding.key)
+    return now is not None and now.enabled and (now.binding.action, now.binding.description) == (
+        binding.action, binding.description)
