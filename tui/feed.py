@@ -2,8 +2,11 @@
 
 It never polls every row: after the first load it reads ``/v1/events`` and fetches only the
 jobs an event names, in batches (every ``BATCH_S``), plus the nodes or reservations when an
-event says they changed. When the leader cannot be reached it posts ``Connection(False)``,
-waits, and starts over with a full load, so the screen heals by itself.
+event says they changed. A job that starts, stops or moves changes who holds which GPUs, so its
+event fetches the nodes too. An agent's report (its lease, its GPUs' memory and use) comes with no
+event: the nodes are also asked for every ``NODES_POLL_S``, one small request. When the leader
+cannot be reached it posts ``Connection(False)``, waits, and starts over with a full load, so the
+screen heals by itself.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from labq.client import Client
 from labq.protocol.errors import ApiError
 
 BATCH_S = 0.1
+NODES_POLL_S = 2.0  #: how old the nodes' lease ages and GPU use may get
 RETRY_S = (0.5, 1, 2, 4, 5)
 FINISHED = {"succeeded", "failed", "cancelled", "timeout"}
 
@@ -84,6 +88,8 @@ class LeaderFeed:
         self.stop = threading.Event()
         self._dirty: set[int] = set()
         self._finished: dict[int, dict] = {}
+        self._nodes_dirty = False
+        self._nodes_sent: list[dict] | None = None
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -112,9 +118,11 @@ class LeaderFeed:
         whoami = client.whoami()
         jobs, pending = client.queue()
         nodes, reservations = client.nodes(), client.reservations()
+        self._nodes_sent = nodes
         self.post(LabLoaded(jobs, pending, nodes, reservations, whoami))
         self.post(Connection(True))
-        flusher = threading.Thread(target=self._flush_loop, name="labq-tui-batches", daemon=True)
+        done = threading.Event()  #: this follow ended: its flusher ends too, before the next follow starts one
+        flusher = threading.Thread(target=self._flush_loop, args=(done,), name="labq-tui-batches", daemon=True)
         flusher.start()
         try:
             for event in client.events():
@@ -122,6 +130,7 @@ class LeaderFeed:
                     return
                 self._take(event)
         finally:
+            done.set()
             self._flush()
 
     def _take(self, event: dict) -> None:
@@ -134,22 +143,32 @@ class LeaderFeed:
                     self._dirty.discard(data["job_id"])
                 else:
                     self._dirty.add(data["job_id"])
+                if "state" in data:  # started, stopped, moved: the GPUs it holds changed
+                    self._nodes_dirty = True
         elif kind == "node":
-            self.post(NodesChanged(self.client.nodes()))
+            with self._lock:
+                self._nodes_dirty = True
         elif kind == "reservation":
             self.post(ReservationsChanged(self.client.reservations()))
 
-    def _flush_loop(self) -> None:
-        while not self.stop.wait(BATCH_S):
+    def _flush_loop(self, done: threading.Event) -> None:
+        polled = time.monotonic()
+        while not done.wait(BATCH_S) and not self.stop.is_set():
+            if time.monotonic() - polled >= NODES_POLL_S:
+                polled = time.monotonic()
+                with self._lock:
+                    self._nodes_dirty = True
             try:
                 self._flush()
             except ApiError:
-                return  # the event stream notices too, and starts over
+                self.client.close_events()  # start over with a full load, rather than follow with no batches
+                return
 
     def _flush(self) -> None:
         with self._lock:
             ids, self._dirty = sorted(self._dirty), set()
             finished, self._finished = self._finished, {}
+            nodes_dirty, self._nodes_dirty = self._nodes_dirty, False
         jobs: list[dict] = []
         pending: dict[int, dict] = {}
         for start in range(0, len(ids), 500):
@@ -161,3 +180,8 @@ class LeaderFeed:
         ended.update({i: data["state"] for i, data in finished.items()})
         if jobs or ended:
             self.post(JobsChanged(jobs, pending, ended))
+        if nodes_dirty:
+            nodes = self.client.nodes()
+            if nodes != self._nodes_sent:
+                self._nodes_sent = nodes
+                self.post(NodesChanged(nodes))

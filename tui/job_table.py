@@ -7,7 +7,8 @@ sort over plain tuples, a few milliseconds for 10,000 rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 from rich.segment import Segment
 from rich.style import Style
@@ -17,7 +18,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from labq.tui.query import COLUMNS, Row, parse_filter, view
+from labq.tui.query import COLUMNS, TIME, Row, parse_filter, view
 
 WIDTHS = (6, 9, 18, 10, 7, 4, 12, 7, 70)  #: the widths from 140 columns up
 NARROW = (5, 6, 10, 10, 6, 4, 8, 7)  #: the least the columns before the reason shrink to
@@ -71,18 +72,43 @@ class JobTable(ScrollView, can_focus=True):
         self._predicate = parse_filter("")
         self.sort_column, self.sort_reverse = 0, False
         self.widths = WIDTHS
+        self.clock: Callable[[], float] = time.time  #: the times shown are read from it as lines are drawn
 
     # -- the model ---------------------------------------------------------------------
 
     def set_rows(self, rows: Mapping[int, Row]) -> None:
         self.rows = dict(rows)
-        self.tagged &= self.rows.keys()
+        self._untag_gone()
         self._refilter()
 
     def put_rows(self, rows: list[Row]) -> None:
         for row in rows:
             self.rows[row.job_id] = row
+        self._untag_gone()
         self._refilter()
+
+    def drop_rows(self, ids: Iterable[int]) -> None:
+        for job_id in ids:
+            self.rows.pop(job_id, None)
+        self._untag_gone()
+        self._refilter()
+
+    def _untag_gone(self) -> None:
+        """A tag never names a job that left the table or ended: no action can reach it any more."""
+        self.tagged = {i for i in self.tagged if i in self.rows and not self.rows[i].finished}
+
+    def clear_tags(self) -> None:
+        if self.tagged:
+            self.tagged = set()
+            self.refresh()
+            self.post_message(self.CursorMoved(self.cursor_job()))
+
+    def tick(self) -> None:
+        """The clock moved: redraw the times on screen (and re-sort, when sorted by time)."""
+        if self.sort_column == TIME:
+            self._refilter()
+        else:
+            self.refresh()
 
     def set_filter(self, text: str) -> None:
         """Raises ValueError for an unknown ``field:``; the view stays as it was."""
@@ -106,7 +132,7 @@ class JobTable(ScrollView, can_focus=True):
 
     def _refilter(self) -> None:
         current = self.cursor_job()
-        self.shown = view(self.rows, self._predicate, self.sort_column, self.sort_reverse)
+        self.shown = view(self.rows, self._predicate, self.sort_column, self.sort_reverse, self.clock())
         if current is not None and current in self.rows:
             try:
                 self.cursor = self.shown.index(current)
@@ -126,6 +152,10 @@ class JobTable(ScrollView, can_focus=True):
             self.refresh()
 
     # -- keys ---------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Tags pick the jobs an action acts on: a read-only TUI has none to offer."""
+        return not (action == "tag" and getattr(self.app, "readonly", False))
 
     def action_move(self, delta: int) -> None:
         if not self.shown:
@@ -162,7 +192,7 @@ class JobTable(ScrollView, can_focus=True):
             return Strip.blank(width)
         job_id = self.shown[index]
         row = self.rows[job_id]
-        cells = list(row.cells)
+        cells = list(row.cells_at(self.clock()))
         if job_id in self.tagged:
             cells[0] = "*" + cells[0]
         base = CURSOR if index == self.cursor else Style()

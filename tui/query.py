@@ -19,6 +19,10 @@ from labq.terminal_text import escape_controls
 COLUMNS = ("ID", "USER", "NAME", "STATE", "CLASS", "GPUS", "NODE:GPUS", "TIME", "REASON / EST. START")
 #: the letter that sorts by each column, after ``o``
 SORT_KEYS = {"i": 0, "u": 1, "n": 2, "s": 3, "c": 4, "g": 5, "p": 6, "t": 7, "r": 8}
+#: the capital letter that sorts by each column at once, pressed again reverses (k9s); G, P and R are keys already
+SORT_LETTERS = {"I": 0, "U": 1, "N": 2, "S": 3, "C": 4, "D": 5, "O": 6, "T": 7, "W": 8}
+TIME, REASON = 7, 8  #: the columns that change as the clock moves
+FINISHED = frozenset({"succeeded", "failed", "cancelled", "timeout"})
 FIELDS = ("user", "state", "node", "class", "name", "id")
 
 
@@ -34,20 +38,42 @@ class Row:
     nodes: tuple[str, ...]
     klass: str
     text: str  #: lower-cased cells, for free-text search
+    since: float = 0.0  #: TIME counts from here...
+    until: float | None = None  #: ...to here; None: to now (the job has not ended)
+    estimated_start: float | None = None  #: a waiting job's estimate, counted down in its reason
+    why: str = ""  #: the reason without the estimate
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED
+
+    def seconds_at(self, now: float) -> float:
+        return (self.until if self.until is not None else now) - self.since
+
+    def cells_at(self, now: float) -> tuple[str, ...]:
+        """The cells as they read at ``now``: the time (and a waiting job's estimate) move with the clock."""
+        if self.until is not None and self.estimated_start is None:
+            return self.cells
+        cells = list(self.cells)
+        cells[TIME] = format_duration(self.seconds_at(now))
+        if self.estimated_start is not None:
+            cells[REASON] = f"est. {format_duration(max(0, self.estimated_start - now))}  {self.why}"
+        return tuple(cells)
 
 
 def make_row(job: Mapping, pending: Mapping | None, now: float) -> Row:
     spec = job["spec"]
     started, state = job.get("started_at"), job["state"]
-    if started and state not in ("queued", "held"):
-        seconds = (job.get("ended_at") or now) - started
-    else:
-        seconds = now - job["submitted_at"]
-    reason = job_note(job)
+    since = started if started and state not in ("queued", "held") else job["submitted_at"]
+    until = (job.get("ended_at") or now) if state in FINISHED else None
+    seconds = (until or now) - since
+    reason = why = job_note(job)
+    estimate = None
     if pending:
-        reason = f"{pending['reason']}: {pending['detail']}"
+        reason = why = f"{pending['reason']}: {pending['detail']}"
         if pending.get("estimated_start"):
-            reason = f"est. {format_duration(max(0, pending['estimated_start'] - now))}  " + reason
+            estimate = pending["estimated_start"]
+            reason = f"est. {format_duration(max(0, estimate - now))}  " + reason
     name = spec.get("name") or " ".join(spec.get("command") or [])
     klass = priority_name(spec.get("priority", 200))
     where = placement_text(job)
@@ -56,7 +82,8 @@ def make_row(job: Mapping, pending: Mapping | None, now: float) -> Row:
     nodes = tuple(escape_controls(a["node"]) for a in (job.get("placement") or {}).get("allocations") or ())
     keys = (job["id"], spec.get("user", ""), name.lower(), state, -spec.get("priority", 200), spec.get("gpus", 1),
             where, seconds, reason)
-    return Row(job["id"], cells, keys, cells[1], cells[3], nodes, klass, " ".join(cells).lower())
+    return Row(job["id"], cells, keys, cells[1], cells[3], nodes, klass, " ".join(cells).lower(), since, until,
+               estimate, escape_controls(why))
 
 
 def parse_filter(text: str) -> Callable[[Row], bool]:
@@ -91,9 +118,13 @@ def _word(word: str) -> Callable[[Row], bool]:
     return lambda row: value in row.cells[2].lower()
 
 
-def view(rows: Mapping[int, Row], predicate: Callable[[Row], bool], column: int, reverse: bool) -> list[int]:
-    """The ids to show, filtered and sorted (ties by id)."""
+def view(rows: Mapping[int, Row], predicate: Callable[[Row], bool], column: int, reverse: bool,
+         now: float | None = None) -> list[int]:
+    """The ids to show, filtered and sorted (ties by id); by time as the jobs' times read at ``now``, if given."""
     shown = [r for r in rows.values() if predicate(r)]
     shown.sort(key=lambda r: r.job_id)
-    shown.sort(key=lambda r: r.keys[column], reverse=reverse)
+    if column == TIME and now is not None:
+        shown.sort(key=lambda r: r.seconds_at(now), reverse=reverse)
+    else:
+        shown.sort(key=lambda r: r.keys[column], reverse=reverse)
     return [r.job_id for r in shown]
