@@ -7,6 +7,8 @@ character in them shows as ``\\n`` or ``\\x1b``, and is submitted so unless the 
 
 from __future__ import annotations
 
+import os
+
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -65,12 +67,12 @@ class Ask(ModalScreen[str | None]):
 
 
 class SubmitForm(ModalScreen[dict | None]):
-    """A new job: command, GPUs, class, time limit, name; the answer is a submit body."""
+    """A new job: command, GPUs, class, time limit, name, folder; the answer is a submit body."""
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
     FIELDS = (("command", "command (as in a shell)", "python train.py --lr 3e-4"), ("gpus", "GPUs", "1"),
               ("class", "class", "normal"), ("time", "time limit", "6h (empty: none)"), ("name", "name", ""),
-              ("workdir", "folder", "/home/you/project"))
+              ("workdir", "folder", "empty: the current folder"))
 
     def __init__(self, values: dict | None = None) -> None:
         super().__init__()
@@ -101,10 +103,12 @@ class SubmitForm(ModalScreen[dict | None]):
         command = shlex.split(get["command"])
         if get["gpus"] and (not get["gpus"].isdigit() or int(get["gpus"]) < 1):
             raise ValueError("GPUs: a whole number, 1 or more")
+        # as `labq submit` does: the folder the TUI runs in, a relative folder from there, ~ expanded
+        workdir = os.path.abspath(os.path.join(os.getcwd(), os.path.expanduser(get["workdir"] or ".")))
         return submit_request(command, gpus=int(get["gpus"]) if get["gpus"] else None,
                               priority=wire_priority(get["class"]) if get["class"] else None,
                               time_limit_s=parse_duration(get["time"]) if get["time"] else None,
-                              name=get["name"] or None, workdir=get["workdir"] or None)
+                              name=get["name"] or None, workdir=workdir)
 
     @on(Input.Submitted)
     @on(Button.Pressed, "#submit")
