@@ -5,6 +5,10 @@ reactive version when a part changes; screens watch those versions and redraw. A
 runs in thread workers that end by posting a message: the feed (``labq.tui.feed``) and one worker
 per action.
 
+The app's clock ticks (``now``, every ``TICK_S``): ages and lease ages are read from it as they are
+drawn, so they move with no event, and a finished job leaves the queue ``keep_finished_s`` after it
+ended (``labq tui --keep-finished``).
+
 What came from users (names, the leader's error messages that echo them) is shown escaped
 (``labq.terminal_text.escape_controls``) and as ``rich.text.Text`` or with ``markup=False``, never
 as markup: a job named ``[red]x`` shows ``[red]x``.
@@ -12,16 +16,20 @@ as markup: a job named ``[red]x`` shows ``[red]x``.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rich.cells import cell_len
 from textual import on, work
-from textual.app import App, SystemCommand
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.message import Message
 from textual.reactive import reactive
+from textual.widgets import Footer
+from textual.widgets._footer import FooterKey
 
 from labq.client import Client
 from labq.protocol.errors import ApiError
@@ -30,6 +38,8 @@ from labq.tui.feed import Connection, JobEvent, JobsChanged, LabLoaded, LeaderFe
 from labq.tui.query import Row, make_row
 
 EVENTS_KEPT = 50  #: per job, for the detail screen
+TICK_S = 1.0  #: how often the clock moves the ages on screen
+KEEP_FINISHED_S = 60.0  #: how long a finished job stays in the queue view, by default
 
 
 @dataclass
@@ -50,17 +60,22 @@ class LabqApp(App):
     nodes_version = reactive(0)
     reservations_version = reactive(0)
     connected = reactive(False)
+    now = reactive(0.0)  #: the clock, read every TICK_S: screens that show ages watch it
 
     def __init__(self, client_factory: Callable[[], Client], *, readonly: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, keep_finished_s: float = KEEP_FINISHED_S) -> None:
         super().__init__()
         self.client_factory = client_factory
         self.readonly = readonly
         self.clock = clock  #: a fixed clock makes snapshots repeatable
+        self.keep_finished_s = keep_finished_s
+        self.set_reactive(LabqApp.now, clock())
         self.jobs: dict[int, dict] = {}
         self.pending: dict[int, dict] = {}
         self.rows: dict[int, Row] = {}
         self.changed_rows: list[Row] = []
+        self.removed_ids: list[int] = []  #: finished jobs that left the queue view at the last version
+        self.finished_at: dict[int, float] = {}  #: when the app saw each finished job end
         self.nodes: list[dict] = []
         self.reservations: list[dict] = []
         self.me: dict = {}
@@ -76,6 +91,22 @@ class LabqApp(App):
 
         self.push_screen(QueueScreen())
         self.follow_leader()
+        self.set_interval(TICK_S, self.tick)
+
+    def tick(self) -> None:
+        self.now = self.clock()
+        self._forget_finished()
+
+    def _forget_finished(self) -> None:
+        """Finished jobs leave the queue view ``keep_finished_s`` after they ended."""
+        gone = [i for i, at in self.finished_at.items() if self.now - at >= self.keep_finished_s]
+        if not gone:
+            return
+        for job_id in gone:
+            for kept in (self.jobs, self.rows, self.pending, self.finished_at, self.job_events):
+                kept.pop(job_id, None)
+        self.changed_rows, self.removed_ids = [], gone
+        self.jobs_version += 1
 
     @work(thread=True, exclusive=True, group="feed")
     def follow_leader(self) -> None:
@@ -99,7 +130,8 @@ class LabqApp(App):
         self.jobs = {j["id"]: j for j in message.jobs}
         self.pending = dict(message.pending)
         self.rows = {i: make_row(j, self.pending.get(i), now) for i, j in self.jobs.items()}
-        self.changed_rows = []
+        self.finished_at = {i: row.until or now for i, row in self.rows.items() if row.finished}
+        self.changed_rows, self.removed_ids = [], []
         self.nodes, self.reservations = message.nodes, message.reservations
         self.jobs_version += 1
         self.nodes_version += 1
@@ -118,14 +150,16 @@ class LabqApp(App):
             changed.append(job["id"])
         for job_id, state in message.finished.items():
             job = self.jobs.get(job_id)
-            if job is not None:
+            if job is not None and job_id not in self.finished_at:
                 job["state"] = state if state != "finished" else job["state"]
+                job["ended_at"] = now  # not fetched again: the leader keeps finished jobs in its history only
+                self.finished_at[job_id] = now
                 self.pending.pop(job_id, None)
                 changed.append(job_id)
         rows = [make_row(self.jobs[i], self.pending.get(i), now) for i in changed]
         for row in rows:
             self.rows[row.job_id] = row
-        self.changed_rows = rows
+        self.changed_rows, self.removed_ids = rows, []
         self.jobs_version += 1
 
     @on(JobEvent)
@@ -176,6 +210,8 @@ class LabqApp(App):
 
     @work(thread=True, group="actions")
     def submit_job(self, body: dict) -> None:
+        if self.readonly:  # the form is not offered; a last guard
+            return
         try:
             job = self.client_factory().submit(body)
             self.post_message(ActionDone(f"submitted job {job['id']}"))
@@ -214,13 +250,88 @@ class LabqApp(App):
     def get_system_commands(self, screen):
         yield from super().get_system_commands(screen)
         for name, help_text, callback in getattr(screen, "COMMANDS_LIST", ()):
-            yield SystemCommand(name, help_text, getattr(screen, callback))
+            if screen.check_action(callback.removeprefix("action_"), ()) is not False:  # read-only hides actions
+                yield SystemCommand(name, help_text, getattr(screen, callback))
         yield SystemCommand("Nodes", "GPUs per node, who uses them, the link matrix", self.action_nodes)
         yield SystemCommand("Reservations", "the coming days per node; book GPUs", self.action_reservations)
 
 
+    def deliver_screenshot(self, filename: str | None = None, path: str | None = None,
+                           time_format: str | None = None) -> str | None:
+        """Saves the screen as SVG: in ``path``, else in the Downloads folder, else (none there, as on many
+        servers) in the current folder; says where, or why it could not."""
+        downloads = _downloads_folder()
+        folders = [path] if path else [f for f in (downloads, _current_folder()) if f is not None]
+        why = [] if path or downloads else ["no Downloads folder"]
+        for folder in folders:
+            try:
+                saved = self.save_screenshot(filename, folder, time_format)
+            except OSError as err:
+                why.append(f"cannot write in {folder}: {err.strerror or err}")
+                continue
+            self.notify(f"screenshot saved to {saved}" + (f" ({why[0]})" if why else ""), title="Screenshot",
+                        markup=False)
+            return saved
+        self.notify("screenshot not saved: " + "; ".join(why or ["no folder to save it in"]), title="Screenshot",
+                    severity="error", markup=False)
+        return None
+
+
+def _downloads_folder() -> str | None:
+    from platformdirs import user_downloads_path  # what Textual saves in
+
+    folder = user_downloads_path()
+    return str(folder) if folder.is_dir() else None
+
+
+def _current_folder() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # it was removed under us
+        return None
+
+
+class KeyFooter(Footer):
+    """The footer, legible at 80 columns: the screen's keys in their order, as many as fit whole, then always
+    ``? help`` (which lists every key) and ``q quit``. A key hidden by ``check_action`` (read-only) is left out."""
+
+    ALWAYS = ("help", "quit")
+
+    def __init__(self) -> None:
+        super().__init__(compact=True, show_command_palette=False)
+        self.laid_out_for = 0  #: the width the keys were chosen for
+
+    def compose(self) -> ComposeResult:
+        width = self.size.width or self.app.size.width
+        self.laid_out_for = width
+        keys: dict[str, tuple[Binding, bool, str]] = {}
+        for _, binding, enabled, tooltip in self.screen.active_bindings.values():
+            if binding.show and binding.action not in keys:
+                keys[binding.action] = (binding, enabled, tooltip)
+        always = [keys.pop(action) for action in self.ALWAYS if action in keys]
+        room = width - sum(self._width(binding) for binding, _, _ in always)
+        shown = []
+        for item in keys.values():
+            room -= self._width(item[0])
+            if room < 0:
+                break
+            shown.append(item)
+        for binding, enabled, tooltip in [*shown, *always]:
+            yield FooterKey(binding.key, self.app.get_key_display(binding), binding.description, binding.action,
+                            disabled=not enabled, tooltip=tooltip).data_bind(compact=Footer.compact)
+
+    def _width(self, binding: Binding) -> int:
+        """The cells a key takes in the compact footer: the key, a space, what it does, a space after."""
+        return cell_len(self.app.get_key_display(binding)) + cell_len(binding.description) + 2
+
+    def on_resize(self) -> None:
+        if self.size.width != self.laid_out_for:
+            self.call_after_refresh(self.recompose)
+
+
 def make_app(leader: str | None = None, *, readonly: bool = False,
-             client_factory: Callable[[], Client] | None = None, clock: Callable[[], float] = time.time) -> LabqApp:
+             client_factory: Callable[[], Client] | None = None, clock: Callable[[], float] = time.time,
+             keep_finished_s: float = KEEP_FINISHED_S) -> LabqApp:
     """The app for ``labq tui`` and for the tests: the client comes from the usual credentials."""
     if client_factory is None:
         Client.from_environment(leader=leader)  # fail now, with the CLI's message, if there are no credentials
@@ -228,4 +339,4 @@ def make_app(leader: str | None = None, *, readonly: bool = False,
         def client_factory() -> Client:
             return Client.from_environment(leader=leader)
 
-    return LabqApp(client_factory, readonly=readonly, clock=clock)
+    return LabqApp(client_factory, readonly=readonly, clock=clock, keep_finished_s=keep_finished_s)

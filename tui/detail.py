@@ -13,10 +13,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from labq.render import show_text
 from labq.terminal_text import escape_controls
+from labq.tui.app import KeyFooter
 
 
 class JobDetailScreen(Screen):
@@ -31,11 +32,12 @@ class JobDetailScreen(Screen):
             yield Static(id="spec")
             yield Static(id="topology")
             yield Static(id="events")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.watch(self.app, "jobs_version", lambda _: self.redraw())
         self.watch(self.app, "nodes_version", lambda _: self.redraw())
+        self.watch(self.app, "now", lambda _: self.redraw())  # the job's age
 
     def redraw(self) -> None:
         app = self.app

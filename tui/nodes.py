@@ -1,7 +1,9 @@
 """``n``: the nodes, one at a time: each GPU and who uses it, the node's health and lease, its link matrix.
 
 The top line lists every node with its health; ``[`` and ``]`` (or the arrows) move between them. The
-screen redraws when the leader says the nodes or the jobs changed, and every few seconds for the lease age.
+screen redraws when the leader says the nodes or the jobs changed (a job's start or end brings the nodes
+too: who holds which GPU), and as the app's clock ticks, for the lease age: the time since the node's last
+report, which the app asks for every few seconds.
 Node names, GPU models and users are shown escaped (``escape_controls``), as text, never as markup.
 """
 
@@ -10,19 +12,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from labq.render import format_duration, gpu_rows, models_text, table, topology_text
 from labq.terminal_text import escape_controls
+from labq.tui.app import KeyFooter
 
 HEALTH_STYLES = {"up": "green", "draining": "yellow", "down": "dim", "lost": "bold red", "not admitted": "magenta"}
-LEASE_TICK_S = 2.0
 GRID_WIDTH = 78  #: 80 columns less the padding
 LINK_LEGEND = ("NV<n>: n NVLink links; else PCIe: PIX one switch, PXB several, PHB host bridge, "
                "NODE same NUMA node, SYS across sockets")
@@ -53,14 +56,14 @@ class NodesScreen(Screen):
             yield Static("", id="node-head")
             yield Static("", id="gpu-grid")
             yield Static("", id="link-matrix")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.watch(self.app, "nodes_version", lambda _: self.redraw())
         self.watch(self.app, "jobs_version", lambda _: self.redraw())
         self.watch(self.app, "reservations_version", lambda _: self.redraw())
         self.watch(self.app, "connected", lambda _: self.call_after_refresh(self.redraw))  # after app.status
-        self.set_interval(LEASE_TICK_S, self.redraw)
+        self.watch(self.app, "now", lambda _: self.redraw())  # the lease age
 
     def watch_node_name(self) -> None:
         self.redraw()
@@ -213,3 +216,84 @@ def link_matrix(topology: Mapping | None) -> Text:
     text.highlight_regex(r"\bNV\d+\b", "green")
     text.stylize("dim", len(text.plain) - len(LINK_LEGEND))
     return text
+
+
+# -- the GPU strip at the top of the queue screen -----------------------------------------------------
+
+STRIP_MIN_CELL, STRIP_MAX_CELL = 17, 28  #: a GPU's cell: index, memory, use, who holds it (5 letters at least)
+BAR = 3  #: the cells of a memory or use bar: the percentage (0-100) written over a bar of its length
+TRACK = Style(color="grey62", bgcolor="grey23")
+
+
+def gpu_strip(nodes: list[Mapping], jobs: Mapping[int, Mapping], width: int, max_lines: int) -> Text:
+    """A line (or more: it wraps) per node, a cell per GPU: ``0  62  97 alice``: its index, memory used and
+    utilisation as bars with their percentages (``-`` where the agent does not measure them), and who holds
+    it: the job's user (and job, where there is room), ``free``, or ``busy`` (a process labq did not start).
+    Past ``max_lines`` the last line counts the GPUs left out."""
+    if not nodes:
+        return Text(" no GPUs yet: `labq agent` on a workstation adds its GPUs", style="dim")
+    users = {job_id: (job.get("spec") or {}).get("user") for job_id, job in jobs.items()}
+    label = min(8, max(len(escape_controls(n["name"])) for n in nodes)) + 1
+    lines: list[tuple[Text, int]] = []  #: each line and the GPUs on it
+    for node in nodes:
+        lines += _node_lines(node, gpu_rows([node], users), width, label)
+    if len(lines) > max_lines:
+        kept = lines[:max(0, max_lines - 1)]
+        left = sum(n for _, n in lines) - sum(n for _, n in kept)
+        lines = [*kept, (Text(f" … {left} more GPUs: n shows every node", style="dim"), 0)]
+    out = Text("\n").join(line for line, _ in lines)
+    out.no_wrap = True
+    return out
+
+
+def _node_lines(node: Mapping, gpus: list[dict], width: int, label: int) -> list[tuple[Text, int]]:
+    name = escape_controls(node["name"])
+    name = (name if len(name) < label else name[:label - 2] + "…").ljust(label)
+    health = node.get("health", "?")
+    if health != "up" or not gpus:
+        line = Text(name, style="bold")
+        line.append(f"{escape_controls(health)}, {len(gpus)} GPUs" if gpus else "reports no GPUs",
+                    style=HEALTH_STYLES.get(health, "dim"))
+        return [(line, len(gpus))]
+    most = max(1, (width - label) // STRIP_MIN_CELL)
+    per_line = -(-len(gpus) // -(-len(gpus) // most))  # as few lines as fit, as even as can be: 8 GPUs are 4 + 4
+    cell = min(STRIP_MAX_CELL, (width - label) // per_line)
+    digits = len(str(max(g["index"] for g in gpus)))
+    lines = []
+    for start in range(0, len(gpus), per_line):
+        line = Text(name if start == 0 else " " * label, style="bold")
+        for g in gpus[start:start + per_line]:
+            line.append_text(_gpu_cell(g, cell, digits))
+        lines.append((line, len(gpus[start:start + per_line])))
+    return lines
+
+
+def _gpu_cell(g: Mapping, cell: int, digits: int) -> Text:
+    total, free, util = g["memory_mib"], g.get("memory_free_mib"), g.get("utilization_pct")
+    memory = None if free is None or not total else round(100 * max(0, total - free) / total)
+    out = Text(str(g["index"]).rjust(digits) + " ")
+    out.append_text(_bar(memory, Style(color="white", bgcolor="blue")))
+    out.append(" ")
+    out.append_text(_bar(util, Style(color="black", bgcolor="green" if util is None or util < 50 else
+                                     "yellow" if util < 85 else "red")))
+    room = cell - digits - 2 * BAR - 5  # the spaces: after the index and each bar, two after who
+    if g["job"] is not None:
+        who, style = escape_controls(g["user"] or f"job {g['job']}"), "cyan"
+        if g["user"] and len(who) + len(str(g["job"])) + 2 <= room:
+            who += f" #{g['job']}"
+    elif g["busy_outside_labq"]:
+        who, style = "busy", "yellow"
+    else:
+        who, style = "free", "green"
+    out.append(" " + (who if len(who) <= room else who[:room - 1] + "…").ljust(room), style=style)
+    out.append("  ")
+    return out
+
+
+def _bar(pct: int | None, fill: Style) -> Text:
+    """``pct`` written over a bar as long as it is, on a grey track: `` 62`` with its first 2 of 3 cells coloured."""
+    if pct is None:
+        return Text("-".rjust(BAR), style=TRACK)
+    text = str(pct).rjust(BAR)
+    filled = min(BAR, round(pct * BAR / 100))
+    return Text.assemble((text[:filled], fill), (text[filled:], TRACK))

@@ -8,26 +8,34 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.events import Key
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Input, Static
 
 from labq.terminal_text import escape_controls
+from labq.tui.app import KeyFooter
 from labq.tui.dialogs import Ask, Confirm, SubmitForm
 from labq.tui.job_table import JobTable
-from labq.tui.query import COLUMNS, SORT_KEYS
+from labq.tui.nodes import gpu_strip
+from labq.tui.query import COLUMNS, SORT_KEYS, SORT_LETTERS
 
 SORT_HELP = "sort by: " + " ".join(f"{k}={COLUMNS[i].split()[0].lower()}" for k, i in SORT_KEYS.items()) + \
     " (capital: reverse)"
+#: the actions that change jobs: hidden, and refused before any question, in a read-only TUI
+CHANGES = frozenset({"cancel", "hold", "release", "priority", "priority_up", "priority_down", "set_priority", "top",
+                     "edit", "preempt", "submit", "resubmit"})
+READONLY = "read-only (started with --readonly): no actions"
 
 
 class QueueScreen(Screen):
     BINDINGS = [
         Binding("slash", "filter", "filter"), Binding("o", "sort", "sort"), Binding("enter", "detail", "detail"),
-        Binding("l", "logs", "logs"), Binding("c", "cancel", "cancel"), Binding("h", "hold", "hold"),
-        Binding("r", "release", "release"), Binding("plus", "priority(1)", "prio+"),
+        Binding("l", "logs", "logs"), Binding("s", "submit", "submit"), Binding("c", "cancel", "cancel"),
+        Binding("h", "hold", "hold"), Binding("r", "release", "release"), Binding("plus", "priority(1)", "prio+"),
         Binding("minus", "priority(-1)", "prio-"), Binding("p", "set_priority", "prio", show=False),
         Binding("t", "top", "top", show=False), Binding("e", "edit", "edit", show=False),
-        Binding("P", "preempt", "preempt", show=False), Binding("s", "submit", "submit"),
-        Binding("S", "resubmit", "resubmit", show=False), Binding("escape", "clear", "clear", show=False),
+        Binding("P", "preempt", "preempt", show=False), Binding("a", "resubmit", "again (resubmit)", show=False),
+        Binding("escape", "clear", "clear", show=False),
+        *(Binding(letter, f"sort_column({column})", f"sort by {COLUMNS[column].split()[0].lower()}", show=False)
+          for letter, column in SORT_LETTERS.items()),
     ]
     #: (title, help, method) for the command palette
     COMMANDS_LIST = (
@@ -52,17 +60,24 @@ class QueueScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Static("", id="banner")
+        yield Static("", id="gpu-strip")
         yield JobTable(id="jobs")
         yield Input(placeholder="filter: user:alice state:running node:ws1 text, !word negates; Enter keeps, Esc "
                     "clears", id="filter")
         yield Static("", id="status")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#filter").display = False
+        self.table.clock = self.app.clock
         self.watch(self.app, "jobs_version", self._jobs_changed)
+        self.watch(self.app, "nodes_version", lambda _: self._strip())
         self.watch(self.app, "connected", self._connection)
-        self.query_one(JobTable).focus()
+        self.watch(self.app, "now", lambda _: self.table.tick())
+        self.table.focus()
+
+    def on_resize(self) -> None:
+        self._strip()
 
     @property
     def table(self) -> JobTable:
@@ -70,12 +85,22 @@ class QueueScreen(Screen):
 
     def _jobs_changed(self, version: int) -> None:
         app = self.app
-        if app.changed_rows and len(app.changed_rows) < len(app.rows):
+        if app.removed_ids:
+            self.table.drop_rows(app.removed_ids)
+        elif app.changed_rows and len(app.changed_rows) < len(app.rows):
             self.table.put_rows(app.changed_rows)
-            app.changed_rows = []
         else:
             self.table.set_rows(app.rows)
+        app.changed_rows, app.removed_ids = [], []
         self._title()
+        self._strip()
+
+    def _strip(self) -> None:
+        """The GPU strip: who holds each GPU, its memory and use; a quarter of the screen at most."""
+        strip, app = self.query_one("#gpu-strip", Static), self.app
+        width, height = self.size.width or app.size.width, self.size.height or app.size.height
+        strip.update(gpu_strip(app.nodes, app.jobs, width, max(2, height // 4)) if app.nodes or app.connected
+                     else "")
 
     @on(JobTable.CursorMoved)
     def _tags_changed(self) -> None:
@@ -140,14 +165,27 @@ class QueueScreen(Screen):
             box.value = ""
             box.display = False
             self.table.set_filter("")
-        self.table.tagged.clear()
-        self.table.refresh()
+        self.table.clear_tags()
         self.table.focus()
         self._title()
 
     def action_sort(self) -> None:
         self._sorting = True
         self.show_status(SORT_HELP)
+
+    def action_sort_column(self, column: int) -> None:
+        """A capital letter sorts by its column at once; pressed again, it reverses the order."""
+        table = self.table
+        reverse = not table.sort_reverse if table.sort_column == column else False
+        table.sort_by(column, reverse)
+        letter = next(k for k, c in SORT_LETTERS.items() if c == column)
+        self.show_status(f"sorted by {COLUMNS[column].lower()}{', reversed' if reverse else ''} ({letter} again: "
+                         "reverse)")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Read-only: the actions that change jobs are not offered (the footer, the help and the palette
+        leave them out)."""
+        return not (self.app.readonly and action in CHANGES)
 
     def on_key(self, event: Key) -> None:
         # Keys that arrive together (a paste, a slow link) are all on their way to the table before the
@@ -163,17 +201,27 @@ class QueueScreen(Screen):
             event.prevent_default()
             box.insert_text_at_cursor(event.character)
             return
-        if not self._sorting or not event.character:
-            return
+        if self._sorting and event.character:
+            event.stop()
+            event.prevent_default()
+            self._sort_by_letter(event.character)
+        elif self.app.readonly and self._changes(event.key):
+            event.stop()
+            event.prevent_default()
+            self.show_status(READONLY, error=True)  # a word in place of the question it would have asked
+
+    def _sort_by_letter(self, letter: str) -> None:
         self._sorting = False
-        column = SORT_KEYS.get(event.character.lower())
-        event.stop()
-        event.prevent_default()
+        column = SORT_KEYS.get(letter.lower())
         if column is None:
-            self.show_status(f"no column for {event.character!r}; {SORT_HELP}", error=True)
+            self.show_status(f"no column for {letter!r}; {SORT_HELP}", error=True)
             return
-        self.table.sort_by(column, event.character.isupper())
-        self.show_status(f"sorted by {COLUMNS[column].lower()}{', reversed' if event.character.isupper() else ''}")
+        self.table.sort_by(column, letter.isupper())
+        self.show_status(f"sorted by {COLUMNS[column].lower()}{', reversed' if letter.isupper() else ''}")
+
+    def _changes(self, key: str) -> bool:
+        """Whether ``key`` is bound here to an action that changes jobs."""
+        return any(b.action.split("(")[0] in CHANGES for b in self.BINDINGS if key in b.key.split(","))
 
     # -- actions --------------------------------------------------------------------------------
 
@@ -187,19 +235,25 @@ class QueueScreen(Screen):
         ids = self._ids()
         if not ids:
             return
-        which = f"job {ids[0]}" if len(ids) == 1 else f"{len(ids)} jobs ({', '.join(map(str, ids[:8]))}...)"
+        listed = ", ".join(map(str, ids[:8])) + ("..." if len(ids) > 8 else "")
+        which = f"job {ids[0]}" if len(ids) == 1 else f"{len(ids)} jobs ({listed})"
 
         def answer(yes: bool | None) -> None:
             if yes:
-                self.app.act(ids, "cancel")
+                self._act(ids, "cancel")
 
         self.app.push_screen(Confirm(f"Cancel {which}?"), answer)
 
+    def _act(self, ids: list[int], action: str, **fields) -> None:
+        """Acts on the jobs; the tags, used, are cleared."""
+        self.app.act(ids, action, **fields)
+        self.table.clear_tags()
+
     def action_hold(self) -> None:
-        self.app.act(self._ids(), "hold")
+        self._act(self._ids(), "hold")
 
     def action_release(self) -> None:
-        self.app.act(self._ids(), "release")
+        self._act(self._ids(), "release")
 
     def action_priority(self, step: int) -> None:
         from labq.models.priority import PriorityClass
@@ -216,6 +270,7 @@ class QueueScreen(Screen):
                                  error=True)
                 continue
             self.app.act([job_id], "prio", priority=target)
+        self.table.clear_tags()
 
     def action_priority_up(self) -> None:
         self.action_priority(1)
@@ -230,22 +285,22 @@ class QueueScreen(Screen):
 
         def answer(value: str | None) -> None:
             if value:
-                self.app.act(ids, "prio", priority=int(value) if value.strip().isdigit() else value.strip())
+                self._act(ids, "prio", priority=int(value) if value.strip().isdigit() else value.strip())
 
         self.app.push_screen(Ask("priority: low, normal, high, urgent or 0-1000", placeholder="high"), answer)
 
     def action_top(self) -> None:
-        self.app.act(self._ids(), "top", admin_only=True)
+        self._act(self._ids(), "top", admin_only=True)
 
     def action_preempt(self) -> None:
         ids = self._ids()
         if not ids or not self.app.admin:
-            self.app.act(ids, "preempt", admin_only=True)
+            self._act(ids, "preempt", admin_only=True)
             return
 
         def answer(yes: bool | None) -> None:
             if yes:
-                self.app.act(ids, "preempt", admin_only=True)
+                self._act(ids, "preempt", admin_only=True)
 
         self.app.push_screen(Confirm(f"Preempt {len(ids)} job(s)? They checkpoint and go back to the queue."),
                              answer)
@@ -266,16 +321,12 @@ class QueueScreen(Screen):
             except ValueError as err:
                 self.show_status(str(err), error=True)
                 return
-            self.app.act(ids, "edit", **fields)
+            self._act(ids, "edit", **fields)
 
         self.app.push_screen(Ask("edit (queued jobs): gpus=N time=DURATION (time=none removes the limit)", now),
                              answer)
 
     def action_submit(self, values: dict | None = None) -> None:
-        if self.app.readonly:
-            self.app.notify("read-only: started with --readonly", severity="warning")
-            return
-
         def answer(body: dict | None) -> None:
             if body:
                 self.app.submit_job(body)

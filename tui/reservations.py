@@ -22,12 +22,14 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
-from textual.widgets import Button, DataTable, Footer, Input, Label, Static
+from textual.events import Key
+from textual.widgets import Button, DataTable, Input, Label, Static
 
 from labq.protocol.bookings import reserve_request
 from labq.protocol.errors import ApiError
 from labq.render import answer_text, reservations_table
 from labq.terminal_text import escape_controls
+from labq.tui.app import KeyFooter
 from labq.tui.dialogs import Confirm
 from labq.tui.timeline import LEGEND, Timeline, draw_timeline
 from labq.when import EXAMPLES, local_zone, parse_for, parse_when
@@ -71,7 +73,7 @@ class ReservationsScreen(Screen):
         yield Static("", id="timeline")
         yield DataTable(id="reservations", cursor_type="row")
         yield Static("", id="status")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.watch(self.app, "reservations_version", lambda _: self.redraw())
@@ -140,6 +142,16 @@ class ReservationsScreen(Screen):
 
     def action_book(self) -> None:
         self.app.push_screen(BookingForm(self.tz))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Read-only: cancelling is not offered (booking is: its form answers dry runs)."""
+        return not (self.app.readonly and action == "cancel")
+
+    def on_key(self, event: Key) -> None:
+        if self.app.readonly and event.key == "c":  # not offered: say why nothing happens
+            event.stop()
+            event.prevent_default()
+            self.show_status(READONLY, error=True)
 
     def action_cancel(self) -> None:
         if self.app.readonly:

@@ -51,14 +51,15 @@ class TuiLab(Lab):
             self._bob = next(line.split('"')[1] for line in printed.splitlines() if line.startswith("token = "))
         return self._bob
 
-    def app(self, token: str | None = None, *, readonly: bool = False) -> LabqApp:
-        """The app as ``labq tui`` makes it, with a client that tells the test what the feed did."""
+    def app(self, token: str | None = None, *, readonly: bool = False, **options) -> LabqApp:
+        """The app as ``labq tui`` makes it (``options``: ``make_app``'s, e.g. ``keep_finished_s``), with a client
+        that tells the test what the feed did."""
         feed = FeedWatch()
 
         def client_factory() -> Client:
             return Client(self.url, token or self.token, transport=feed.watching(socket_transport))
 
-        app = make_app(client_factory=client_factory, readonly=readonly)
+        app = make_app(client_factory=client_factory, readonly=readonly, **options)
         app.feed_watch = feed
         app.notices = []
         notify = app.notify
@@ -210,9 +211,9 @@ class CannedLeader:
             return {"reservations": state["reservations"]}
         return None
 
-    def app(self) -> LabqApp:
+    def app(self, readonly: bool = False) -> LabqApp:
         return make_app(client_factory=lambda: Client(self.url, "canned-token", transport=self),
-                        clock=lambda: self.state["now"])
+                        clock=lambda: self.state["now"], readonly=readonly)
 
     def close(self) -> None:
         self.closing.set()
@@ -272,6 +273,23 @@ def overlapping_bookings(now: float) -> list[dict]:
             booking("eval", "ws1", [0, 1], 20, 26),  # right after paper-deadline, on its GPUs
             booking("demo", "ws1", [0], 40, 42),  # too short for its name at 80 columns
             booking("old-node-reservation", "ws9", [0], 10, 40)]  # ws9 went away
+
+
+def busy_gpus(state: dict) -> dict:
+    """``state`` (``data/lab.json``) with what real agents report: ws1's GPUs' memory and use (one GPU not
+    measured), an 8-GPU node whose GPU 5 runs a process labq did not start, and a node that was lost."""
+    ws1 = state["nodes"][0]
+    ws1["gpu_usage"] = {"0": {"memory_free_mib": 3900, "utilization_pct": 97},
+                        "1": {"memory_free_mib": 12300, "utilization_pct": 45},
+                        "2": {"memory_free_mib": 24000, "utilization_pct": 0},
+                        "3": {"memory_free_mib": None, "utilization_pct": None}}
+    gpus = [{"index": i, "uuid": f"GPU-a100-{i}", "model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920}
+            for i in range(8)]
+    dgx = {**ws1, "name": "dgx1", "gpus": gpus, "gpus_in_use": {}, "unmanaged_busy": [5], "topology": None,
+           "gpu_usage": {str(i): {"memory_free_mib": 81920 - 11000 * i, "utilization_pct": 14 * i} for i in range(8)}}
+    lost = {**ws1, "name": "ws2", "health": "lost", "gpus_in_use": {}, "gpu_usage": {}}
+    state["nodes"] = [ws1, dgx, lost]
+    return state
 
 
 def booked_canned_leader() -> CannedLeader:

@@ -393,7 +393,7 @@ def test_resubmit_fills_the_form_from_a_job(lab):
     async def scenario(pilot):
         screen = await on_queue(pilot)
         await point_at(pilot, first)
-        await pilot.press("S")
+        await pilot.press("a")  # again
         await until(pilot, lambda: isinstance(app.screen, SubmitForm), "the form")
         values = {key: app.screen.query_one(f"#f-{key}", Input).value for key, _, _ in SubmitForm.FIELDS}
         assert values == {"command": "sleep 300", "gpus": "1", "class": "200", "time": "3600s", "name": "again",
@@ -489,27 +489,6 @@ def test_help_lists_the_keys(lab):
         assert "sort (o then a letter)" in shown and "a leading ! negates" in shown
         await pilot.press("escape")
         await on_queue(pilot)
-
-    drive(app, scenario)
-
-
-def test_readonly_refuses_every_action(lab):
-    job = lab.submit("sleep", "300", name="untouchable")
-    lab.wait_state(job, "running")
-    app = lab.app(readonly=True)
-
-    async def scenario(pilot):
-        screen = await on_queue(pilot)
-        assert "READ-ONLY" in text(screen, "#banner")
-        await point_at(pilot, job)
-        await pilot.press("h", "plus", "s", "S")
-        await pilot.press("c")
-        await until(pilot, lambda: isinstance(app.screen, Confirm), "the question")
-        await pilot.press("y")
-        await on_queue(pilot)
-        assert app.notices == ["read-only: started with --readonly"] * 5
-        assert lab.job(job)["state"] == "running" and lab.job(job)["spec"]["priority"] == 200
-        assert len(lab.client().queue()[0]) == 1  # nothing was submitted
 
     drive(app, scenario)
 

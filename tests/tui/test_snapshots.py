@@ -1,5 +1,6 @@
 """Snapshots of the main screens at 80x24, against a canned lab (``data/lab.json``) and a fixed clock; the
-reservations screen with bookings that overlap at 80 and 120 columns (``labs.overlapping_bookings``).
+queue's footer and GPU strip at 80 and 120 columns, with GPU use as real agents report it (``labs.busy_gpus``);
+the reservations screen with bookings that overlap at 80 and 120 columns (``labs.overlapping_bookings``).
 
 The canned leader is a real HTTP server on loopback; its event stream stays quiet, so what the
 screens show depends only on the file. ``--snapshot-update`` rewrites ``__snapshots__/`` after a
@@ -8,13 +9,14 @@ deliberate change: look at the SVGs before committing them.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 from textual.widgets import Input
 
 from labq.tui.reservations import ReservationsScreen
-from tests.tui.labs import SIZE, booked_canned_leader, until
+from tests.tui.labs import DATA, SIZE, CannedLeader, booked_canned_leader, busy_gpus, until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,6 +81,53 @@ def test_submit_form(screen_after):
 def test_submit_form_scrolls_to_its_last_field(screen_after):
     """At 80x24 the form is taller than the screen: Tab to the folder field scrolls it into view."""
     assert screen_after("s", *["tab"] * 5)
+
+
+@pytest.fixture
+def queue_screen(snap_compare):
+    """``queue_screen(size, busy=False, readonly=False)``: whether the queue of the canned lab (its GPUs busy as
+    ``labs.busy_gpus`` says, if ``busy``) matches its snapshot at ``size``."""
+    leaders = []
+
+    def compare(size: tuple[int, int], busy: bool = False, readonly: bool = False) -> bool:
+        state = json.loads((DATA / "lab.json").read_text())
+        leader = CannedLeader(busy_gpus(state) if busy else state)
+        leaders.append(leader)
+
+        async def run_before(pilot) -> None:
+            app = pilot.app
+            await until(pilot, lambda: app.connected and len(app.screen.table.shown) == 6
+                        and "/v1/events" in leader.requests, "the canned queue, and the event stream open",
+                        lambda: (app.status, leader.requests))
+
+        return snap_compare(leader.app(readonly=readonly), terminal_size=size, run_before=run_before)
+
+    try:
+        yield compare
+    finally:
+        for leader in leaders:
+            leader.close()
+
+
+def test_queue_at_120_columns(queue_screen):
+    """At 120x36 the footer shows more of the queue's keys, each whole, then ``? help`` and ``q quit``."""
+    assert queue_screen((120, 36))
+
+
+def test_queue_read_only(queue_screen):
+    """``--readonly``: the footer offers no action that changes a job; the banner says READ-ONLY."""
+    assert queue_screen(SIZE, readonly=True)
+
+
+def test_gpu_strip_at_80_columns(queue_screen):
+    """The strip over the queue: a cell per GPU with its memory and use as bars with percentages (``-`` where not
+    measured) and who holds it; the 8-GPU node wraps into two even lines, the lost node says so."""
+    assert queue_screen(SIZE, busy=True)
+
+
+def test_gpu_strip_at_120_columns(queue_screen):
+    """At 120x36 each node's GPUs fit on a line or two, with room for the job beside its user."""
+    assert queue_screen((120, 36), busy=True)
 
 
 @pytest.fixture
