@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labq.models.node import Gpu, Node, NodeHealth
+from labq.models.node import Account, Gpu, Node, NodeHealth, NodeProblem
 from labq.models.topology import PcieLevel, Topology
 from labq.protocol.codec import encode_node
 from labq.protocol.errors import bad_request
@@ -18,6 +18,9 @@ from labq.protocol.requests import Fields
 
 MAX_WAIT_S = 60.0
 MAX_NODE_GPUS = 128
+MAX_USERS = 4096  #: the lab users a sync reply names, and an agent's report maps to accounts
+MAX_PROBLEMS = 64
+MAX_DETAIL = 1000  #: bytes of a sentence saying why a node cannot start a job
 #: a job touches this file in LABQ_CHECKPOINT_DIR after each finished save; its mtime is the checkpoint's time
 CHECKPOINT_MARKER = ".labq-checkpoint"
 #: how an agent stops a job, which the leader's timings rely on: after the grace, TERM; this long after, KILL
@@ -117,27 +120,59 @@ class AttemptReport:
     fenced: bool = False  #: stopped on the node because its agent lost the leader
     escalated: bool = False  #: asked to stop, it was still running when its grace ran out
     checkpoint_at: float | None = None  #: the last checkpoint the job reported (its marker's time)
+    #: why the node could not start it, for a reason of the node's (no account, no docker daemon, image
+    #: missing there, a failure before the program ran), not the job's: the leader requeues the job
+    cannot_start: str | None = None
 
 
 @dataclass(frozen=True)
 class SyncReport:
+    """What an agent tells the leader at each sync.
+
+    ``accounts`` and ``problems`` come only from agents that heard ``users`` in a reply (the leader
+    understands them), and are the whole truth each time: what is not reported any more is gone.
+    """
+
     attempts: tuple[AttemptReport, ...]
     unmanaged_busy: frozenset[int] | None
     wait_s: float
     #: per GPU index: {"memory_free_mib": int|None, "utilization_pct": int|None}, when the node can tell
     gpu_usage: dict[int, dict] | None = None
+    #: how this node maps each of the lab's users (``SyncReply.users``) to a local account, or why it cannot
+    accounts: tuple[Account, ...] | None = None
+    #: what keeps jobs from starting on this node now
+    problems: tuple[NodeProblem, ...] | None = None
 
 
 def encode_sync(report: SyncReport) -> dict:
-    return {
-        "attempts": [{"job_id": a.job_id, "attempt": a.attempt, "running": a.running, "exit_code": a.exit_code,
-                      "signal": a.signal, "started_at": a.started_at, "ended_at": a.ended_at, "fenced": a.fenced,
-                      "escalated": a.escalated, "checkpoint_at": a.checkpoint_at}
-                     for a in report.attempts],
+    doc = {
+        "attempts": [_encode_attempt(a) for a in report.attempts],
         "unmanaged_busy": sorted(report.unmanaged_busy) if report.unmanaged_busy is not None else None,
         "wait_s": report.wait_s,
         "gpu_usage": ({str(i): u for i, u in report.gpu_usage.items()} if report.gpu_usage is not None else None),
     }
+    if report.accounts is not None:  # absent, not null, for a leader of an older labq, which refuses the field
+        doc["accounts"] = [encode_account(a) for a in report.accounts]
+    if report.problems is not None:
+        doc["problems"] = [encode_problem(p) for p in report.problems]
+    return doc
+
+
+def _encode_attempt(a: AttemptReport) -> dict:
+    doc = {"job_id": a.job_id, "attempt": a.attempt, "running": a.running, "exit_code": a.exit_code,
+           "signal": a.signal, "started_at": a.started_at, "ended_at": a.ended_at, "fenced": a.fenced,
+           "escalated": a.escalated, "checkpoint_at": a.checkpoint_at}
+    if a.cannot_start is not None:
+        doc["cannot_start"] = a.cannot_start
+    return doc
+
+
+def encode_account(a: Account) -> dict:
+    return {"user": a.user, "login": a.login, "uid": a.uid, "gid": a.gid, "problem": a.problem}
+
+
+def encode_problem(p: NodeProblem) -> dict:
+    return {"detail": p.detail, "user": p.user, "runtime": p.runtime, "image": p.image}
 
 
 def parse_sync(body: object) -> SyncReport:
@@ -146,6 +181,8 @@ def parse_sync(body: object) -> SyncReport:
     busy = f.raw("unmanaged_busy")
     wait_s = f.number("wait_s", high=MAX_WAIT_S) or 0.0
     usage = _gpu_usage(f.raw("gpu_usage"))
+    accounts = _accounts(f.raw("accounts"))
+    problems = _problems(f.raw("problems"))
     f.done()
     if not isinstance(raw_attempts, list):
         raise bad_request("attempts must be a list", "attempts")
@@ -156,12 +193,40 @@ def parse_sync(body: object) -> SyncReport:
             a.integer("job_id", required=True, low=1), a.integer("attempt", required=True, low=1),
             a.boolean("running", default=False), a.integer("exit_code", low=-1, high=1 << 16),
             a.integer("signal", low=1, high=128), a.number("started_at"), a.number("ended_at"),
-            a.boolean("fenced", default=False), a.boolean("escalated", default=False), a.number("checkpoint_at")))
+            a.boolean("fenced", default=False), a.boolean("escalated", default=False), a.number("checkpoint_at"),
+            a.string("cannot_start", max_len=MAX_DETAIL)))
         a.done()
     if busy is not None and (not isinstance(busy, list) or len(busy) > MAX_NODE_GPUS or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_NODE_GPUS for i in busy)):
         raise bad_request("unmanaged_busy must be a list of GPU indices", "unmanaged_busy")
-    return SyncReport(tuple(attempts), frozenset(busy) if busy is not None else None, wait_s, usage)
+    return SyncReport(tuple(attempts), frozenset(busy) if busy is not None else None, wait_s, usage, accounts,
+                      problems)
+
+
+def _accounts(raw: object) -> tuple[Account, ...] | None:
+    if raw is None:
+        return None
+    accounts = []
+    for item in _items(raw, "accounts", MAX_USERS):
+        a = Fields(item, "an account", "accounts.")
+        accounts.append(Account(a.string("user", required=True, max_len=128), a.string("login", max_len=128),
+                                a.integer("uid", high=2**32 - 1), a.integer("gid", high=2**32 - 1),
+                                a.string("problem", max_len=MAX_DETAIL)))
+        a.done()
+    return tuple(accounts)
+
+
+def _problems(raw: object) -> tuple[NodeProblem, ...] | None:
+    if raw is None:
+        return None
+    problems = []
+    for item in _items(raw, "problems", MAX_PROBLEMS):
+        p = Fields(item, "a problem", "problems.")
+        problems.append(NodeProblem(p.string("detail", required=True, max_len=MAX_DETAIL),
+                                    p.string("user", max_len=128), p.string("runtime", max_len=16),
+                                    p.string("image", max_len=512)))
+        p.done()
+    return tuple(problems)
 
 
 def _gpu_usage(raw: object) -> dict[int, dict] | None:
@@ -223,6 +288,8 @@ class SyncReply:
     #: syncs open (a long poll and an exit report) applies a reply only if no later one was applied
     seq: int = 0
     epoch: str = ""
+    #: the lab's users, for the agent to map to local accounts and report (None: a leader of an older labq)
+    users: tuple[str, ...] | None = None
 
     def older_than(self, other: SyncReply | None) -> bool:
         return other is not None and bool(self.epoch) and self.epoch == other.epoch and self.seq <= other.seq
@@ -239,6 +306,7 @@ def encode_reply(reply: SyncReply) -> dict:
         "stop": [{"job_id": s.job_id, "attempt": s.attempt, "signal": s.signal, "grace_s": s.grace_s,
                   "reason": s.reason} for s in reply.stop],
         "lease_s": reply.lease_s, "fence_after_s": reply.fence_after_s, "seq": reply.seq, "epoch": reply.epoch,
+        **({"users": list(reply.users)} if reply.users is not None else {}),
     }
 
 
@@ -251,4 +319,5 @@ def decode_reply(doc: dict) -> SyncReply:
                        r.get("simulated", False), r.get("checkpoint_dir"))
               for r in doc["run"]),
         tuple(StopOrder(s["job_id"], s["attempt"], s["signal"], s["grace_s"], s["reason"]) for s in doc["stop"]),
-        doc["lease_s"], doc["fence_after_s"], int(doc.get("seq", 0)), str(doc.get("epoch", "")))
+        doc["lease_s"], doc["fence_after_s"], int(doc.get("seq", 0)), str(doc.get("epoch", "")),
+        tuple(str(u) for u in doc["users"]) if doc.get("users") is not None else None)
