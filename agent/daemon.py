@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labq import __version__
+from labq.agent.accounts import USER_MAP_FILE, Accounts
+from labq.agent.faults import NodeFault, ProblemBook, sentence
 from labq.agent.inventory import GpuInventory, Inventory
 from labq.agent.process_runtime import AttemptState, Launch
 from labq.agent.runtimes import Runtimes
 from labq.agent.stops import NotesBook
 from labq.models.job import Mount
-from labq.models.node import Node
+from labq.models.node import Node, NodeProblem
 from labq.protocol.agents import (
     KILL_AFTER_TERM_S, AttemptReport, Registration, RunOrder, StopOrder, SyncReport, decode_reply,
     encode_registration, encode_sync,
@@ -59,6 +61,8 @@ class AgentConfig:
     state_dir: Path
     logs_host: str = "127.0.0.1"
     run_as_job_user: bool = field(default_factory=lambda: os.geteuid() == 0)
+    #: the admin's map from lab users to this machine's accounts (``labq.agent.accounts``); None: in state_dir
+    user_map: Path | None = None
 
 
 class Agent:
@@ -73,6 +77,12 @@ class Agent:
         self.checkpoints = config.state_dir / "checkpoints"
         self.checkpoint_root: str | None = None  #: the admin's shared checkpoint storage, when set
         self.notes = NotesBook(config.state_dir / "attempts")
+        self.accounts = Accounts(config.user_map or config.state_dir / USER_MAP_FILE,
+                                 run_as_job_user=config.run_as_job_user, monotonic=monotonic)
+        self.problems = ProblemBook()  #: launches that failed for reasons of this machine, lately
+        #: the lab's users, as the leader last said; None until it does (a leader of an older labq never does,
+        #: and is sent no accounts, problems or refusals it would not understand)
+        self.users: tuple[str, ...] | None = None
         self._graces: dict[tuple[int, int], float] = {}  #: attempts being stopped: when their grace ends
         self._checkpoints_told: dict[tuple[int, int], float | None] = {}  #: as the leader last heard them
         self.token: str | None = None
@@ -112,10 +122,11 @@ class Agent:
 
     def runs_jobs_as(self) -> str:
         """Which account this agent's jobs run as, in a sentence for its start-up message."""
+        mapped = self.accounts.describe()
         if self.config.run_as_job_user:
             root = "allowed" if self.runtime.process.allow_root else "refused"
             return (f"jobs run as their lab user's Unix account here (uid 0 {root}, as the leader's "
-                    "[jobs] allow_root says)")
+                    f"[jobs] allow_root says){'; ' + mapped if mapped else ''}")
         import getpass
 
         return f"jobs run as {getpass.getuser()}, this agent's own account (jobs of other users are refused)"
@@ -157,23 +168,7 @@ class Agent:
     def sync_once(self, wait_s: float) -> None:
         if self.token is None:
             self.register()
-        statuses = self.runtime.attempts()
-        self._reported_running = {(s.job_id, s.attempt) for s in statuses if s.state is AttemptState.RUNNING}
-        attempts = []
-        for s in statuses:
-            notes = self.notes.get(s.job_id, s.attempt)
-            checkpoint_at = notes.checkpoint_at()
-            if checkpoint_at is not None and checkpoint_at < s.started_at:
-                checkpoint_at = None  # an earlier attempt's
-            self._checkpoints_told[(s.job_id, s.attempt)] = checkpoint_at
-            attempts.append(AttemptReport(s.job_id, s.attempt, s.state is AttemptState.RUNNING, s.exit_code,
-                                          s.signal, s.started_at, s.ended_at, s.fenced, notes.escalated,
-                                          checkpoint_at))
-        reading = self._read_inventory()
-        report = SyncReport(tuple(attempts),
-            reading.unmanaged_busy if reading else None, wait_s,
-            {u.index: {"memory_free_mib": u.memory_free_mib, "utilization_pct": u.utilization_pct}
-             for u in reading.usage} if reading and reading.usage else None)
+        report = self.report(wait_s)
         try:
             doc = self._request(f"/v1/agents/{self.config.name}/sync", encode_sync(report), self.token,
                                 timeout=wait_s + 30)
@@ -188,7 +183,32 @@ class Agent:
         self.runtime.heartbeat()
         self.last_contact = self.monotonic()
         self.fence_after_s, self.lease_s = reply.fence_after_s, reply.lease_s
+        self.users = reply.users
         self.apply(reply)
+
+    def report(self, wait_s: float) -> SyncReport:
+        """Every attempt the runtimes know, the GPUs busy outside labq, and (to a leader that asks, by naming
+        its users) how this machine maps the lab's users and what keeps jobs from starting here."""
+        statuses = self.runtime.attempts()
+        self._reported_running = {(s.job_id, s.attempt) for s in statuses if s.state is AttemptState.RUNNING}
+        users = self.users
+        attempts = []
+        for s in statuses:
+            notes = self.notes.get(s.job_id, s.attempt)
+            checkpoint_at = notes.checkpoint_at()
+            if checkpoint_at is not None and checkpoint_at < s.started_at:
+                checkpoint_at = None  # an earlier attempt's
+            self._checkpoints_told[(s.job_id, s.attempt)] = checkpoint_at
+            attempts.append(AttemptReport(s.job_id, s.attempt, s.state is AttemptState.RUNNING, s.exit_code,
+                                          s.signal, s.started_at, s.ended_at, s.fenced, notes.escalated,
+                                          checkpoint_at, s.node_fault if users is not None else None))
+        reading = self._read_inventory()
+        return SyncReport(tuple(attempts),
+            reading.unmanaged_busy if reading else None, wait_s,
+            {u.index: {"memory_free_mib": u.memory_free_mib, "utilization_pct": u.utilization_pct}
+             for u in reading.usage} if reading and reading.usage else None,
+            self.accounts.report(users) if users is not None else None,
+            self.problems.current(self.monotonic()) if users is not None else None)
 
     def _sync_loop(self) -> None:
         """Sync for as long as the agent runs: no error of the network, the leader or this machine ends it.
@@ -305,15 +325,22 @@ class Agent:
 
     def _launch(self, order: RunOrder) -> None:
         folder = Path(order.checkpoint_dir) if order.checkpoint_dir else self.checkpoints / str(order.job_id)
-        user = order.user if self.config.run_as_job_user else None
+        account = self.accounts.resolve(order.user)
+        if account.problem is not None:
+            self._not_started(order, NodeFault(f"no account for {order.user} on {self.config.name}: "
+                                               f"{account.problem}"))
+            return
+        user = account.login if self.config.run_as_job_user else None
         try:
             _own_checkpoint_folder(folder, user)
         except (OSError, ValueError) as err:
-            why = err.strerror if isinstance(err, OSError) else str(err)
-            log.warning("job %d attempt %d cannot start: checkpoint folder %s: %s", order.job_id, order.attempt,
-                        folder, why)
-            self.runtime.refuse(order.job_id, order.attempt, f"cannot make the checkpoint folder {folder} on "
-                                f"{self.config.name}: {why}")
+            why = f"cannot make the checkpoint folder {folder} on {self.config.name}: " + (
+                err.strerror if isinstance(err, OSError) else str(err))
+            if isinstance(err, OSError):  # the node's disk or shared storage, not the job
+                self._not_started(order, NodeFault(why, NodeProblem(why)))
+            else:
+                log.warning("job %d attempt %d cannot start: %s", order.job_id, order.attempt, why)
+                self.runtime.refuse(order.job_id, order.attempt, why)
             return
         self.notes.update(order.job_id, order.attempt, checkpoint_dir=str(folder))
         env = dict(order.env, LABQ_CHECKPOINT_DIR=str(folder))
@@ -332,10 +359,28 @@ class Agent:
             else:
                 launch = Launch(order.job_id, order.attempt, order.command, env, order.workdir, user, gpu_env,
                                 self.fence_after_s, order.checkpoint_signal, order.grace_s)
-            self.runtime.launch(launch)
-        except ValueError as err:  # e.g. no Unix account for the job's user here: the attempt fails, not the agent
+            status = self.runtime.launch(launch)
+        except NodeFault as fault:  # this machine's fault: the job is requeued, the node says what is wrong
+            self._not_started(order, fault)
+        except ValueError as err:  # the job's fault (a policy, a bad command): the attempt fails, not the agent
             log.warning("job %d attempt %d cannot start: %s", order.job_id, order.attempt, err)
             self.runtime.refuse(order.job_id, order.attempt, f"cannot start on {self.config.name}: {err}")
+        else:
+            if status.node_fault is not None:  # it failed before the job's program ran (the shim says)
+                why = f"cannot start {order.user}'s jobs on {self.config.name}: {status.node_fault}"
+                log.warning("job %d attempt %d cannot start: %s", order.job_id, order.attempt, why)
+                self.problems.met(NodeProblem(sentence(why), user=order.user), self.monotonic())
+
+    def _not_started(self, order: RunOrder, fault: NodeFault) -> None:
+        """A launch failed for a reason of this machine: record the attempt as one that could not start, which
+        the leader requeues, and report what keeps such jobs off this node (an account is looked up again)."""
+        log.warning("job %d attempt %d cannot start here, not for a fault of the job: %s", order.job_id,
+                    order.attempt, fault)
+        if fault.problem is not None:
+            self.problems.met(fault.problem, self.monotonic())
+        else:
+            self.accounts.forget(order.user)
+        self.runtime.refuse(order.job_id, order.attempt, sentence(fault), node_fault=True)
 
     def _stop_attempt(self, order: StopOrder) -> None:
         """The signal, then after the grace (if it still runs) TERM and KILL; the grace survives an agent restart."""

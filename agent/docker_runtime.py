@@ -39,11 +39,13 @@ from typing import Any
 import docker
 import docker.errors
 
+from labq.agent.faults import NodeFault, sentence
 from labq.agent.process_runtime import AttemptState, AttemptStatus, Launch
 from labq.isolation import (
     IsolationError, check_env, check_image, check_mounts, container_settings, refuse_checkpoint_folders,
 )
 from labq.models.job import Mount
+from labq.models.node import NodeProblem
 
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REFUSED_EXIT = 126
@@ -91,7 +93,7 @@ def _user_ids(user: str | None) -> tuple[int, int, tuple[int, ...]]:
     try:
         pw = pwd.getpwnam(user)
     except KeyError:
-        raise ValueError(f"cannot run a job as user {user!r}: no such user on this machine") from None
+        raise NodeFault(f"cannot run a job as user {user!r}: no such user on this machine") from None
     return pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))
 
 
@@ -142,7 +144,8 @@ class DockerRuntime:
         try:
             self.client.images.get(spec.image)  # never pulled: no registry is reachable from a node
         except docker.errors.ImageNotFound:
-            raise ValueError(f"image {spec.image} not found on node {self.node}") from None
+            missing = f"image {spec.image} not found on node {self.node}"
+            raise NodeFault(missing, NodeProblem(missing, runtime="docker", image=spec.image)) from None
         key = (spec.job_id, spec.attempt)
         env = {"PATH": STANDARD_PATH, "LABQ_JOB_ID": str(spec.job_id), "LABQ_ATTEMPT": str(spec.attempt),
                **({"USER": spec.user, "LOGNAME": spec.user} if spec.user else {}),
@@ -164,6 +167,10 @@ class DockerRuntime:
             try:
                 container.start()
             except docker.errors.APIError as err:  # e.g. no such executable: Docker records 126/127
+                if err.is_server_error():  # the engine or its runtime failed (a GPU hook, cgroups): not the job
+                    self._unmake(container, key)
+                    why = f"docker cannot start containers on node {self.node}: {sentence(err.explanation or err)}"
+                    raise NodeFault(why, NodeProblem(why, runtime="docker")) from None
                 with open(self._log(*key), "ab") as log:
                     log.write(f"labq: cannot start the container: {err.explanation or err}\n".encode())
                 self._done(*key).touch()
@@ -188,6 +195,13 @@ class DockerRuntime:
         status = self._find(job_id, attempt)
         assert status is not None
         return status
+
+    def _unmake(self, container: Any, key: tuple[int, int]) -> None:
+        """Remove a container that never started, and its log: the attempt is recorded as refused instead."""
+        with contextlib.suppress(docker.errors.APIError):
+            container.remove(force=True)
+        with contextlib.suppress(FileNotFoundError):
+            self._log(*key).unlink()
 
     def _watch(self, name: str, spec: Launch) -> None:
         """Start the container's watchdog, which fences it even when this agent is gone."""

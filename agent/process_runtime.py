@@ -43,6 +43,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from labq.agent.faults import NodeFault
 from labq.agent.shim import read_stat, write_json_atomically
 
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -83,6 +84,8 @@ class AttemptStatus:
     ended_at: float | None
     log_path: str  #: where the log is now (it moves on ``forget``)
     fenced: bool = False  #: stopped by its shim because the agent lost the leader
+    #: it could not start for a reason of this machine, not of the job (``labq.agent.faults``): why
+    node_fault: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ def _run_as(user: str | None, allow_root: bool = False) -> _RunAs:
     try:
         pw = pwd.getpwnam(user)
     except KeyError:
-        raise ValueError(f"cannot run a job as user {user!r}: no such user on this machine") from None
+        raise NodeFault(f"cannot run a job as user {user!r}: no such user on this machine") from None
     if pw.pw_uid == 0 and not allow_root:
         raise ValueError(_ROOT_REFUSED.format(user=user, how=f"user {user!r} is uid 0 on this machine"))
     return _RunAs(pw.pw_name, pw.pw_dir, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid)))
@@ -201,8 +204,10 @@ class ProcessRuntime:
         assert status is not None
         return status
 
-    def refuse(self, job_id: int, attempt: int, reason: str, exit_code: int = 126) -> AttemptStatus:
-        """Record an attempt that cannot start (no such user, ...) as exited, with the reason in its log."""
+    def refuse(self, job_id: int, attempt: int, reason: str, exit_code: int = 126, *,
+               node_fault: bool = False) -> AttemptStatus:
+        """Record an attempt that cannot start (no such user, ...) as exited, with the reason in its log;
+        ``node_fault``: for a reason of this machine, not of the job (its status says so)."""
         key = (job_id, attempt)
         folder = self._folder(*key)
         if folder.exists() or self._forgotten_log(*key).exists():
@@ -215,7 +220,8 @@ class ProcessRuntime:
             write_json_atomically(staging / "spec.json", {"job_id": job_id, "attempt": attempt, "command": [],
                                                           "refused": reason, "created_at": now})
             write_json_atomically(staging / "exit.json", {"pid": None, "exit_code": exit_code, "signal": None,
-                                                          "started_at": now, "ended_at": now})
+                                                          "started_at": now, "ended_at": now,
+                                                          "node_fault": reason if node_fault else None})
             os.rename(staging, folder)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -303,8 +309,12 @@ class ProcessRuntime:
                     [self._python, "-m", "labq.agent.shim", str(folder), str(ready_write)],
                     stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, start_new_session=True,
                     pass_fds=(lock_fd, ready_write))
-            except OSError as exc:  # the lock is released on return; _status records the attempt as lost
+            except OSError as exc:  # this machine's fault: the attempt never started
                 os.write(log_fd, f"labq: cannot start the shim: {exc}\n".encode())
+                now = time.time()
+                write_json_atomically(folder / "exit.json", {
+                    "pid": None, "exit_code": None, "signal": None, "started_at": now, "ended_at": now,
+                    "node_fault": f"cannot start the shim: {exc.strerror or exc}"})
                 return
             finally:
                 os.close(ready_write)
@@ -330,7 +340,8 @@ class ProcessRuntime:
             return AttemptStatus(key[0], key[1], AttemptState.RUNNING, started.get("pid"), None, None,
                                  started.get("started_at", spec["created_at"]), None, log_path)
         return AttemptStatus(key[0], key[1], AttemptState.EXITED, ended["pid"], ended["exit_code"], ended["signal"],
-                             ended["started_at"], ended["ended_at"], log_path, ended.get("fenced", False))
+                             ended["started_at"], ended["ended_at"], log_path, ended.get("fenced", False),
+                             ended.get("node_fault"))
 
     def _end_if_shim_gone(self, folder: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
         """None while the shim lives (or its orphaned job does); else the end, recorded as lost if need be."""

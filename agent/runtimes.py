@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from labq.agent.faults import NodeFault, sentence
 from labq.agent.process_runtime import AttemptStatus, Launch, ProcessRuntime
+from labq.models.node import NodeProblem
 
 log = logging.getLogger("labq.agent")
 
@@ -61,13 +63,36 @@ class Runtimes:
                 self._docker = DockerRuntime(self.state_dir / "docker", self.node, lab=self.lab)
                 self._share_policy(self._docker)
             except (ImportError, docker.errors.DockerException) as err:
-                raise ValueError(f"docker is not available on node {self.node}: {err}") from None
+                why = f"docker is not available on node {self.node}: {sentence(err)}"
+                raise NodeFault(why, NodeProblem(why, runtime="docker")) from None
         return self._docker
 
     def launch(self, launch: Launch) -> AttemptStatus:
+        """Start an attempt; ValueError if it cannot start, ``NodeFault`` if that is this machine's fault."""
         from labq.agent.docker_runtime import DockerLaunch
 
-        return self.docker().launch(launch) if isinstance(launch, DockerLaunch) else self.process.launch(launch)
+        if not isinstance(launch, DockerLaunch):
+            return self.process.launch(launch)
+        engine = self.docker()
+        try:
+            return engine.launch(launch)
+        except ValueError:
+            raise
+        except Exception as err:  # noqa: BLE001 - sorted below: the engine's fault, or a refusal of the job
+            raise self._docker_failure(err) from None
+
+    def _docker_failure(self, err: Exception) -> Exception:
+        """What a Docker error in a launch means: the engine refused the container (the job's fault), or it
+        is out of reach or failed on its side (this machine's). Anything else is no Docker error: as it was."""
+        import docker.errors
+        import requests.exceptions
+
+        if isinstance(err, docker.errors.APIError) and not err.is_server_error():
+            return ValueError(f"docker refused the container: {sentence(err.explanation or err)}")
+        if isinstance(err, (docker.errors.DockerException, requests.exceptions.RequestException)):
+            why = f"docker is not reachable on node {self.node}: {sentence(err)}"
+            return NodeFault(why, NodeProblem(why, runtime="docker"))
+        return err
 
     def attempts(self) -> list[AttemptStatus]:
         found = self.process.attempts()
@@ -98,8 +123,9 @@ class Runtimes:
                 raise
             return self._docker.read_log(job_id, attempt, offset, limit)
 
-    def refuse(self, job_id: int, attempt: int, reason: str, exit_code: int = 126) -> AttemptStatus:
-        return self.process.refuse(job_id, attempt, reason, exit_code)
+    def refuse(self, job_id: int, attempt: int, reason: str, exit_code: int = 126, *,
+               node_fault: bool = False) -> AttemptStatus:
+        return self.process.refuse(job_id, attempt, reason, exit_code, node_fault=node_fault)
 
     def heartbeat(self) -> None:
         self.process.heartbeat()

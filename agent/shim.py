@@ -165,6 +165,8 @@ def main(argv: list[str]) -> int:
     except (OSError, subprocess.SubprocessError) as exc:
         ended["exit_code"], why = _why_not_started(exc, spec)
         print(f"labq: cannot start {spec['command'][0]!r}: {why}", file=sys.stderr, flush=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # fork, setgroups/setgid/setuid: before exec
+            ended["node_fault"] = why  # this machine's, not the job's: the leader requeues it
     else:
         stat = read_stat(job.pid)  # the job is our unreaped child, so /proc still has it
         write_json_atomically(folder / "pid.json", {"pid": job.pid, "start_time": stat[1] if stat else None,
