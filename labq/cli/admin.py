@@ -43,6 +43,7 @@ def _user_add(args: argparse.Namespace) -> int:
 
     client = leader_client(args)
     user, token = client.add_user(args.name, args.admin)
+    _warn_accounts(args.name, user)
     role = "admin" if user.get("admin") else "user"
     name = escape_controls(args.name)
     try:
@@ -75,6 +76,24 @@ def _user_add(args: argparse.Namespace) -> int:
     if "127.0.0.1" in client.url or "localhost" in client.url:
         print("(from another machine, use the leader's host name instead of this loopback address)")
     return 0
+
+
+def _warn_accounts(name: str, user: dict) -> None:
+    """Say which nodes have no account for the new user (their jobs will not run there), and which have not
+    said; the leader asked the agents (a leader of an older labq does not, and this says nothing)."""
+    lacking = user.get("no_account_on") or {}
+    if lacking:
+        print(escape_controls(f"labq: warning: no account for {name} on {', '.join(sorted(lacking))}: "
+                              f"{name}'s jobs will not run there"), file=sys.stderr)
+        for node, why in sorted(lacking.items()):
+            print(escape_controls(f"  {node}: {why}"), file=sys.stderr)
+        print(escape_controls(f"  make the account there, or map {name} to another account in that agent's "
+                              "user-map.toml"), file=sys.stderr)
+    unheard = user.get("not_heard_from") or []
+    if unheard:
+        print(escape_controls(f"labq: note: {', '.join(unheard)} {'has' if len(unheard) == 1 else 'have'} not said "
+                              f"yet whether {'it has' if len(unheard) == 1 else 'they have'} an account for {name}"),
+              file=sys.stderr)
 
 
 def _user_ls(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ its lease.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from labq.leader.auth import Principal, new_token
@@ -19,11 +20,14 @@ from labq.models.actions import timeout_grace
 from labq.models.job import Job, JobState
 from labq.models.node import NodeHealth
 from labq.protocol import errors
-from labq.protocol.agents import AttemptReport, Registration, RunOrder, StopOrder, SyncReply, SyncReport
+from labq.protocol.agents import (
+    AttemptReport, Registration, RunOrder, StopOrder, SyncReply, SyncReport, encode_account, encode_problem,
+)
 from labq.protocol.codec import encode_node
 from labq.protocol.identity import token_hash
 from labq.store import PutRecord
 
+log = logging.getLogger("labq.leader")
 
 class Agents:
     def __init__(self, state: LabState) -> None:
@@ -71,7 +75,8 @@ class Agents:
             return [{**encode_node(s.node), "gpus_in_use": in_use.get(name, {}), "last_seen": s.last_seen,
                      "gpu_usage": {str(i): u for i, u in (s.gpu_usage or {}).items()},
                      "found": "mDNS" if name in state.seen_over_mdns else "join token",
-                     "address": s.address}
+                     "address": s.address, "accounts": [encode_account(a) for a in s.node.accounts],
+                     "problems": [encode_problem(p) for p in s.node.problems]}
                     for name, s in sorted(state.agents.items())]
 
     def seen_over_mdns(self, advertised: dict[str, dict]) -> None:
@@ -120,6 +125,8 @@ class Agents:
         if report.unmanaged_busy is not None and report.unmanaged_busy != session.node.unmanaged_busy:
             session.node = replace(session.node, unmanaged_busy=report.unmanaged_busy)
             changed = True
+        changed = self._take_accounts(session, report) or changed  # before the attempts: a requeued job
+        # must not go back to a node that has just said it cannot start it
         updates = [new for a in report.attempts if (new := self._learned(session.name, a, now)) is not None]
         if updates:
             state.apply(updates)
@@ -127,6 +134,24 @@ class Agents:
         if changed:
             state.wake()
         return changed
+
+    def _take_accounts(self, session: AgentSession, report: SyncReport) -> bool:
+        """Take in the accounts and problems an agent reports (each report is the whole truth); True if they
+        changed. Whoever waits for an agent's word on a user (``Users.add``) is woken."""
+        node = session.node
+        if report.accounts is not None:
+            session.reports_accounts = True
+        accounts = node.accounts if report.accounts is None else tuple(sorted(report.accounts, key=lambda a: a.user))
+        problems = node.problems if report.problems is None else report.problems
+        if (accounts, problems) == (node.accounts, node.problems):
+            return False
+        for problem in set(problems) - set(node.problems):
+            log.warning("node %s cannot start %s now: %s", session.name, _concerned(problem), problem.detail)
+        for problem in set(node.problems) - set(problems):
+            log.info("node %s can start %s again", session.name, _concerned(problem))
+        session.node = replace(node, accounts=accounts, problems=problems)
+        self.state.changed.notify_all()
+        return True
 
     def _learned(self, agent: str, a: AttemptReport, now: float) -> Job | None:
         """The job after what an agent reported of one of its attempts; None if nothing changed."""
@@ -137,11 +162,25 @@ class Agents:
             new = t.running(job, a.started_at or now) if job.state is JobState.STARTING else job
             new = t.checkpointed(new, a.checkpoint_at)
             return new if new is not job else None
+        if a.cannot_start is not None and t.stop_reason(job) is None:
+            return self._not_started(agent, job, a.cannot_start, a.ended_at or now)
         # it may have ended before any report saw it running
         started = job if job.started_at is not None else t.running(job, a.started_at or now)
         if a.fenced:  # stopped on its node while the agent could not reach us
             return t.lost(started, a.ended_at or now, checkpoint_at=a.checkpoint_at)
         return t.exited(started, a.exit_code, a.ended_at or now, escalated=a.escalated, checkpoint_at=a.checkpoint_at)
+
+    @staticmethod
+    def _not_started(agent: str, job: Job, why: str, now: float) -> Job:
+        """The node could not start the attempt for a reason of its own: the job goes back to the queue (its
+        attempt ends ``lost``), not to failed, and its note says why. The node's report of the same sync
+        keeps it, and jobs like it, off that node."""
+        log.warning("job %d attempt %d could not start on %s: %s; requeued", job.id, job.attempt, agent, why)
+        line = f"could not start on {agent}: {why}; requeued"
+        requeued = t.lost(job, now)
+        if line in requeued.note:
+            return requeued
+        return requeued.evolve(note=f"{requeued.note}; {line}" if requeued.note else line)
 
     def _expected(self, agent: str, a: AttemptReport) -> Job | None:
         job = self.state.jobs.get(a.job_id)
@@ -169,7 +208,8 @@ class Agents:
             elif job.stop_requested:
                 stop.append(StopOrder(job.id, job.attempt, "SIGTERM", min(job.spec.grace_s, 30.0), job.stop_requested))
         config = self.state.config
-        return SyncReply(tuple(run), tuple(stop), config.lease_s, config.fence_after_s)
+        return SyncReply(tuple(run), tuple(stop), config.lease_s, config.fence_after_s,
+                         users=tuple(sorted(self.state.users)))
 
     def _run_order(self, job: Job, session: AgentSession) -> RunOrder:
         indices = job.placement.gpus_on(session.name)
@@ -186,3 +226,10 @@ class Agents:
                         spec.grace_s, spec.checkpoint_signal, spec.runtime.value, spec.image,
                         tuple((m.source, m.target, m.read_only) for m in spec.mounts), spec.shm_size_mib,
                         node.simulated, f"{root.rstrip('/')}/{job.id}" if root else None)
+
+
+def _concerned(problem) -> str:
+    """Which jobs a node problem keeps off its node, in words."""
+    parts = [f"{problem.user}'s" if problem.user else "", problem.runtime or "", "jobs",
+             f"of image {problem.image}" if problem.image else ""]
+    return " ".join(p for p in parts if p)

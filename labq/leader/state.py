@@ -41,6 +41,8 @@ class AgentSession:
     delivered: SyncReply | None = None  #: the orders last sent
     gpu_usage: dict[int, dict] | None = None  #: as the agent last measured it
     address: str | None = None  #: where its registration came from
+    #: it reports how it maps the lab's users to local accounts (an agent of an older labq does not)
+    reports_accounts: bool = False
 
     def record(self) -> dict:
         return {"node": encode_node(replace(self.node, health=NodeHealth.UP)), "token_sha256": self.token_sha256,

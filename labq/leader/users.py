@@ -7,10 +7,14 @@ import getpass
 from labq.http_server import same_secret
 from labq.leader.auth import JOIN_TOKEN_FILE, Principal, new_token, write_secret
 from labq.leader.state import LabState
+from labq.models.node import NodeHealth
 from labq.protocol import errors
 from labq.protocol.identity import token_hash
 from labq.protocol.requests import UserRequest
 from labq.store import DeleteRecord, PutRecord
+
+#: how long ``labq admin user add`` waits for the agents to say whether they have an account for the new user
+ACCOUNTS_WAIT_S = 5.0
 
 
 class Users:
@@ -63,10 +67,34 @@ class Users:
         return token
 
     def add(self, who: Principal, request: UserRequest) -> tuple[dict, str]:
+        """Add the user (or give them a new token); the answer says which nodes have no account for them
+        (``no_account_on``: node -> why) and which have not said yet (``not_heard_from``)."""
         admin_only(who, "add users")
         with self.state.lock:
             token = self._set_user(request.name, request.admin)
-            return {"name": request.name, "admin": request.admin}, token
+            self._tell_agents()
+            return {"name": request.name, "admin": request.admin, **self._accounts_for(request.name)}, token
+
+    def _tell_agents(self) -> None:
+        """The lab's users changed: every agent's long poll answers now, with the new list to map."""
+        for session in self.state.agents.values():
+            session.version += 1
+        self.state.changed.notify_all()
+
+    def _accounts_for(self, user: str, wait_s: float = ACCOUNTS_WAIT_S) -> dict:
+        """What the nodes say of ``user``'s account, after waiting (the lock is held, and released while
+        waiting) up to ``wait_s`` for each agent that is in touch and reports accounts."""
+        state = self.state
+
+        def said(session) -> bool:
+            return any(a.user == user for a in session.node.accounts)
+
+        asked = [s for s in state.agents.values() if s.reports_accounts and s.node.health is not NodeHealth.LOST]
+        state.changed.wait_for(lambda: all(said(s) for s in asked), timeout=wait_s)
+        sessions = sorted(state.agents.values(), key=lambda s: s.name)
+        return {"no_account_on": {s.name: problem for s in sessions
+                                  if (problem := s.node.account_problem(user)) is not None},
+                "not_heard_from": [s.name for s in sessions if not said(s)]}
 
     def remove(self, who: Principal, name: str) -> dict:
         admin_only(who, "remove users")
@@ -77,6 +105,7 @@ class Users:
                 raise errors.conflict("you cannot remove yourself; ask another admin")
             self.state.commit([DeleteRecord("users", name)])
             user = self.state.users.pop(name)
+            self._tell_agents()
             return {"name": name, "admin": user.get("admin", False)}
 
     def listing(self, who: Principal) -> list[dict]:
