@@ -127,8 +127,11 @@ def out_of_dependencies(jobs: Iterable[Job], finished: Mapping[int, JobState], n
 
     Slurm's DependencyNeverSatisfied, but ended rather than stuck; a chain (c after b after a) goes in
     one call, since each job cancelled here is a dependency that ended too."""
-    states = {**finished, **{j.id: j.state for j in jobs}}
+    jobs = list(jobs)
     waiting = [j for j in jobs if j.spec.depends_on and j.state in (JobState.QUEUED, JobState.HELD)]
+    if not waiting:
+        return []
+    states = {**finished, **{j.id: j.state for j in jobs}}
     cancelled: dict[int, Job] = {}
     while True:
         more = {}
