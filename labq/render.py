@@ -112,20 +112,35 @@ def job_note(job: Mapping) -> str:
         return f"requeued after {job['preemptions']} preemption(s)"
     if state == "queued" and job["spec"].get("depends_on"):
         return "after " + ",".join(map(str, job["spec"]["depends_on"]))
+    if state in _FINISHED and job.get("note"):
+        return job["note"]  # e.g. why labq cancelled it
     return ""
 
 
-def job_row(job: Mapping, now: float) -> list[object]:
+def reason_text(job: Mapping, pending: Mapping | None, now: float) -> str:
+    """The REASON column: why a waiting job waits (the scheduler's reason, and when it should start), else
+    ``job_note``."""
+    if not pending:
+        return job_note(job)
+    estimate = pending.get("estimated_start")
+    when = f" (est. {format_duration(max(0, estimate - now))})" if estimate else ""
+    return f"{pending['reason']}{when}: {pending['detail']}"
+
+
+def job_row(job: Mapping, now: float, pending: Mapping | None = None) -> list[object]:
     spec = job["spec"]
     return [job["id"], job_name(job), spec.get("user"), job["state"], priority_name(spec.get("priority", 200)),
-            spec.get("gpus", 1), placement_text(job), age_or_runtime(job, now), job_note(job)]
+            spec.get("gpus", 1), placement_text(job), age_or_runtime(job, now), reason_text(job, pending, now)]
 
 
-def jobs_table(jobs: Sequence[Mapping], now: float, color: bool = False) -> str:
+def jobs_table(jobs: Sequence[Mapping], now: float, color: bool = False,
+               pending: Mapping[int, Mapping] | None = None) -> str:
+    """``labq ls``: one row a job; ``pending`` (job id -> PENDING) fills the REASON of the jobs that wait."""
     if not jobs:
         return "no jobs"
-    return table(JOB_HEADERS, [job_row(j, now) for j in jobs], color=color, color_column="STATE",
-                 max_width=JOB_WIDTHS)
+    waits = pending or {}
+    return table(JOB_HEADERS, [job_row(j, now, waits.get(j["id"])) for j in jobs], color=color,
+                 color_column="STATE", max_width=JOB_WIDTHS)
 
 
 def estimate_text(estimated_start: float | None, now: float) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from labq import units
-from labq.cli.errors import CliError
+from labq.cli.errors import UNREACHABLE, CliError
 
 if TYPE_CHECKING:
     from labq.client import Client
@@ -69,6 +69,63 @@ def emit(args: argparse.Namespace, data: object, text: Callable[[], str]) -> int
 
 def use_color() -> bool:
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def ask(question: str, yes: bool, what: str) -> bool:
+    """``yes`` (``--yes``) or the person at the terminal says y; refused (exit 2) when nobody can be asked."""
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise CliError(f"{what}: stdin is not a terminal, so labq cannot ask; add --yes to go ahead")
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)  # to the person even when stdout is a file
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+class Patience:
+    """Calls to the leader that wait out its restarts: an unreachable leader (or a proxy's 502 or 504) is retried,
+    saying so once on stderr, until ``limit_s`` seconds pass without an answer; then exit 4 (``labq logs -f``,
+    ``labq wait``)."""
+
+    def __init__(self, limit_s: float, sleep: Callable[[float], None] | None = None) -> None:
+        import time
+
+        self.limit_s, self.sleep, self.clock = limit_s, sleep or time.sleep, time.monotonic
+        self.since: float | None = None  #: when the leader stopped answering
+
+    def call(self, fn: Callable, *args):
+        from labq.protocol.errors import ApiError
+        from labq.render import format_duration
+        from labq.terminal_text import escape_controls
+
+        while True:
+            try:
+                result = fn(*args)
+            except ApiError as err:
+                if err.code != "unreachable" and err.status not in (502, 504):  # not there, or a proxy says so
+                    raise
+                now = self.clock()
+                if self.since is None:
+                    self.since = now
+                    print(f"labq: {escape_controls(err)}; retrying for up to {format_duration(self.limit_s)}",
+                          file=sys.stderr)
+                if now - self.since >= self.limit_s:
+                    raise CliError(f"gave up after {format_duration(self.limit_s)} without the leader: "
+                                   f"{escape_controls(err)}", UNREACHABLE) from None
+                self.sleep(min(2.0, max(0.2, self.limit_s / 10)))
+                continue
+            if self.since is not None:
+                print("labq: the leader answers again", file=sys.stderr)
+                self.since = None
+            return result
+
+
+def retry_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--retry-for", metavar="DURATION", default="2m",
+                   help="how long to wait out an unreachable leader (a restart) before exiting 4 (default 2m)")
+
+
+def patience(args: argparse.Namespace) -> Patience:
+    return Patience(parse_duration(args.retry_for, "--retry-for", bare_seconds=True))
 
 
 # -- flags to plain values; a mistake names the flag ----------------------------------------------

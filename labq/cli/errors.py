@@ -1,7 +1,10 @@
 """The CLI's one error type and the one guard every command runs under.
 
-Exit codes: 0 ok; 1 the operation failed; 2 bad usage or input; 3 credentials or permission; 4 the leader
-cannot be reached; 130 interrupted (Ctrl-C), 0 for a command that runs until Ctrl-C (``ls --watch``, ``logs -f``).
+Exit codes, as the README's table says them: 0 ok; 1 refused (the leader said no: not yours, not for your role,
+not in a state for it, no such job; or you answered no); 2 bad input (a flag or value labq cannot use, a job that
+could never run or start); 3 authentication (no token, or one the leader does not know); 4 the leader cannot be
+reached; 130 interrupted (Ctrl-C), 0 for a command that runs until Ctrl-C (``ls --watch``, ``logs -f``).
+``labq wait`` exits with the status of the jobs it waited for (``labq.cli.actions``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Callable
 from labq.protocol.errors import ApiError
 from labq.terminal_text import escape_controls
 
-OK, FAILED, USAGE, CREDENTIALS, UNREACHABLE, INTERRUPTED = 0, 1, 2, 3, 4, 130
+OK, REFUSED, USAGE, CREDENTIALS, UNREACHABLE, INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 
 class CliError(Exception):
@@ -26,12 +29,13 @@ class CliError(Exception):
 
 
 def exit_code(err: ApiError) -> int:
-    """The exit status for an API error (see the module docstring)."""
+    """The exit status for an API error (see the module docstring): a 403 is a refusal, not a failure to
+    authenticate: the leader knows who you are and says you may not."""
     if err.code == "unreachable":
         return UNREACHABLE
-    if err.status in (401, 403) or err.code in ("no_credentials", "bad_credentials"):
+    if err.status == 401 or err.code in ("no_credentials", "bad_credentials"):
         return CREDENTIALS
-    return USAGE if err.status in (400, 413, 422) else FAILED
+    return USAGE if err.status in (400, 413, 422) else REFUSED
 
 
 def guard(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

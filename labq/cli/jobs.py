@@ -78,7 +78,7 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
         grace_s=parse_duration(args.grace, "--grace", bare_seconds=True) if args.grace else None,
         checkpoint_signal=_signal(args.checkpoint_signal) if args.checkpoint_signal else None,
         env=parse_env(args.env, os.environ if environ is None else environ) if args.env else None,
-        depends_on=parse_ids(args.after, "job id for --after") if args.after else None,
+        depends_on=_dependencies(args), after_any=bool(args.after_any),
         nodes=_node_count(args), node=args.node or None, reservation=args.reservation or None,
         after_reservation=_after_reservation(args),
         image=args.image or None,
@@ -99,6 +99,14 @@ def _requeue_on_timeout(args: argparse.Namespace) -> bool:
     if args.requeue_on_timeout and not args.time:
         raise CliError("--requeue-on-timeout needs --time: the limit at which the job is requeued")
     return args.requeue_on_timeout
+
+
+def _dependencies(args: argparse.Namespace) -> list[int] | None:
+    if args.after and args.after_any:
+        raise CliError("--after waits for success, --after-any for any end: use one of them")
+    if args.after_any:
+        return parse_ids(args.after_any, "job id for --after-any")
+    return parse_ids(args.after, "job id for --after") if args.after else None
 
 
 def _after_reservation(args: argparse.Namespace) -> str | None:
@@ -174,7 +182,8 @@ def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
                 "Checkpoint and resume).",
                 "  labq submit --gpus 2 --gpu-mem 40G --time 6h -- python train.py --lr 3e-4\n"
                 "  labq submit --class low --name sweep-1 --env WANDB_API_KEY -- ./sweep.sh 1\n"
-                "  labq submit --after 12 -- python eval.py        runs once job 12 has succeeded", _submit, c)
+                "  labq submit --after 12 -- python eval.py        runs once job 12 has succeeded\n"
+                "  labq submit --after-any 12 -- ./cleanup.sh      runs once job 12 has ended, however", _submit, c)
     p.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs the job needs (default 1)")
     p.add_argument("--gpu-mem", metavar="SIZE", help="least memory per GPU: 40G, 24GiB, 8000M (plain number: GiB)")
     p.add_argument("--gpu-model", metavar="MODEL", help="part of the GPU model name: A100, 3090")
@@ -196,7 +205,9 @@ def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
                    help="bind a host folder into the container (under the admin's allowed roots); repeatable")
     p.add_argument("--shm-size", metavar="SIZE", help="the container's /dev/shm (default 1G)")
     p.add_argument("--after", action="append", default=[], metavar="ID[,ID]",
-                   help="start only after these jobs have succeeded")
+                   help="start only after these jobs have succeeded (if one fails, this job is cancelled)")
+    p.add_argument("--after-any", action="append", default=[], metavar="ID[,ID]",
+                   help="start after these jobs have ended, however they ended")
     p.add_argument("--nodes", type=int, metavar="N", help="spread the GPUs evenly over N nodes")
     p.add_argument("--node", metavar="NAME", help="run only on this node")
     p.add_argument("--reservation", metavar="NAME", help="run on a reservation's GPUs (you must be one of its "

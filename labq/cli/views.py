@@ -13,8 +13,18 @@ import sys
 import time
 from typing import TYPE_CHECKING, BinaryIO
 
-from labq.cli.common import FINISHED, STATES, command, emit, leader_client, use_color
-from labq.cli.errors import CliError
+from labq.cli.common import (
+    FINISHED,
+    STATES,
+    Patience,
+    command,
+    emit,
+    leader_client,
+    patience,
+    retry_option,
+    use_color,
+)
+from labq.cli.errors import REFUSED, CliError
 from labq.protocol.errors import ApiError
 from labq.terminal_text import escape_controls
 
@@ -22,12 +32,20 @@ if TYPE_CHECKING:
     from labq.client import Client
 
 
-def _list_jobs(client: Client, args: argparse.Namespace) -> list[dict]:
+def _list_jobs(client: Client, args: argparse.Namespace) -> tuple[list[dict], dict[int, dict]]:
+    """The jobs ``ls`` lists and why those that wait do: ``--history`` is finished jobs, the ``--limit`` that
+    ended last."""
     states = [s for v in args.state for s in v.split(",") if s]
     wrong = [s for s in states if s not in STATES]
     if wrong:
         raise CliError(f"--state {wrong[0]!r} is not a state: use {', '.join(STATES)}")
-    return client.jobs(user=args.user, states=states, all=args.all, history=args.history, limit=args.limit)
+    if args.history and set(states) - FINISHED:
+        raise CliError(f"--history lists finished jobs; {sorted(set(states) - FINISHED)[0]} is not a finished "
+                       f"state ({', '.join(sorted(FINISHED))})")
+    if args.limit is not None and args.limit < 1:
+        raise CliError("--limit must be 1 or more")
+    return client.listing(user=args.user, states=states, all=args.all, finished=args.history, limit=args.limit,
+                          pending=not args.history)
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -38,56 +56,104 @@ def _ls(args: argparse.Namespace) -> int:
         if args.json:
             raise CliError("--watch redraws a table; leave out --json")
         return _watch(client, args)
-    jobs = _list_jobs(client, args)
-    return emit(args, jobs, lambda: jobs_table(jobs, time.time(), use_color()))
+    jobs, pending = _list_jobs(client, args)
+    data = [{**j, "pending": pending[j["id"]]} if j["id"] in pending else j for j in jobs]
+    return emit(args, data, lambda: jobs_table(jobs, time.time(), use_color(), pending))
 
 
 def _watch(client: Client, args: argparse.Namespace) -> int:
-    """Redraws on every event (at most five times a second) and every 10 s for the ages."""
+    """Redraws on every event (at most five times a second), every 10 s for the ages, and when the window
+    changes size. On a terminal only the lines that changed are rewritten (``labq.cli.screen``); into a pipe
+    or a file, each frame is written whole."""
     import signal
     import threading
 
-    from labq.render import jobs_table
-
     changed = threading.Event()
     failure: list[ApiError] = []
-
-    def pump() -> None:
-        # Ctrl-C must reach the main thread: a signal the kernel hands to this thread would only be
-        # seen once the main thread next wakes, up to 10 s later
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        last = None
-        while True:
-            try:
-                for event in client.events(after=last):
-                    last = event["id"] if event["id"] is not None else last
-                    changed.set()
-            except ApiError as err:
-                if err.code != "unreachable":
-                    failure.append(err)
-                    changed.set()
-                    return
-                time.sleep(2)
-            else:
-                time.sleep(0.5)  # the leader ended the stream (a restart): reconnect, without spinning
-
-    threading.Thread(target=pump, daemon=True, name="labq-ls-events").start()
+    threading.Thread(target=_pump_events, args=(client, changed, failure), daemon=True, name="labq-ls-events").start()
+    if hasattr(signal, "SIGWINCH"):
+        signal.signal(signal.SIGWINCH, lambda *_: changed.set())
     args.interruptible = True
+    draw = _frame_writer()
+    try:
+        while True:
+            draw(_watch_lines(client, args))
+            changed.wait(timeout=10)
+            if failure:
+                raise failure[0]
+            time.sleep(0.2)
+            changed.clear()
+    finally:
+        draw(None)
+
+
+def _pump_events(client: Client, changed, failure: list[ApiError]) -> None:
+    """The event stream, in a thread of its own: sets ``changed`` on each event; reconnects after a restart."""
+    import signal
+
+    # Ctrl-C must reach the main thread: a signal the kernel hands to this thread would only be
+    # seen once the main thread next wakes, up to 10 s later
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGWINCH", 28)})
+    last = None
     while True:
         try:
-            body = jobs_table(_list_jobs(client, args), time.time(), use_color())
+            for event in client.events(after=last):
+                last = event["id"] if event["id"] is not None else last
+                changed.set()
         except ApiError as err:
             if err.code != "unreachable":
-                raise
-            body = f"{escape_controls(err)}\nretrying..."
-        stamp = time.strftime("%H:%M:%S")
-        sys.stdout.write(f"\x1b[H\x1b[2Jlabq ls, live ({stamp}); Ctrl-C to stop\n\n{body}\n")
-        sys.stdout.flush()
-        changed.wait(timeout=10)
-        if failure:
-            raise failure[0]
-        time.sleep(0.2)
-        changed.clear()
+                failure.append(err)
+                changed.set()
+                return
+            time.sleep(2)
+        else:
+            time.sleep(0.5)  # the leader ended the stream (a restart): reconnect, without spinning
+
+
+def _watch_lines(client: Client, args: argparse.Namespace) -> list[str]:
+    from labq.render import jobs_table
+
+    try:
+        jobs, pending = _list_jobs(client, args)
+        body = jobs_table(jobs, time.time(), use_color(), pending)
+    except ApiError as err:
+        if err.code != "unreachable":
+            raise
+        body = f"{escape_controls(err)}\nretrying..."
+    return [f"labq ls, live ({time.strftime('%H:%M:%S')}); Ctrl-C to stop", "", *body.split("\n")]
+
+
+def _frame_writer():
+    """A function that shows a frame of lines (None: the end): on a terminal, a ``Screen``; else whole frames."""
+    import os
+    import shutil
+
+    out = sys.stdout
+    if not out.isatty():
+        def whole(lines: list[str] | None) -> None:
+            if lines is not None:
+                out.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
+                out.flush()
+        return whole
+
+    from labq.cli.screen import Screen
+
+    def size() -> tuple[int, int]:  # the window as it is now: $COLUMNS and $LINES go stale when it is resized
+        try:
+            return tuple(os.get_terminal_size(out.fileno()))
+        except OSError:
+            return tuple(shutil.get_terminal_size())
+
+    screen = Screen(out.write, size,
+                    overflow="… {n} more rows: narrow with --state or --user, or make the window taller")
+
+    def changed(lines: list[str] | None) -> None:
+        if lines is None:
+            screen.leave()
+        else:
+            screen.draw(lines)
+        out.flush()
+    return changed
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -106,52 +172,105 @@ def _why(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
+    if args.lines is not None and args.lines < 0:
+        raise CliError("--lines must be 0 or more")
     client, out = leader_client(args), sys.stdout.buffer
-    if not args.follow:
-        offset, done = 0, False
-        while not done:
-            data, offset, done = client.logs(args.id, args.attempt, offset)
-            out.write(data)
-            done = done or not data
-        out.flush()
-        return 0
-    args.interruptible = True
-    return _follow(client, args.id, args.attempt, out)
+    tail = Tail(out, args.lines)
+    if args.follow:
+        args.interruptible = True
+        return _follow(client, args.id, args.attempt, tail, patience(args))
+    chunk = client.log(args.id, args.attempt, 0)
+    attempt = chunk.attempt  # read on in the attempt the leader chose, whatever starts meanwhile
+    tail.write(chunk.data)
+    while not chunk.done and chunk.data:
+        chunk = client.log(args.id, attempt, chunk.next_offset)
+        tail.write(chunk.data)
+    tail.flush()
+    if args.attempt is None and attempt is not None:
+        job, _ = client.job(args.id)
+        if job["attempt"] != attempt and job["state"] not in FINISHED:
+            print(f"labq: that was attempt {attempt}; job {args.id} is {escape_controls(job['state'])} for attempt "
+                  f"{job['attempt']} (`labq logs -f {args.id}` follows it once it starts)", file=sys.stderr)
+    return 0
 
 
-def _follow(client: Client, job_id: int, attempt: int | None, out: BinaryIO) -> int:
-    """Prints an attempt's log as it grows; without ``--attempt``, goes on to the next attempt
-    after a preemption, and ends when the job has finished."""
+class Tail:
+    """Writes a log out; with ``lines``, only the last that many lines of what comes before ``flush`` (``-n``),
+    then everything after it as it comes."""
+
+    def __init__(self, out: BinaryIO, lines: int | None) -> None:
+        self.out, self.lines, self.kept = out, lines, b""
+
+    def write(self, data: bytes) -> None:
+        if self.lines is None:
+            self.out.write(data)
+        else:
+            self.kept = last_lines(self.kept + data, self.lines)
+
+    def flush(self) -> None:
+        if self.lines is not None:
+            self.out.write(self.kept)
+            self.lines, self.kept = None, b""
+        self.out.flush()
+
+
+def last_lines(data: bytes, n: int) -> bytes:
+    """The last ``n`` lines of ``data``, as ``tail -n`` counts them (a last line without a newline is one)."""
+    if n <= 0:
+        return b""
+    pos = len(data) - 1 if data.endswith(b"\n") else len(data)
+    for _ in range(n):
+        pos = data.rfind(b"\n", 0, pos)
+        if pos < 0:
+            return data
+    return data[pos + 1:]
+
+
+def latest_run(job: dict) -> int | None:
+    """The latest attempt of ``job`` (as the API sends it) that ran: the one a log read without --attempt reads."""
+    if job.get("placement"):
+        return job["attempt"]
+    return next((a["attempt"] for a in reversed(job.get("attempts") or []) if a.get("placement")), None)
+
+
+def _follow(client: Client, job_id: int, attempt: int | None, tail: Tail, wait: Patience) -> int:
+    """Prints an attempt's log as it grows. Without ``--attempt``: from the latest attempt that ran, then on to
+    each next one after a preemption, until the job has finished. A leader that restarts is waited out."""
     pinned, offset, ended, said = attempt is not None, 0, 0, ""
     while True:
         if attempt is None:
-            job, _ = client.job(job_id)
-            if job["state"] in FINISHED and job["attempt"] <= ended:
-                return 0
-            if job["state"] in ("queued", "held") or job["attempt"] <= ended:  # else the leader is yet to hear
-                if job["state"] in ("queued", "held") and job["state"] != said:
+            job, _ = wait.call(client.job, job_id)
+            ran = latest_run(job)
+            if ran is None or ran <= ended:  # nothing (new) has run yet
+                if job["state"] in FINISHED:
+                    if ended:
+                        return 0
+                    raise CliError(f"job {job_id} {escape_controls(job['state'])} without running: it has no log",
+                                   REFUSED)
+                if job["state"] != said:
                     print(f"labq: job {job_id} is {escape_controls(job['state'])}; waiting for it to start",
                           file=sys.stderr)
                     said = job["state"]
                 time.sleep(1)
                 continue
-            attempt, offset = job["attempt"], 0
+            attempt, offset = ran, 0
             if ended:
                 print(f"labq: following attempt {attempt}", file=sys.stderr)
         try:
-            data, offset, done = client.logs(job_id, attempt, offset)
+            data, offset, done, _ = wait.call(client.log, job_id, attempt, offset)
         except ApiError as err:
             if err.status != 404:
                 raise
             data, done = b"", False  # the attempt has no log yet
-            if pinned and client.job(job_id)[0]["state"] in FINISHED:
+            if pinned and wait.call(client.job, job_id)[0]["state"] in FINISHED:
                 raise
-        out.write(data)
-        out.flush()
+        tail.write(data)
+        if done or not data:
+            tail.flush()  # caught up: -n's lines are out, the rest comes as it is written
         if done:
             if pinned:
                 return 0
-            ended, attempt = attempt, None
+            ended, attempt, said = attempt, None, ""
         elif not data:
             time.sleep(0.5)
 
@@ -192,16 +311,21 @@ def _whoami(args: argparse.Namespace) -> int:
 
 def add_views(sub: argparse._SubParsersAction, c: list) -> None:
     p = command(sub, "ls", "list jobs",
-                "List your unfinished jobs (--all: everyone's). `labq why ID` says why one waits.",
-                "  labq ls\n  labq ls --all --state running\n  labq ls --history --limit 20\n"
-                "  labq ls --all --watch               redraws on every change", _ls, c)
+                "List your unfinished jobs (--all: everyone's), with why each waiting job waits (REASON; `labq why "
+                "ID` says more). --history lists finished jobs instead, the one that ended last at the bottom.",
+                "  labq ls\n  labq ls --all --state running\n"
+                "  labq ls --history --limit 5         the five jobs of yours that ended last\n"
+                "  labq ls --json | jq '.[] | select(.pending) | [.id, .pending.reason]'\n"
+                "  labq ls --all --watch               a live table; only what changes is redrawn", _ls, c)
     p.add_argument("--all", action="store_true", help="everyone's jobs")
     p.add_argument("--user", metavar="USER", help="this user's jobs")
     p.add_argument("--state", action="extend", nargs="+", default=[], metavar="STATE",
                    help=f"only these states: {', '.join(STATES)}")
-    p.add_argument("--history", action="store_true", help="include finished jobs")
-    p.add_argument("--limit", type=int, metavar="N", help="at most N jobs")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--history", action="store_true", help="finished jobs (those `labq clean` hid are left out)")
+    p.add_argument("--limit", type=int, metavar="N", help="at most N jobs: the newest (with --history, the N that "
+                   "ended last)")
+    p.add_argument("--json", action="store_true", help="print JSON: the jobs, each waiting one with its pending "
+                   "reason")
     p.add_argument("--watch", action="store_true", help="redraw on every change until Ctrl-C")
 
     p = command(sub, "show", "everything about a job",
@@ -217,13 +341,18 @@ def add_views(sub: argparse._SubParsersAction, c: list) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = command(sub, "logs", "print a job's output",
-                "Print what a job wrote to stdout and stderr. -f keeps printing as it grows, across "
-                "preemptions, until the job ends.",
-                "  labq logs 12\n  labq logs -f 12\n  labq logs 12 --attempt 1     the run before a preemption",
-                _logs, c)
+                "Print what a job wrote to stdout and stderr: by default its latest attempt that ran (after a "
+                "preemption, the one before it requeued). -f keeps printing as it grows, on to each next attempt, "
+                "until the job ends, and waits out a leader that restarts (exit 4 if it stays away past "
+                "--retry-for).",
+                "  labq logs 12\n  labq logs -n 20 12               the last 20 lines, like tail -n\n"
+                "  labq logs -f -n 0 12             only what it writes from now on\n"
+                "  labq logs 12 --attempt 1         the run before a preemption", _logs, c)
     p.add_argument("id", type=int, metavar="ID")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends (Ctrl-C stops)")
-    p.add_argument("--attempt", type=int, metavar="K", help="this attempt (default: the latest)")
+    p.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines (with -f: then follow)")
+    p.add_argument("--attempt", type=int, metavar="K", help="this attempt (default: the latest that ran)")
+    retry_option(p)
 
 
 def add_lab(sub: argparse._SubParsersAction, c: list) -> None:

@@ -391,10 +391,10 @@ def test_ls_table_and_json(leader, jobs, node):
     assert table[3].split()[3:] == ["failed", "normal", "1", "-", "30s", "exit", "3"]
     out = labq("ls", "--all", "--json", env=leader.env())
     assert out.returncode == 0 and json.loads(out.stdout) == docs
-    assert leader.requests[0]["query"] == {"all": ["1"]}
+    assert leader.requests[0]["query"] == {"all": ["1"], "pending": ["1"]}
     out = labq("ls", "--state", "running,queued", env=leader.env())
     assert out.returncode == 0 and "ws1:0,1" in out.stdout
-    assert leader.requests[1]["query"] == {"state": ["running", "queued"]}
+    assert leader.requests[1]["query"] == {"state": ["running", "queued"], "pending": ["1"]}
 
 
 def test_actions_report_per_job_and_exit_1_on_partial_failure(leader, jobs):
@@ -410,7 +410,7 @@ def test_actions_report_per_job_and_exit_1_on_partial_failure(leader, jobs):
 
 
 @pytest.mark.parametrize(("status", "code", "exit_status"), [
-    (400, "bad_request", 2), (422, "unprocessable", 2), (401, "unauthorized", 3), (403, "forbidden", 3),
+    (400, "bad_request", 2), (422, "unprocessable", 2), (401, "unauthorized", 3), (403, "forbidden", 1),
     (503, "unavailable", 1), (500, "internal", 1),
 ])
 def test_submit_exit_codes(leader, status, code, exit_status):
