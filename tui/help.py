@@ -11,7 +11,11 @@ from textual.widgets import Static
 FILTERS = """filters (/): user:alice  state:running  node:ws1  class:high  name:bert  id:12  free text
              a leading ! negates a word (!state:held); all words must hold
 sort (o then a letter): i id, u user, n name, s state, c class, g gpus, p placement, t time, r reason
-             a capital letter reverses"""
+             a capital letter reverses
+sort (one capital letter): I id, U user, N name, S state, C class, D gpus, O node, T time, W reason;
+             the same letter again reverses
+the strip over the queue: each GPU's index, memory used and utilisation in % (bars; - where not
+             measured), and who holds it: user #job, free, or busy (a process labq did not start)"""
 
 
 class HelpScreen(ModalScreen[None]):
