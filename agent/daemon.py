@@ -208,7 +208,7 @@ class Agent:
             {u.index: {"memory_free_mib": u.memory_free_mib, "utilization_pct": u.utilization_pct}
              for u in reading.usage} if reading and reading.usage else None,
             self.accounts.report(users) if users is not None else None,
-            self.problems.current(self.monotonic()) if users is not None else None)
+            self.problems.current(self.monotonic(), self.runtime.still_there) if users is not None else None)
 
     def _sync_loop(self) -> None:
         """Sync for as long as the agent runs: no error of the network, the leader or this machine ends it.

@@ -4,14 +4,17 @@ No account for the job's user here, no Docker daemon, the image missing on this 
 before the job's program ran: none of that is the job's fault, so the job must not fail for it. The
 agent records such an attempt as one that could not start (the leader requeues the job) and reports
 the problem with each sync, so that the scheduler keeps the jobs it concerns off this node. A problem
-is reported until ``PROBLEM_RETRY_S`` after it was last met: then such a job may be tried here again,
-and a problem that is still there is met, and reported, again. A bad node never drains a queue: each
-problem costs at most one attempt per retry period, and the attempt is requeued.
+is reported until ``PROBLEM_RETRY_S`` after it was last met. Then the agent looks whether it is still
+there where it can tell (is the Docker daemon reachable, is the image there now): if so it is reported
+on, if not it is dropped; where it cannot tell, such a job may be tried here again, and a problem that
+is still there is met, and reported, again. A bad node never drains a queue: each problem costs at most
+one attempt per retry period, and the attempt is requeued.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from labq.models.node import NodeProblem
 from labq.protocol.agents import MAX_DETAIL, MAX_PROBLEMS
@@ -53,10 +56,19 @@ class ProblemBook:
             while len(self._met) > MAX_PROBLEMS:  # the oldest go first
                 del self._met[next(iter(self._met))]
 
-    def current(self, now: float) -> tuple[NodeProblem, ...]:
-        """The problems met within the retry period, oldest first."""
+    def current(self, now: float, still_there: Callable[[NodeProblem], bool | None] = lambda p: None
+                ) -> tuple[NodeProblem, ...]:
+        """The problems met within the retry period, oldest first. One older than that is asked about:
+        ``still_there`` says True (it is met again now), False (gone), or None (cannot tell: gone, and the
+        next job of its kind finds out)."""
         with self._lock:
-            for problem, at in list(self._met.items()):
-                if now - at >= self.retry_s:
-                    del self._met[problem]
+            due = [problem for problem, at in self._met.items() if now - at >= self.retry_s]
+        for problem in due:  # outside the lock: a look may take a moment
+            if still_there(problem):
+                self.met(problem, now)
+            else:
+                with self._lock:
+                    if now - self._met.get(problem, now) >= self.retry_s:
+                        del self._met[problem]
+        with self._lock:
             return tuple(self._met)

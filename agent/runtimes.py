@@ -16,6 +16,7 @@ from labq.agent.process_runtime import AttemptStatus, Launch, ProcessRuntime
 from labq.models.node import NodeProblem
 
 log = logging.getLogger("labq.agent")
+PROBE_TIMEOUT_S = 5.0  #: a look at the Docker daemon, for a problem the node reports
 
 
 class Runtimes:
@@ -122,6 +123,29 @@ class Runtimes:
             if self._docker is None:
                 raise
             return self._docker.read_log(job_id, attempt, offset, limit)
+
+    def still_there(self, problem: NodeProblem) -> bool | None:
+        """Whether a Docker problem of this node is still there: the daemon out of reach, an image missing.
+        None for any other problem: this cannot tell. A look takes at most ``PROBE_TIMEOUT_S``."""
+        if problem.runtime != "docker" or problem.user is not None:
+            return None
+        try:
+            import docker
+
+            client = docker.from_env(timeout=PROBE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - no engine, or no docker package: still out of reach
+            return problem.image is None or None
+        try:
+            if problem.image is None:
+                return not client.ping()
+            client.images.get(problem.image)
+            return False
+        except docker.errors.ImageNotFound:
+            return True
+        except Exception:  # noqa: BLE001 - the engine failed the look: the daemon problem says so, if any
+            return problem.image is None or None
+        finally:
+            client.close()
 
     def refuse(self, job_id: int, attempt: int, reason: str, exit_code: int = 126, *,
                node_fault: bool = False) -> AttemptStatus:

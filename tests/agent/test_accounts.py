@@ -94,6 +94,36 @@ def test_a_problem_is_reported_until_the_retry_period_after_it_was_last_met():
     assert book.current(119.5) == ()
 
 
+def test_a_problem_due_for_retry_is_kept_if_the_node_can_tell_it_is_still_there_and_dropped_if_not():
+    book = ProblemBook(retry_s=60.0)
+    daemon, image, disk = (NodeProblem("no daemon", runtime="docker"),
+                           NodeProblem("no image", runtime="docker", image="a:1"), NodeProblem("disk full"))
+    for problem in (daemon, image, disk):
+        book.met(problem, 0.0)
+    asked = []
+
+    def still_there(problem):
+        asked.append(problem)
+        return {daemon: True, image: False}.get(problem)  # the disk: cannot tell
+
+    assert book.current(30.0, still_there) == (daemon, image, disk) and asked == []  # none due yet
+    assert book.current(60.0, still_there) == (daemon,)
+    assert asked == [daemon, image, disk]
+    assert book.current(100.0, still_there) == (daemon,)  # met again at 60: not due before 120
+    assert len(asked) == 3
+
+
+def test_a_docker_problem_is_looked_at_where_docker_is_out_of_reach(tmp_path, monkeypatch):
+    from labq.agent.runtimes import Runtimes
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")  # how an admin points at the engine
+    (tmp_path / "state").mkdir()
+    runtimes = Runtimes(tmp_path / "state", "ws1")
+    assert runtimes.still_there(NodeProblem("no daemon", runtime="docker")) is True
+    assert runtimes.still_there(NodeProblem("no image", runtime="docker", image="a:1")) is None  # cannot tell
+    assert runtimes.still_there(NodeProblem("disk full")) is None
+
+
 def test_a_sentence_is_one_printable_line_short_enough_for_the_wire():
     assert sentence("500 Server Error:\n  OCI runtime\x1b[2J failed") == "500 Server Error: OCI runtime?[2J failed"
     long = sentence("é" * 2000)
