@@ -79,17 +79,19 @@ def _prio(args: argparse.Namespace) -> int:
 
 def _state_phrase(job: dict, action: str) -> str:
     from labq.models.priority import priority_name
+    from labq.render import format_duration
 
     phrase = job["state"]
     if job.get("stop_requested") and job["state"] not in FINISHED:
         phrase += f", stopping ({job['stop_requested']} requested)"
     if action in ("prio", "edit"):
-        value = job["spec"]["priority"]
-        phrase = f"priority {priority_name(value)} ({value}), {phrase}"
+        value, name = job["spec"]["priority"], priority_name(job["spec"]["priority"])
+        phrase = f"priority {name}{f' ({value})' if name != str(value) else ''}, {phrase}"
     if action == "edit":
         spec, limit = job["spec"], job["spec"].get("time_limit_s")
         name = f"name {spec['name']}, " if spec.get("name") else ""
-        phrase = f"{name}{spec.get('gpus', 1)} GPU(s), time limit {f'{limit:g} s' if limit else 'none'}, {phrase}"
+        limit_text = format_duration(limit) if limit else "none"
+        phrase = f"{name}{spec.get('gpus', 1)} GPU(s), time limit {limit_text}, {phrase}"
     return phrase
 
 

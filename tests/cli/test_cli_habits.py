@@ -41,7 +41,7 @@ def job_doc(jobs, **kw) -> dict:
 def test_prio_plus_n_is_a_change_and_a_class_or_number_a_value(leader, jobs, typed, body):
     leader.json("POST", "/v1/jobs/6/actions", {"job": job_doc(jobs, priority=210)})
     out = labq(leader, "prio", "6", typed)
-    assert (out.returncode, out.stdout) == (0, "job 6: priority 210 (210), queued\n")
+    assert (out.returncode, out.stdout) == (0, "job 6: priority 210, queued\n")
     assert leader.requests[0]["body"] == body
 
 
@@ -56,7 +56,7 @@ def test_edit_sends_what_the_flags_say(leader, jobs, flags, body):
     leader.json("POST", "/v1/jobs/3/actions", {"job": job_doc(jobs, name="bert-2", time_limit_s=7200.0)})
     out = labq(leader, "edit", "3", *flags)
     assert out.returncode == 0, out.stderr
-    assert out.stdout == "job 3: name bert-2, 1 GPU(s), time limit 7200 s, priority normal (200), queued\n"
+    assert out.stdout == "job 3: name bert-2, 1 GPU(s), time limit 2h00m, priority normal (200), queued\n"
     assert leader.requests[0]["body"] == {"action": "edit", **body}
 
 

@@ -8,6 +8,7 @@ server on 127.0.0.1 that answers every request with one error, against a closed 
 from __future__ import annotations
 
 import json
+import re
 import os
 import socket
 import subprocess
@@ -119,3 +120,12 @@ def test_every_command_exits_4_when_the_leader_cannot_be_reached_and_3_without_a
 def test_bad_input_exits_2_before_any_request(leader, args, words):
     out = labq(*args, env={"LABQ_LEADER": leader.url, "LABQ_TOKEN": "t"})
     assert out.returncode == 2 and words in out.stderr, out.stderr
+
+
+def test_the_readmes_table_names_the_codes_the_cli_uses():
+    from labq.cli import errors
+
+    text = (ROOT / "README.md").read_text()
+    table = dict(re.findall(r"^\| (\d+) \| ([^|]+?)(?::| \(| \|)", text, re.M))
+    assert table == {"0": "ok", "1": "refused", "2": "bad input", "3": "authentication", "4": "leader unreachable"}
+    assert (errors.OK, errors.REFUSED, errors.USAGE, errors.CREDENTIALS, errors.UNREACHABLE) == (0, 1, 2, 3, 4)

@@ -114,7 +114,7 @@ def test_ls_says_why_queued_jobs_wait_and_restart_and_clean_work_on_finished_one
     assert listed[waits]["pending"]["reason"] == "Resources" and "pending" not in listed[full]
 
     out = lab.labq("prio", str(waits), "-10")  # below the running job's: it must not preempt it
-    assert out.stdout == f"job {waits}: priority 190 (190), queued\n"
+    assert out.stdout == f"job {waits}: priority 190, queued\n"
     lab.labq("cancel", str(waits))
     out = lab.labq("restart", str(waits))
     assert out.stdout.startswith(f"job {waits}: restarted as job ")
