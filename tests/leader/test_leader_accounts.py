@@ -1,7 +1,7 @@
 """The leader and its agents' word on the lab's users: a real leader over loopback HTTP and TinyDB.
 
-Agents speak the sync protocol here as the test writes it (one speaks like an agent of an older labq);
-a real agent (threads in this process, real sockets) joins in ``test_adding_a_user_waits_for_the_agents_and_names_the_nodes_without_one``.
+Agents speak the sync protocol here as the test writes it (one speaks like an agent of an older labq); a
+real agent (threads in this process, real sockets) joins in the first test.
 """
 
 from __future__ import annotations
