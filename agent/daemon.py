@@ -22,7 +22,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from labq import __version__
@@ -201,13 +201,15 @@ class Agent:
             self._checkpoints_told[(s.job_id, s.attempt)] = checkpoint_at
             attempts.append(AttemptReport(s.job_id, s.attempt, s.state is AttemptState.RUNNING, s.exit_code,
                                           s.signal, s.started_at, s.ended_at, s.fenced, notes.escalated,
-                                          checkpoint_at, s.node_fault if users is not None else None))
+                                          checkpoint_at, sentence(s.node_fault) if users is not None and
+                                          s.node_fault is not None else None))
         reading = self._read_inventory()
         return SyncReport(tuple(attempts),
             reading.unmanaged_busy if reading else None, wait_s,
             {u.index: {"memory_free_mib": u.memory_free_mib, "utilization_pct": u.utilization_pct}
              for u in reading.usage} if reading and reading.usage else None,
-            self.accounts.report(users) if users is not None else None,
+            tuple(replace(a, problem=sentence(a.problem)) if a.problem else a for a in self.accounts.report(users))
+            if users is not None else None,
             self.problems.current(self.monotonic(), self.runtime.still_there) if users is not None else None)
 
     def _sync_loop(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 from labq.models.node import NodeProblem
 from labq.protocol.agents import MAX_DETAIL, MAX_PROBLEMS
@@ -50,6 +51,7 @@ class ProblemBook:
         self._lock = threading.Lock()
 
     def met(self, problem: NodeProblem, now: float) -> None:
+        problem = replace(problem, detail=sentence(problem.detail))  # the wire takes one printable line
         with self._lock:
             self._met.pop(problem, None)
             self._met[problem] = now

@@ -124,6 +124,12 @@ def test_a_docker_problem_is_looked_at_where_docker_is_out_of_reach(tmp_path, mo
     assert runtimes.still_there(NodeProblem("disk full")) is None
 
 
+def test_a_problem_is_reported_as_one_printable_line():
+    book = ProblemBook()
+    book.met(NodeProblem("500 Server Error:\n  OCI runtime failed", runtime="docker"), 0.0)
+    assert book.current(1.0) == (NodeProblem("500 Server Error: OCI runtime failed", runtime="docker"),)
+
+
 def test_a_sentence_is_one_printable_line_short_enough_for_the_wire():
     assert sentence("500 Server Error:\n  OCI runtime\x1b[2J failed") == "500 Server Error: OCI runtime?[2J failed"
     long = sentence("é" * 2000)
