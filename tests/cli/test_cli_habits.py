@@ -220,17 +220,21 @@ def test_logs_f_waits_out_a_leader_that_restarts_and_exits_4_when_it_stays_away(
     env = environment({"LABQ_LEADER": f"http://127.0.0.1:{port}", "LABQ_TOKEN": "t"})
     proc = subprocess.Popen([sys.executable, "-m", "labq.cli", "logs", "-f", "1", "--attempt", "1",
                              "--retry-for", "30s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
-    time.sleep(1.5)  # no leader yet: it retries
-    assert proc.poll() is None
+    said, deadline = b"", time.monotonic() + 30
+    while b"retrying" not in said:  # no leader yet: it says so, and retries
+        assert proc.poll() is None and time.monotonic() < deadline, said
+        if select.select([proc.stderr], [], [], 0.2)[0]:
+            said += os.read(proc.stderr.fileno(), 4096)
     leader = FakeLeader(port)
     try:
         serve_log(leader, 1, b"epoch 1\nepoch 2\n")
         out, err = proc.communicate(timeout=30)
     finally:
         leader.close()
+    err = (said + err).decode()
     assert (proc.returncode, out) == (0, b"epoch 1\nepoch 2\n")
-    assert err.decode().startswith(f"labq: cannot reach the leader at http://127.0.0.1:{port}")
-    assert "retrying for up to 30s" in err.decode() and err.decode().endswith("labq: the leader answers again\n")
+    assert err.startswith(f"labq: cannot reach the leader at http://127.0.0.1:{port}")
+    assert "retrying for up to 30s" in err and err.endswith("labq: the leader answers again\n")
 
     started = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "labq.cli", "logs", "-f", "1", "--retry-for", "2s"],

@@ -129,6 +129,7 @@ def test_cancel_by_filters_asks_for_yes_when_nobody_can_be_asked(running_lab):
     lab = running_lab
     sweeps = [lab.submit("sleep", "600", name=f"sweep-{i}", gpus=4) for i in range(5)]
     other = lab.submit("sleep", "600", name="train", gpus=4)
+    lab.wait_state(sweeps[0], "running")
     out = lab.labq("cancel", "--name", "sweep-*", "--state", "queued", check=False)
     assert out.returncode == 2 and "add --yes" in out.stderr
     out = lab.labq("cancel", "--name", "sweep-*", "--state", "queued", "--yes")
