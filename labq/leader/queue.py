@@ -16,7 +16,7 @@ from labq.models.transitions import dependency_failure
 from labq.protocol import errors
 from labq.protocol.codec import decode_job, encode_job
 from labq.protocol.requests import ActionRequest, SubmitRequest
-from labq.scheduler import why_never_fits
+from labq.scheduler import why_never_fits, why_no_node_runs_user
 from labq.store import CommitFailed, PutJob, PutRecord
 
 CLEANED = "cleaned"  #: the store's table of ``labq clean`` marks: user -> {"up_to": time}
@@ -72,6 +72,9 @@ class Queue:
         never = why_never_fits(spec, nodes) if nodes else None
         if never is not None:
             raise errors.unprocessable(f"this job can never run here: {never}")
+        nobody = why_no_node_runs_user(spec.user, nodes)
+        if nobody is not None:
+            raise errors.unprocessable(f"this job can never run here: {nobody}")
         _check_dependencies(spec, state)
 
     def visible(self, who: Principal, *, user: str | None, states: tuple[str, ...], everyone: bool,
@@ -145,7 +148,7 @@ class Queue:
             wish = Wish(request.action, request.priority, request.gpus, request.time_limit_s, request.by, request.name)
             try:
                 new = acted(job, wish, state.clock(), admin=who.admin, top_priority=top,
-                            rules=Rules(config.user_max_priority, config.max_time_limit_s))
+                            rules=Rules(config.max_priority_for(who.name), config.max_time_limit_s))
             except ActionRefused as refused:
                 raise _REFUSALS[refused.kind](refused.message, *([refused.field] if refused.field else [])) from None
             if request.action == "edit":
@@ -158,9 +161,10 @@ class Queue:
 
 def _check_spec(spec: JobSpec, who: Principal, config: LeaderConfig) -> None:
     """What the lab's settings allow a submit, before anything is taken."""
-    if spec.priority > config.user_max_priority and not who.admin:
-        raise errors.forbidden(f"priority {priority_name(spec.priority)} is for admins; the highest for users "
-                               f"is {priority_name(config.user_max_priority)}")
+    ceiling = config.max_priority_for(who.name)
+    if spec.priority > ceiling and not who.admin:
+        raise errors.forbidden(f"priority {priority_name(spec.priority)} is for admins and those they grant it "
+                               f"(scheduling.class_grants); the highest for {who.name} is {priority_name(ceiling)}")
     if not spec.preemptible and not who.admin and not listed(who.name, config.non_preemptible_users):
         raise errors.forbidden("only admins, and users the admin lists in scheduling.non_preemptible_users, "
                                "may submit jobs that cannot be preempted (--no-preempt); make the job "

@@ -39,7 +39,7 @@ class Wish:
 class Rules:
     """The lab's settings the action rules depend on."""
 
-    user_max_priority: int
+    user_max_priority: int  #: the acting user's ceiling: the lab's, raised by the admin's class grants
     max_time_limit_s: float | None = None
 
 
@@ -123,8 +123,9 @@ def _prioritised(job: Job, wish: Wish, now: float, admin: bool, rules: Rules, to
                                 f"{target}, outside {MIN_PRIORITY}-{MAX_PRIORITY}", "by")
     assert target is not None
     if target > rules.user_max_priority and target > job.priority and not admin:
-        raise ActionRefused("forbidden", f"priority {priority_name(target)} is for admins; the highest for "
-                            f"users is {priority_name(rules.user_max_priority)}")
+        raise ActionRefused("forbidden", f"priority {priority_name(target)} is for admins and those they grant "
+                            f"it (scheduling.class_grants); the highest for you is "
+                            f"{priority_name(rules.user_max_priority)}")
     return job.evolve(spec=replace(job.spec, priority=target))
 
 

@@ -52,11 +52,19 @@ def test_user_set_gpu_variables_are_refused(docker_lab):
     assert out.returncode != 0 and "NVIDIA_VISIBLE_DEVICES" in out.stderr
 
 
-def test_an_image_missing_on_the_node_is_a_clear_failure(docker_lab):
+def test_an_image_missing_on_the_node_requeues_the_job_and_says_why(docker_lab):
+    """A missing image is the node's problem, not the job's: the job waits (it would run on a node that has
+    the image), its first attempt ended lost, and its note, why and that attempt's log say what is missing."""
     lab = docker_lab
     job = lab.submit("true", image="labq-no-such-image:0", token=lab.token)
-    assert lab.wait_state(job, "failed", timeout=60)["exit_code"] == 126
-    assert f"not found on node {lab.node}" in lab.labq("logs", str(job)).stdout
+    lab.wait(lambda: lab.job(job, token=lab.token)["attempts"], "the first attempt to end", 60)
+    doc = lab.job(job, token=lab.token)
+    assert doc["state"] in ("queued", "starting") and doc["attempts"][0]["ended"] == "lost"
+    missing = f"not found on node {lab.node}"
+    assert missing in doc["note"]
+    assert missing in lab.labq("why", str(job), token=lab.token).stdout
+    assert missing in lab.labq("logs", str(job), "--attempt", "1", token=lab.token).stdout
+    lab.labq("cancel", str(job), token=lab.token)
 
 
 @pytest.mark.parametrize("extra", [{"privileged": True}, {"cap_add": ["SYS_ADMIN"]}, {"network_mode": "host"},

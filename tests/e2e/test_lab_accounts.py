@@ -83,8 +83,6 @@ def test_a_user_only_one_node_can_run_is_warned_about_and_their_jobs_go_there(la
     assert lab.labq("logs", str(jobs[0])).stdout == "nobody\n"
 
 
-@pytest.mark.xfail(strict=True, reason="labq/leader/queue.py (another engineer's) does not call "
-                   "labq.scheduler.why_no_node_runs_user in Queue.submit yet; drop this mark when it does")
 def test_a_submit_no_node_can_run_is_refused_with_the_sentence(lab):
     user = unknown_user()
     lab.start_leader()

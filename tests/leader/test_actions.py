@@ -75,3 +75,20 @@ def test_running_jobs_cannot_be_edited_or_moved(leader):
         act(leader, job, action="edit", gpus=1)
     with pytest.raises(ApiError, match="only a queued job can move"):
         act(leader, job, ADMIN, action="top")
+
+
+def test_classes_above_normal_need_the_admins_grant_at_submit_and_in_a_change(tmp_path):
+    config = LeaderConfig(data_dir=tmp_path, class_grants={300: ("alice",)})  # user_max_priority: normal
+    lab = Leader(config, MemoryStore(), clock=lambda: 1000.0)
+    bob = Principal("user", "bob")
+    assert submit(lab, priority="high") > 0  # granted to alice
+    with pytest.raises(ApiError, match=r"priority high is for admins and those they grant it "
+                                       r"\(scheduling.class_grants\); the highest for bob is normal"):
+        submit(lab, bob, priority="high")
+    mine = submit(lab, bob)
+    with pytest.raises(ApiError, match="the highest for you is normal"):
+        act(lab, mine, bob, action="prio", by=100)
+    assert act(lab, mine, bob, action="prio", by=-100).spec.priority == 100  # down is always allowed
+    theirs = submit(lab)
+    assert act(lab, theirs, action="prio", priority="high").spec.priority == 300
+    assert submit(lab, ADMIN, priority="urgent") > 0

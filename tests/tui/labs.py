@@ -31,6 +31,10 @@ class TuiLab(Lab):
 
     def start(self) -> TuiLab:
         self.start_leader()
+        # bob has no Unix account here: the admin maps him to nobody, as a lab would (README: Users and accounts)
+        user_map = self.data / "agents" / "ws1" / "user-map.toml"
+        user_map.parent.mkdir(parents=True, exist_ok=True)
+        user_map.write_text('[users]\nbob = "nobody"\n')
         self.start_agent("ws1", "sim:ws-4x3090")
         self.token = load_credentials(self.home / ".config/labq/credentials")["token"]
         self.admin_user = self.client().whoami()["user"]
