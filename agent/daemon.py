@@ -129,7 +129,8 @@ class Agent:
                     f"[jobs] allow_root says){'; ' + mapped if mapped else ''}")
         import getpass
 
-        return f"jobs run as {getpass.getuser()}, this agent's own account (jobs of other users are refused)"
+        return (f"jobs run as {getpass.getuser()}, this agent's own account, whoever submits them (an agent "
+                "started as root runs each job as its user's account)")
 
     @property
     def logs_url(self) -> str:
