@@ -205,7 +205,7 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
         want.append(f"only on {spec['node']}")
     prio = spec.get("priority", 200)
     policy = [f"{priority_name(prio)} ({prio})", "preemptible" if spec.get("preemptible", True) else "not preemptible",
-              f"checkpoint signal {spec.get('checkpoint_signal', 'SIGUSR1')}",
+              _contract(spec),
               f"grace {format_duration(spec.get('grace_s', 60))}"]
     facts = [("user", spec.get("user")), ("command", " ".join(spec.get("command") or [])),
              ("runtime", spec.get("runtime", "process") + (f" {spec['image']}" if spec.get("image") else "")),
@@ -251,6 +251,13 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
     if job.get("attempts"):
         lines += ["  attempts", *("    " + line for line in attempts_table(job, now).splitlines())]
     return "\n".join(lines)
+
+
+def _contract(spec: Mapping) -> str:
+    """The job's checkpoint contract, as ``labq show`` says it."""
+    if spec.get("checkpoint_signal"):
+        return f"checkpoint signal {spec['checkpoint_signal']}"
+    return "no checkpoint signal (a stop is TERM)"
 
 
 def _room_for(job: Mapping) -> str:

@@ -217,7 +217,7 @@ def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
                    "on any GPUs (default) or cancel it")
     p.add_argument("--grace", metavar="DURATION", help="time to checkpoint before a stop (default 60s)")
     p.add_argument("--checkpoint-signal", metavar="SIGNAL", help="signal asking the job to checkpoint "
-                   "(default SIGUSR1)")
+                   "(e.g. SIGUSR1; default: none declared, so a stop is TERM and the grace)")
     p.add_argument("--json", action="store_true", help="print the job as JSON")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments, after --")
 

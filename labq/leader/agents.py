@@ -202,9 +202,9 @@ class Agents:
                 continue
             run.append(self._run_order(job, session))
             if job.stop_requested == "timeout":
-                stop.append(StopOrder(job.id, job.attempt, job.spec.checkpoint_signal, timeout_grace(job), "timeout"))
+                stop.append(StopOrder(job.id, job.attempt, job.spec.stop_signal, timeout_grace(job), "timeout"))
             elif job.state is JobState.PREEMPTING:
-                stop.append(StopOrder(job.id, job.attempt, job.spec.checkpoint_signal, job.spec.grace_s, "preempted"))
+                stop.append(StopOrder(job.id, job.attempt, job.spec.stop_signal, job.spec.grace_s, "preempted"))
             elif job.stop_requested:
                 stop.append(StopOrder(job.id, job.attempt, "SIGTERM", min(job.spec.grace_s, 30.0), job.stop_requested))
         config = self.state.config
@@ -218,12 +218,12 @@ class Agents:
         visible = ",".join(map(str, indices)) if node.simulated else ",".join(uuids)
         env = dict(job.spec.env)
         env.update({"LABQ_JOB_ID": str(job.id), "LABQ_ATTEMPT": str(job.attempt),
-                    "LABQ_RESUMED": "1" if job.attempt > 1 else "0", "LABQ_PREEMPT_SIGNAL": job.spec.checkpoint_signal,
+                    "LABQ_RESUMED": "1" if job.attempt > 1 else "0", "LABQ_PREEMPT_SIGNAL": job.spec.stop_signal,
                     "CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible})
         spec = job.spec
         root = self.state.config.checkpoint_root
         return RunOrder(job.id, job.attempt, job.user, spec.command, env, spec.workdir, indices, uuids,
-                        spec.grace_s, spec.checkpoint_signal, spec.runtime.value, spec.image,
+                        spec.grace_s, spec.stop_signal, spec.runtime.value, spec.image,
                         tuple((m.source, m.target, m.read_only) for m in spec.mounts), spec.shm_size_mib,
                         node.simulated, f"{root.rstrip('/')}/{job.id}" if root else None)
 

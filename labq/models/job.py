@@ -118,7 +118,9 @@ class JobSpec:
     priority: int = int(PriorityClass.NORMAL)
     preemptible: bool = True
     time_limit_s: float | None = None
-    checkpoint_signal: str = "SIGUSR1"
+    #: the signal the job handles by saving and exiting 0 (``--checkpoint-signal``); None: it declared none,
+    #: so a stop is TERM and its grace, never a signal it would die of
+    checkpoint_signal: str | None = None
     grace_s: float = 60.0
     reservation: str | None = None
     #: when the reservation ends (or is cancelled) before the job started: queue normally or cancel
@@ -139,6 +141,11 @@ class JobSpec:
             raise ValueError(f"{self.gpus} GPUs cannot be split evenly over {self.nodes} nodes")
         if self.runtime is Runtime.DOCKER and not self.image:
             raise ValueError("a docker job needs an image")
+
+    @property
+    def stop_signal(self) -> str:
+        """What asks the job to stop (a preemption, a time limit): its declared checkpoint signal, else TERM."""
+        return self.checkpoint_signal or "SIGTERM"
 
     @property
     def gpus_per_node(self) -> int:

@@ -187,11 +187,11 @@ def _mounts(value: object) -> tuple[Mount, ...]:
     return tuple(mounts)
 
 
-def _signal_name(value: str | None) -> str:
+def _signal_name(value: str | None) -> str | None:
     import signal
 
     if value is None:
-        return "SIGUSR1"
+        return None  # declared none: the job is stopped with TERM and its grace
     name = value.upper() if value.upper().startswith("SIG") else "SIG" + value.upper()
     if name not in signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
         raise bad_request(f"checkpoint_signal {value!r} is not a signal a job can catch (e.g. SIGUSR1, SIGTERM)",

@@ -78,12 +78,14 @@ def test_urgent_job_takes_exactly_enough_gpus_and_the_victims_resume_from_their_
 
 def test_ignoring_crashing_protected_and_equal_jobs(running_lab):
     lab = running_lab
-    ignores = lab.submit("sh", "-c", "trap '' USR1; echo ready; sleep 300", **{"class": "low"})
+    usr1 = {"checkpoint_signal": "SIGUSR1"}  # these jobs declare the signal they answer
+    ignores = lab.submit("sh", "-c", "trap '' USR1; echo ready; sleep 300", **usr1, **{"class": "low"})
     crashes = lab.submit("sh", "-c", "trap 'echo crashing; exit 3' USR1; echo ready; while true; do sleep 0.1; done",
-                         **{"class": "low"})
+                         **usr1, **{"class": "low"})
     protected = lab.submit("sh", "-c", "trap 'echo SIGNALLED' USR1; while true; do sleep 0.1; done",
-                           no_preempt=True, **{"class": "low"})
-    equal = lab.submit("sh", "-c", "trap 'echo SIGNALLED' USR1; while true; do sleep 0.1; done", **{"class": "high"})
+                           no_preempt=True, **usr1, **{"class": "low"})
+    equal = lab.submit("sh", "-c", "trap 'echo SIGNALLED' USR1; while true; do sleep 0.1; done", **usr1,
+                       **{"class": "high"})
     for job in (ignores, crashes, protected, equal):
         lab.wait_state(job, "running")
     lab.wait(lambda: "ready" in log(lab, ignores, 1) and "ready" in log(lab, crashes, 1), "the traps to be set")
@@ -150,7 +152,7 @@ def test_an_agent_restarted_during_the_grace_neither_signals_again_nor_forgets_t
 
     lab = running_lab
     stubborn = lab.submit("sh", "-c", "trap 'echo GOT $(date +%s.%N)' USR1; echo ready; while true; do sleep 0.1; done",
-                          gpus=4, grace="4s", **{"class": "low"})
+                          gpus=4, grace="4s", checkpoint_signal="SIGUSR1", **{"class": "low"})
     lab.wait_state(stubborn, "running")
     lab.wait(lambda: "ready" in log(lab, stubborn, 1), "the trap to be set")
     urgent = lab.submit("true", **{"class": "urgent"})
@@ -164,3 +166,17 @@ def test_an_agent_restarted_during_the_grace_neither_signals_again_nor_forgets_t
     signalled = float(re.search(r"GOT (\S+)", log(lab, stubborn, 1)).group(1))
     assert first["ended_at"] - signalled >= 3.9  # its whole grace, counted from that signal
     lab.labq("cancel", str(stubborn))
+
+
+def test_a_job_that_declared_no_checkpoint_signal_is_stopped_with_term_and_its_grace(running_lab):
+    lab = running_lab  # 4 GPUs
+    cleans_up = "trap 'echo cleaning up on TERM; exit 0' TERM; echo ready; while true; do sleep 0.1; done"
+    plain = lab.submit("sh", "-c", cleans_up, gpus=4, **{"class": "low"})  # no --checkpoint-signal
+    lab.wait(lambda: "ready" in log(lab, plain, 1), "the job's trap to be set")
+    assert "no checkpoint signal (a stop is TERM)" in lab.labq("show", str(plain)).stdout
+    urgent = lab.submit("true", **{"class": "urgent"})
+    lab.wait_state(urgent, "succeeded", timeout=60)
+    first = lab.job(plain)["attempts"][0]
+    assert (first["ended"], first["exit_code"]) == ("checkpointed", 0)  # it was asked as it expects, not killed
+    assert "cleaning up on TERM" in log(lab, plain, 1)
+    lab.labq("cancel", str(plain))

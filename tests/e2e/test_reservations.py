@@ -79,7 +79,7 @@ def test_idle_reserved_gpus_are_lent_and_taken_back_and_its_jobs_stop_at_its_end
         borrower = lab.submit(*LOOP, gpus=2, **{"class": "urgent"})  # not a member; even urgent gives way
         lab.wait_state(borrower, "running")
         member = lab.submit("sh", "-c", "trap 'echo stopping; exit 0' USR1; while true; do sleep 0.1; done",
-                            gpus=2, reservation="now", **{"class": "low"})
+                            gpus=2, reservation="now", checkpoint_signal="SIGUSR1", **{"class": "low"})
         lab.wait_state(member, "running", timeout=30)
         back = lab.job(borrower)
         assert back["attempts"][0]["ended"] == "checkpointed" and back["attempts"][0]["preempted_for"] == member

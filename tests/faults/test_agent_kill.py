@@ -49,9 +49,10 @@ def test_an_agent_killed_mid_grace_stops_its_victims_once_and_runs_nothing_twice
         with LiveRunWatch(tmp_path, fault_counts) as watch:
             for n in range(ROUNDS):
                 where = f"round {n + 1} of {ROUNDS}"
-                victims = [ledger.submit(lab.client, ["sh", "-c", IGNORES_SIGNAL], priority="low", grace_s=GRACE_S),
+                victims = [ledger.submit(lab.client, ["sh", "-c", IGNORES_SIGNAL], priority="low", grace_s=GRACE_S,
+                                         checkpoint_signal="SIGUSR1"),
                            ledger.submit(as_nobody, ["sh", "-c", IGNORES_SIGNAL], image=docker_image, priority="low",
-                                         grace_s=GRACE_S)]
+                                         grace_s=GRACE_S, checkpoint_signal="SIGUSR1")]
                 assert None not in victims
                 for job_id in victims:
                     lab.wait_state(job_id, "running", timeout=60)

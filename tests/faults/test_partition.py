@@ -82,7 +82,8 @@ def test_a_cut_off_agent_is_lost_after_its_lease_and_its_jobs_requeued_only_afte
             where = f"round {n + 1} of {ROUNDS}"
             filler = ledger.submit(lab.client, ["sleep", "3600"], gpus=2, node=other)  # so that A gets the jobs
             lab.wait_state(filler, "running")
-            jobs = [ledger.submit(lab.client, ["sh", "-c", SAVES_ON_SIGNAL], name=f"round-{n + 1}") for _ in range(2)]
+            jobs = [ledger.submit(lab.client, ["sh", "-c", SAVES_ON_SIGNAL], name=f"round-{n + 1}",
+                                  checkpoint_signal="SIGUSR1") for _ in range(2)]
             for job_id in jobs:
                 assert lab.wait_state(job_id, "running")["placement"]["allocations"][0]["node"] == cut_off
             lab.client.action(filler, "cancel")  # B has room for them now

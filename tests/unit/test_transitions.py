@@ -202,3 +202,17 @@ def test_a_job_leaves_a_reservation_that_is_over(job, bookings, now, state, rese
 def test_jobs_without_a_reservation_or_finished_never_move():
     done = _in("paper").evolve(state=JobState.SUCCEEDED)
     assert t.out_of_reservations([_in(None), done], {}, 10_000.0) == []
+
+
+def test_a_job_that_declared_no_checkpoint_signal_is_stopped_with_term_never_a_signal_it_would_die_of():
+    from labq.protocol.requests import parse_submit
+    from labq.render import show_text
+
+    plain = parse_submit({"command": ["python", "train.py"]}).spec_for("alice")
+    declared = parse_submit({"command": ["x"], "checkpoint_signal": "usr1"}).spec_for("alice")
+    assert (plain.checkpoint_signal, plain.stop_signal) == (None, "SIGTERM")
+    assert (declared.checkpoint_signal, declared.stop_signal) == ("SIGUSR1", "SIGUSR1")
+    for spec, says in ((plain, "no checkpoint signal (a stop is TERM)"), (declared, "checkpoint signal SIGUSR1")):
+        job = encode_job(Job(1, spec, submitted_at=0.0))
+        assert says in show_text(job, None, 10.0)
+    assert decode_job(encode_job(Job(1, plain, submitted_at=0.0))).spec.checkpoint_signal is None
