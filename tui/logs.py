@@ -102,6 +102,16 @@ class JobLog(Log):
         self.following = False
         self.scroll_home(animate=False, x_axis=False)
 
+    # A key that goes up stops following before it scrolls: output arriving during an animated scroll
+    # would otherwise pull the view back to the end before the scroll had moved it (watch_scroll_y).
+    def action_scroll_up(self) -> None:
+        self.following = False
+        super().action_scroll_up()
+
+    def action_page_up(self) -> None:
+        self.following = False
+        super().action_page_up()
+
 
 ATTEMPTS = Binding.Group("attempt")  #: one place in the footer for [ and ]
 

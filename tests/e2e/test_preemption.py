@@ -172,6 +172,7 @@ def test_a_job_that_declared_no_checkpoint_signal_is_stopped_with_term_and_its_g
     lab = running_lab  # 4 GPUs
     cleans_up = "trap 'echo cleaning up on TERM; exit 0' TERM; echo ready; while true; do sleep 0.1; done"
     plain = lab.submit("sh", "-c", cleans_up, gpus=4, **{"class": "low"})  # no --checkpoint-signal
+    lab.wait_state(plain, "running")
     lab.wait(lambda: "ready" in log(lab, plain, 1), "the job's trap to be set")
     assert "no checkpoint signal (a stop is TERM)" in lab.labq("show", str(plain)).stdout
     urgent = lab.submit("true", **{"class": "urgent"})
