@@ -12,6 +12,16 @@ from labq.topologies import parse_sim_spec
 NOW = 1_000_000.0
 
 
+class FakeClock:
+    """A clock a test moves by hand (``clock.now += 30``): pass it where labq takes ``clock`` or ``monotonic``."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def make_node(name: str, spec: str, **kw) -> Node:
     inv = parse_sim_spec(spec)
     return Node(name, inv.gpus(name), inv.topology, simulated=True, **kw)

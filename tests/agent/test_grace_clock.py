@@ -13,18 +13,11 @@ from labq.agent.daemon import Agent, AgentConfig
 from labq.agent.inventory import open_inventory
 from labq.agent.process_runtime import AttemptState
 from labq.protocol.agents import RunOrder, StopOrder, SyncReply
+from tests.conftest import FakeClock
 
 pytestmark = pytest.mark.timeout(60)
 
 IGNORES_USR1 = "import signal; signal.signal(signal.SIGUSR1, signal.SIG_IGN); print('up', flush=True); signal.pause()"
-
-
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _state(agent: Agent) -> AttemptState | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 
@@ -45,10 +45,24 @@ def test_logs_f_goes_on_across_a_leader_restart(running_lab):
     follow = subprocess.Popen([sys.executable, "-m", "labq.cli", "logs", "-f", str(job), "--retry-for", "60s"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=lab.env())
     lab.wait(lambda: "line 1" in lab.labq("logs", str(job)).stdout, "the job's first line")
+    said: list[str] = []
+    retrying = threading.Event()
+
+    def read_stderr() -> None:  # the CLI's own word that it noticed the leader gone, not a guess at how long
+        for line in follow.stderr:
+            said.append(line)
+            if "retrying for up to" in line:
+                retrying.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     lab.kill(lab.leader, signal.SIGTERM)
-    time.sleep(2)
+    assert retrying.wait(timeout=30), "".join(said)
     lab.start_leader()
-    out, err = follow.communicate(timeout=60)
+    out = follow.stdout.read()
+    follow.wait(timeout=60)
+    reader.join(timeout=10)
+    err = "".join(said)
     assert follow.returncode == 0, err
     assert out == "".join(f"line {i}\n" for i in range(1, 9))
     assert "retrying for up to 1m" in err and "the leader answers again" in err

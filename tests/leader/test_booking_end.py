@@ -23,17 +23,10 @@ from labq.protocol.errors import ApiError
 from labq.protocol.requests import parse_action, parse_submit
 from labq.store import MemoryStore
 from labq.topologies import parse_sim_spec
+from tests.conftest import FakeClock
 
 ALICE = Principal("user", "alice")
 T0 = 100_000.0
-
-
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -19,16 +19,9 @@ from labq.models import Node, NodeHealth
 from labq.protocol.agents import SyncReport
 from labq.store import MemoryStore
 from labq.topologies import parse_sim_spec
+from tests.conftest import FakeClock
 
 WS1 = Principal("agent", "ws1")
-
-
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -16,22 +16,15 @@ from labq.protocol.errors import ApiError
 from labq.protocol.requests import parse_action, parse_submit
 from labq.store import MemoryStore, TinyDBStore
 from labq.topologies import parse_sim_spec
+from tests.conftest import FakeClock
 
 ALICE = Principal("user", "alice")
 BOB = Principal("user", "bob")
 ADMIN = Principal("user", "root", admin=True)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make_leader(path, store=None) -> tuple[Leader, Clock]:
-    clock = Clock()
+def make_leader(path, store=None) -> tuple[Leader, FakeClock]:
+    clock = FakeClock(1000.0)
     leader = Leader(LeaderConfig(data_dir=path), store or MemoryStore(), clock=clock)
     inv = parse_sim_spec("sim:ws-4x3090")
     leader.state.agents["ws1"] = AgentSession("ws1", Node("ws1", inv.gpus("ws1"), inv.topology, simulated=True), "x",

@@ -352,7 +352,9 @@ def test_following_stops_on_page_up_and_F_resumes_in_a_real_terminal(lab):
         term.keys("PPage")
         term.wait_for(lambda s: "paused: End follows" in s, "PageUp to stop following")
         paused = settled(term)  # the page scrolls up in steps
-        time.sleep(1.5)  # three reads of more output
+        grown = numbers(paused)[-1] + 100  # about two seconds of the job's output: several reads of the TUI
+        lab.wait(lambda: numbers(lab.labq("logs", "-n", "1", str(job)).stdout)[-1] >= grown,
+                 "the job to write well past the paused view")
         assert numbers(term.screen()) == numbers(paused), "more output moved the view"
         term.keys("F")
         shown = term.wait_for(lambda s: "following" in s and numbers(s) and numbers(s)[-1] > numbers(paused)[-1] + 50,
