@@ -160,8 +160,8 @@ class LeaderFeed:
                     self._nodes_dirty = True
             try:
                 self._flush()
-            except ApiError:
-                self.client.close_events()  # start over with a full load, rather than follow with no batches
+            except Exception:  # noqa: BLE001 - any failure: start over with a full load, never follow without batches
+                self.client.close_events()
                 return
 
     def _flush(self) -> None:

@@ -69,7 +69,7 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
     import threading
 
     changed = threading.Event()
-    failure: list[ApiError] = []
+    failure: list[Exception] = []
     threading.Thread(target=_pump_events, args=(client, changed, failure), daemon=True, name="labq-ls-events").start()
     if hasattr(signal, "SIGWINCH"):
         signal.signal(signal.SIGWINCH, lambda *_: changed.set())
@@ -87,7 +87,7 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
         draw(None)
 
 
-def _pump_events(client: Client, changed, failure: list[ApiError]) -> None:
+def _pump_events(client: Client, changed, failure: list[Exception]) -> None:
     """The event stream, in a thread of its own: sets ``changed`` on each event; reconnects after a restart."""
     import signal
 
@@ -106,6 +106,10 @@ def _pump_events(client: Client, changed, failure: list[ApiError]) -> None:
                 changed.set()
                 return
             time.sleep(2)
+        except Exception as err:  # noqa: BLE001 - anything else ends the watch with a clear error, never silently
+            failure.append(CliError(f"lost the leader's event stream: {escape_controls(err)}", REFUSED))
+            changed.set()
+            return
         else:
             time.sleep(0.5)  # the leader ended the stream (a restart): reconnect, without spinning
 
