@@ -127,6 +127,7 @@ def start_victims(lab: Lab, client: Client, events: Events, ids: list[int], *ext
     for _ in range(4):
         job = client.submit({"command": [sys.executable, str(TRAIN), "--steps", "10000000", "--step-time", str(STEP_S),
                                          *extra], "gpus": 1, "priority": "low", "name": "victim",
+                             "checkpoint_signal": "SIGUSR1",  # declared: the example saves on it
                              "workdir": str(lab.root)})
         ids.append(job["id"])
         victims.append(job["id"])

@@ -110,7 +110,7 @@ MAX_LEAD_S, MAX_DURATION_S = 60 * DAY, 7 * DAY  # the leader's limits below (max
 USERS = ("alice", "bob", "carol", "dave")
 BOOKER = "alice"
 BOOK_P95_GOAL_MS = 100.0
-CONFIG = ('[leader]\nlisten = "127.0.0.1:0"\n[scheduling]\nmin_runtime = "0s"\n[jobs]\nmax_grace = "4m"\nallow_root = true\n'
+CONFIG = ('[leader]\nlisten = "127.0.0.1:0"\n[scheduling]\nmin_runtime = "0s"\nclass_grants = {high = ["*"]}\n[jobs]\nmax_grace = "4m"\nallow_root = true\n'
           '[reservations]\nmax_lead_time = "60d"\n'
           '[agents]\nlease = "1h"\nfence_after = "2h"\nrequeue_after = "3h"\n')
 # the simulated day
