@@ -348,7 +348,10 @@ def test_following_stops_on_page_up_and_F_resumes_in_a_real_terminal(lab):
         term.start(shlex.join(["env", *(f"{k}={v}" for k, v in passed.items()), str(LABQ), "tui"]))
         term.wait_for(lambda s: "chatty" in s, "the queue with the job")
         term.keys("l")
-        term.wait_for(lambda s: "following" in s and len(numbers(s)) > 10, "the log, following")
+        # a log longer than two screens, so that the page PageUp shows is full: a view that is not
+        # full rightly shows new lines below the last one, as less does
+        term.wait_for(lambda s: "following" in s and len(numbers(s)) > 10 and numbers(s)[0] > 2 * len(numbers(s)),
+                      "the log, following, two screens long")
         term.keys("PPage")
         term.wait_for(lambda s: "paused: End follows" in s, "PageUp to stop following")
         paused = settled(term)  # the page scrolls up in steps
