@@ -7,7 +7,10 @@ the heartbeat is older than ``fence_after`` it asks the job to checkpoint (its
 signal), waits the grace, stops the container, and leaves a marker so the exit
 is reported as fenced. It exits when the container does.
 
-    python -m labq.agent.container_watch ROOT NAME FENCE_AFTER_S SIGNAL GRACE_S
+    python -m labq.agent.container_watch ROOT NAME FENCE_AFTER_S SIGNAL GRACE_S [CHECKPOINT_DIR]
+
+SIGNAL is empty when the job declared none at launch: then the one it names in
+its checkpoint marker by the time of the fence, else TERM.
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ def main(argv: list[str]) -> int:
     import docker
     import docker.errors
 
+    from labq.agent.stops import marker_signal
+
     root, name = Path(argv[1]), argv[2]
     fence_after, signal_name, grace = float(argv[3]), argv[4], float(argv[5])
+    checkpoint_dir = argv[6] if len(argv) > 6 and argv[6] else None
     client = docker.from_env()
     heartbeat = root / "heartbeat"
     while True:
@@ -42,7 +48,7 @@ def main(argv: list[str]) -> int:
             (root / "fenced").mkdir(exist_ok=True)
             (root / "fenced" / name).touch()
             try:
-                container.kill(signal=signal_name)
+                container.kill(signal=signal_name or marker_signal(checkpoint_dir) or "SIGTERM")
                 deadline = time.monotonic() + grace
                 while time.monotonic() < deadline:
                     container.reload()

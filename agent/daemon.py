@@ -31,8 +31,8 @@ from labq.agent.faults import NodeFault, ProblemBook, sentence
 from labq.agent.inventory import GpuInventory, Inventory
 from labq.agent.process_runtime import AttemptState, Launch
 from labq.agent.runtimes import Runtimes
-from labq.agent.stops import NotesBook
-from labq.models.job import Mount
+from labq.agent.stops import NotesBook, marker_signal
+from labq.models.job import Mount, SignalSource
 from labq.models.node import Node, NodeProblem
 from labq.protocol.agents import (
     KILL_AFTER_TERM_S, AttemptReport, Registration, RunOrder, StopOrder, SyncReport, decode_reply,
@@ -200,10 +200,11 @@ class Agent:
             if checkpoint_at is not None and checkpoint_at < s.started_at:
                 checkpoint_at = None  # an earlier attempt's
             self._checkpoints_told[(s.job_id, s.attempt)] = checkpoint_at
+            declared = self._declared(s, notes)
             attempts.append(AttemptReport(s.job_id, s.attempt, s.state is AttemptState.RUNNING, s.exit_code,
                                           s.signal, s.started_at, s.ended_at, s.fenced, notes.escalated,
                                           checkpoint_at, sentence(s.node_fault) if users is not None and
-                                          s.node_fault is not None else None))
+                                          s.node_fault is not None else None, *declared))
         reading = self._read_inventory()
         return SyncReport(tuple(attempts),
             reading.unmanaged_busy if reading else None, wait_s,
@@ -268,6 +269,17 @@ class Agent:
                     return
                 trouble.failed(err)
                 pause = max(WATCH_EVERY_S, backoff.next())
+
+    def _declared(self, status, notes) -> tuple[str | None, SignalSource | None]:
+        """The checkpoint signal the job named in its marker, else its image's label, and which; or neither.
+        Only to a leader that names its users (one that understands the fields)."""
+        if self.users is None:
+            return None, None
+        if named := marker_signal(notes.checkpoint_dir):
+            return named, SignalSource.JOB
+        if status.image_signal:
+            return status.image_signal, SignalSource.IMAGE
+        return None, None
 
     def _checkpoint_at(self, status) -> float | None:
         at = self.notes.get(status.job_id, status.attempt).checkpoint_at()

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -44,8 +44,9 @@ from labq.agent.process_runtime import AttemptState, AttemptStatus, Launch
 from labq.isolation import (
     IsolationError, check_env, check_image, check_mounts, container_settings, refuse_checkpoint_folders,
 )
-from labq.models.job import Mount
+from labq.models.job import Mount, catchable_signal
 from labq.models.node import NodeProblem
+from labq.protocol.agents import CHECKPOINT_LABEL
 
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REFUSED_EXIT = 126
@@ -75,6 +76,12 @@ def _timestamp(text: str | None) -> float | None:
         return None
     head, _, frac = text.rstrip("Z").partition(".")
     return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
+
+
+def _label_signal(labels: dict[str, str] | None) -> str | None:
+    """The checkpoint signal an image's label names (a container carries its image's labels); None if none."""
+    text = (labels or {}).get(CHECKPOINT_LABEL)
+    return catchable_signal(text) if text else None
 
 
 def _user_ids(user: str | None) -> tuple[int, int, tuple[int, ...]]:
@@ -142,10 +149,13 @@ class DockerRuntime:
         settings = container_settings(uid, gid, spec.gpu_uuids, spec.simulated, spec.shm_size_mib, mounts,
                                       groups=groups)
         try:
-            self.client.images.get(spec.image)  # never pulled: no registry is reachable from a node
+            image = self.client.images.get(spec.image)  # never pulled: no registry is reachable from a node
         except docker.errors.ImageNotFound:
             missing = f"image {spec.image} not found on node {self.node}"
             raise NodeFault(missing, NodeProblem(missing, runtime="docker", image=spec.image)) from None
+        if spec.checkpoint_signal is None and (named := _label_signal(image.labels)):
+            spec = replace(spec, checkpoint_signal=named)  # the leader hears it with the attempt's status
+            settings["environment"]["LABQ_PREEMPT_SIGNAL"] = named
         key = (spec.job_id, spec.attempt)
         env = {"PATH": STANDARD_PATH, "LABQ_JOB_ID": str(spec.job_id), "LABQ_ATTEMPT": str(spec.attempt),
                **({"USER": spec.user, "LOGNAME": spec.user} if spec.user else {}),
@@ -208,7 +218,7 @@ class DockerRuntime:
         if not spec.fence_after_s:
             return
         argv = [sys.executable, "-m", "labq.agent.container_watch", str(self.root), name, str(spec.fence_after_s),
-                spec.checkpoint_signal, str(spec.grace_s)]
+                spec.checkpoint_signal or "", str(spec.grace_s), spec.checkpoint_dir]
         record = {"argv": argv}
         (self.root / "watch").mkdir(exist_ok=True)
         (self.root / "watch" / f"{name}.json").write_text(json.dumps(record))
@@ -325,14 +335,16 @@ class DockerRuntime:
             if container.status != "created":
                 self._ensure_streamer(key)
             return DockerAttemptStatus(key[0], key[1], AttemptState.RUNNING, state.get("Pid") or None, None, None,
-                                       started, None, log_path, container=container.name)
+                                       started, None, log_path, image_signal=_label_signal(labels),
+                                       container=container.name)
         code = state.get("ExitCode")
         oom = bool(state.get("OOMKilled"))
         sig = signals.SIGKILL if oom else (code - 128 if isinstance(code, int) and 128 < code < 128 + 65 else None)
         fenced = (self.root / "fenced" / container.name).exists()
         return DockerAttemptStatus(key[0], key[1], AttemptState.EXITED, None, code, sig, started,
                                    max(_timestamp(state.get("FinishedAt")) or started, started), log_path,
-                                   fenced=fenced, oom=oom, container=container.name)
+                                   fenced=fenced, image_signal=_label_signal(labels), oom=oom,
+                                   container=container.name)
 
     def _refused_status(self, record: dict[str, Any]) -> DockerAttemptStatus:
         key = (record["job_id"], record["attempt"])

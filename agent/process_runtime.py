@@ -63,7 +63,8 @@ class Launch:
     gpu_env: dict[str, str] = field(default_factory=dict)
     #: the shim stops the job itself when the agent's heartbeat is older than this (None: never)
     fence_after_s: float | None = None
-    checkpoint_signal: str = "SIGUSR1"
+    #: what the fence sends first; None: what the job names in its marker by then, else TERM
+    checkpoint_signal: str | None = None
     grace_s: float = 30.0  #: e.g. CUDA_VISIBLE_DEVICES; merged last
 
 
@@ -86,6 +87,8 @@ class AttemptStatus:
     fenced: bool = False  #: stopped by its shim because the agent lost the leader
     #: it could not start for a reason of this machine, not of the job (``labq.agent.faults``): why
     node_fault: str | None = None
+    #: the checkpoint signal its container image's label names (``labq.checkpoint-signal``)
+    image_signal: str | None = None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from labq.agent.stops import marker_signal
 from labq.protocol.agents import FENCE_LOOK_EVERY_S, KILL_AFTER_TERM_S
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -142,14 +143,21 @@ def _wait_or_fence(job: subprocess.Popen[bytes], spec: dict[str, Any], heartbeat
             continue
         print(f"labq: no contact with the leader for {age:.0f} s: stopping the job (fenced)", file=sys.stderr,
               flush=True)
-        steps = ((getattr(signal, spec.get("checkpoint_signal", "SIGUSR1"), signal.SIGUSR1),
-                  spec.get("grace_s", 30.0)), (signal.SIGTERM, KILL_AFTER_TERM_S), (signal.SIGKILL, None))
+        steps = ((_fence_signal(spec), spec.get("grace_s", 30.0)), (signal.SIGTERM, KILL_AFTER_TERM_S),
+                 (signal.SIGKILL, None))
         for signum, wait_s in steps:
             _killpg(job.pid, signum)
             try:
                 return job.wait(timeout=wait_s), True
             except subprocess.TimeoutExpired:
                 continue
+
+
+def _fence_signal(spec: dict[str, Any]) -> signal.Signals:
+    """The signal the job checkpoints on: declared at submit (or known at launch), else named by the job in
+    its marker since, else TERM: never a signal it did not ask for."""
+    name = spec.get("checkpoint_signal") or marker_signal(spec.get("env", {}).get("LABQ_CHECKPOINT_DIR"))
+    return getattr(signal, name or "SIGTERM", signal.SIGTERM)
 
 
 def main(argv: list[str]) -> int:

@@ -6,7 +6,9 @@ forgets to stop it when the grace runs out, and still reports whether it had to
 (``escalated``: the job was still running when its grace ended).
 
 A job reports a finished checkpoint by touching ``CHECKPOINT_MARKER`` in its
-checkpoint folder; its modification time is the checkpoint's time.
+checkpoint folder; its modification time is the checkpoint's time. Its content,
+when the job wrote one (``labq checkpoint --signal SIGUSR1``), names the signal
+the job checkpoints on.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from labq.protocol.agents import CHECKPOINT_MARKER
+from labq.models.job import catchable_signal
+from labq.protocol.agents import CHECKPOINT_MARKER, MARKER_READ_BYTES
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,31 @@ class AttemptNotes:
             return os.stat(os.path.join(self.checkpoint_dir, CHECKPOINT_MARKER)).st_mtime
         except OSError:
             return None
+
+
+def marker_signal(checkpoint_dir: str | None) -> str | None:
+    """The signal the job named in its marker, if it did; None for no marker, no content or junk.
+
+    The folder is the job's to write, so the marker may be anything: it is read only if it is a plain file
+    (never through a symlink, never blocking on a FIFO), and only its first bytes.
+    """
+    if checkpoint_dir is None:
+        return None
+    try:
+        fd = os.open(os.path.join(checkpoint_dir, CHECKPOINT_MARKER), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        content = os.read(fd, MARKER_READ_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(content) > MARKER_READ_BYTES:
+        return None  # no signal's name is this long
+    return catchable_signal(content.decode("ascii", "replace"))
 
 
 class NotesBook:

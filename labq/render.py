@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
+from labq.models.job import SignalSource
 from labq.models.priority import priority_name
 from labq.terminal_text import escape_controls
 
@@ -205,7 +206,7 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
         want.append(f"only on {spec['node']}")
     prio = spec.get("priority", 200)
     policy = [f"{priority_name(prio)} ({prio})", "preemptible" if spec.get("preemptible", True) else "not preemptible",
-              _contract(spec),
+              _contract(job),
               f"grace {format_duration(spec.get('grace_s', 60))}"]
     facts = [("user", spec.get("user")), ("command", " ".join(spec.get("command") or [])),
              ("runtime", spec.get("runtime", "process") + (f" {spec['image']}" if spec.get("image") else "")),
@@ -253,10 +254,12 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
     return "\n".join(lines)
 
 
-def _contract(spec: Mapping) -> str:
+def _contract(job: Mapping) -> str:
     """The job's checkpoint contract, as ``labq show`` says it."""
-    if spec.get("checkpoint_signal"):
-        return f"checkpoint signal {spec['checkpoint_signal']}"
+    if job["spec"].get("checkpoint_signal"):
+        return f"checkpoint signal {job['spec']['checkpoint_signal']}"
+    if job.get("learned_signal") and job.get("learned_from") in {s.value for s in SignalSource}:
+        return f"checkpoint signal {job['learned_signal']} ({SignalSource(job['learned_from']).words})"
     return "no checkpoint signal (a stop is TERM)"
 
 

@@ -155,6 +155,16 @@ def parse_priority_arg(text: str, option: str = "--priority") -> int | str:
         raise CliError(f"{option}: {err}") from None
 
 
+def parse_signal(text: str, option: str = "--checkpoint-signal") -> str:
+    """``SIGUSR1`` for ``usr1``; a clear error for what no job can catch."""
+    from labq.models.job import catchable_signal
+
+    name = catchable_signal(text)
+    if name is None:
+        raise CliError(f"{option}: {text!r} is not a signal a job can catch (e.g. SIGUSR1, SIGTERM)")
+    return name
+
+
 def parse_ids(values: list[str], what: str = "job id") -> list[int]:
     """``12 13`` or ``12,13`` -> [12, 13]."""
     ids = []

@@ -25,6 +25,7 @@ from labq.cli.common import (
     parse_duration,
     parse_ids,
     parse_priority_arg,
+    parse_signal,
     parse_size_mib,
 )
 from labq.cli.errors import CliError
@@ -76,7 +77,7 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
         time_limit_s=_time_limit(args.time),
         requeue_on_timeout=_requeue_on_timeout(args),
         grace_s=parse_duration(args.grace, "--grace", bare_seconds=True) if args.grace else None,
-        checkpoint_signal=_signal(args.checkpoint_signal) if args.checkpoint_signal else None,
+        checkpoint_signal=parse_signal(args.checkpoint_signal) if args.checkpoint_signal else None,
         env=parse_env(args.env, os.environ if environ is None else environ) if args.env else None,
         depends_on=_dependencies(args), after_any=bool(args.after_any),
         nodes=_node_count(args), node=args.node or None, reservation=args.reservation or None,
@@ -143,16 +144,6 @@ def parse_mount(text: str, cwd: str | None = None):
     return Mount(source, parts[1], len(parts) == 3 and parts[2] == "ro")
 
 
-def _signal(text: str) -> str:
-    import signal
-
-    name = text.strip().upper()
-    name = name if name.startswith("SIG") else "SIG" + name
-    if name not in signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
-        raise CliError(f"--checkpoint-signal: {text!r} is not a signal a job can catch (e.g. SIGUSR1, SIGTERM)")
-    return name
-
-
 # -- running commands -----------------------------------------------------------------------------
 
 def _submit(args: argparse.Namespace) -> int:
@@ -216,8 +207,9 @@ def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
                    help="if the reservation ends (or is cancelled) before the job starts: queue it normally "
                    "on any GPUs (default) or cancel it")
     p.add_argument("--grace", metavar="DURATION", help="time to checkpoint before a stop (default 60s)")
-    p.add_argument("--checkpoint-signal", metavar="SIGNAL", help="signal asking the job to checkpoint "
-                   "(e.g. SIGUSR1; default: none declared, so a stop is TERM and the grace)")
+    p.add_argument("--checkpoint-signal", metavar="SIGNAL", help="signal the job saves and exits 0 on "
+                   "(e.g. SIGUSR1; default: what its image's label labq.checkpoint-signal or the job's own "
+                   "`labq checkpoint --signal` declares, else a stop is TERM and the grace)")
     p.add_argument("--json", action="store_true", help="print the job as JSON")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments, after --")
 

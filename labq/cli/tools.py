@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from labq.cli.common import command, parse_signal
 from labq.cli.errors import CliError
 
 
@@ -33,13 +34,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     place.add_argument("--json", action="store_true", help="print JSON")
     place.set_defaults(run=_place)
 
-    ckpt = sub.add_parser(
-        "checkpoint", help="(inside a job) report that a checkpoint was saved",
-        description="Run by a job after it finished saving a checkpoint: labq records the time and uses it to "
-        "preempt the job that loses least and to account work lost. It touches "
-        "$LABQ_CHECKPOINT_DIR/.labq-checkpoint, which a job without labq installed (a container) can touch "
-        "itself.")
-    ckpt.set_defaults(run=_checkpoint)
+    ckpt = command(
+        sub, "checkpoint", "(inside a job) report that a checkpoint was saved, or which signal asks for one",
+        "Run by a job after it finished saving a checkpoint: labq records the time and uses it to preempt the "
+        "job that loses least and to account work lost. With --signal the job also says which signal it "
+        "handles by saving and exiting 0; a job that declared none (at submit, here, or by its image's label "
+        "labq.checkpoint-signal) is stopped with TERM and its grace, never with a signal it would die of. Say "
+        "it once, early: it holds for later attempts, and a report at the start loses nothing. labq checkpoint "
+        "touches $LABQ_CHECKPOINT_DIR/.labq-checkpoint (--signal writes the signal's name in it), which a job "
+        "without labq installed (a container) can do itself.",
+        "  labq checkpoint --signal USR1     at the start: preempt me with SIGUSR1, I save and exit 0\n"
+        "  labq checkpoint                   after each finished save\n"
+        "  echo SIGUSR1 > \"$LABQ_CHECKPOINT_DIR/.labq-checkpoint\"    the same, without labq in the image\n"
+        "  LABEL labq.checkpoint-signal=SIGUSR1                     in a Dockerfile: every job of the image",
+        _checkpoint, [])
+    ckpt.add_argument("--signal", metavar="SIGNAL",
+                      help="the signal the job checkpoints on (USR1, SIGUSR2, TERM, ...)")
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
@@ -51,11 +61,18 @@ def _checkpoint(args: argparse.Namespace) -> int:
     if not folder:
         raise CliError("LABQ_CHECKPOINT_DIR is not set: `labq checkpoint` is for jobs that labq runs")
     marker = os.path.join(folder, CHECKPOINT_MARKER)
+    named = parse_signal(args.signal, "--signal") if args.signal is not None else None
     try:
-        with open(marker, "a"):
-            os.utime(marker)
+        if named is None:
+            with open(marker, "a"):
+                os.utime(marker)
+        else:
+            partial = f"{marker}.{os.getpid()}"
+            with open(partial, "w") as f:
+                f.write(named + "\n")
+            os.replace(partial, marker)  # the agent reads a whole name or the old one, never half
     except OSError as err:
-        raise CliError(f"cannot touch {marker}: {err.strerror}") from None
+        raise CliError(f"cannot write {marker}: {err.strerror}") from None
     return 0
 
 

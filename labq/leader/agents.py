@@ -155,13 +155,16 @@ class Agents:
 
     def _learned(self, agent: str, a: AttemptReport, now: float) -> Job | None:
         """The job after what an agent reported of one of its attempts; None if nothing changed."""
-        job = self._expected(agent, a)
-        if job is None:
+        expected = self._expected(agent, a)
+        if expected is None:
             return None
+        job = t.declared(expected, a.checkpoint_signal, a.signal_from)
+        if job is not expected:
+            log.info("job %d checkpoints on %s, as %s", job.id, job.learned_signal, job.learned_from.words)
         if a.running:
             new = t.running(job, a.started_at or now) if job.state is JobState.STARTING else job
             new = t.checkpointed(new, a.checkpoint_at)
-            return new if new is not job else None
+            return new if new is not expected else None
         if a.cannot_start is not None and t.stop_reason(job) is None:
             return self._not_started(agent, job, a.cannot_start, a.ended_at or now)
         # it may have ended before any report saw it running
@@ -202,9 +205,9 @@ class Agents:
                 continue
             run.append(self._run_order(job, session))
             if job.stop_requested == "timeout":
-                stop.append(StopOrder(job.id, job.attempt, job.spec.stop_signal, timeout_grace(job), "timeout"))
+                stop.append(StopOrder(job.id, job.attempt, job.stop_signal, timeout_grace(job), "timeout"))
             elif job.state is JobState.PREEMPTING:
-                stop.append(StopOrder(job.id, job.attempt, job.spec.stop_signal, job.spec.grace_s, "preempted"))
+                stop.append(StopOrder(job.id, job.attempt, job.stop_signal, job.spec.grace_s, "preempted"))
             elif job.stop_requested:
                 stop.append(StopOrder(job.id, job.attempt, "SIGTERM", min(job.spec.grace_s, 30.0), job.stop_requested))
         config = self.state.config
@@ -218,12 +221,12 @@ class Agents:
         visible = ",".join(map(str, indices)) if node.simulated else ",".join(uuids)
         env = dict(job.spec.env)
         env.update({"LABQ_JOB_ID": str(job.id), "LABQ_ATTEMPT": str(job.attempt),
-                    "LABQ_RESUMED": "1" if job.attempt > 1 else "0", "LABQ_PREEMPT_SIGNAL": job.spec.stop_signal,
+                    "LABQ_RESUMED": "1" if job.attempt > 1 else "0", "LABQ_PREEMPT_SIGNAL": job.stop_signal,
                     "CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible})
         spec = job.spec
         root = self.state.config.checkpoint_root
         return RunOrder(job.id, job.attempt, job.user, spec.command, env, spec.workdir, indices, uuids,
-                        spec.grace_s, spec.stop_signal, spec.runtime.value, spec.image,
+                        spec.grace_s, job.checkpoint_signal, spec.runtime.value, spec.image,
                         tuple((m.source, m.target, m.read_only) for m in spec.mounts), spec.shm_size_mib,
                         node.simulated, f"{root.rstrip('/')}/{job.id}" if root else None)
 

@@ -74,6 +74,31 @@ class Attempt:
     drained_for: str | None = None  #: the reservation whose GPUs it freed
 
 
+class SignalSource(str, Enum):
+    """Where a job's checkpoint signal was declared, when not at submit (``--checkpoint-signal``)."""
+
+    IMAGE = "image"  #: its container image's label ``labq.checkpoint-signal``
+    JOB = "job"  #: the job itself, with ``labq checkpoint --signal`` (the marker's content)
+
+    @property
+    def words(self) -> str:
+        """Who declared it, for ``labq show`` and the leader's log."""
+        if self is SignalSource.IMAGE:
+            return "its image's label labq.checkpoint-signal says"
+        return "the job said with labq checkpoint --signal"
+
+
+def catchable_signal(text: str) -> str | None:
+    """``SIGUSR1`` for ``usr1``, ``SIGUSR1`` or `` sigusr1\n``; None for what no job can catch (KILL, STOP) or no signal."""
+    import signal
+
+    name = text.strip().upper()
+    name = name if name.startswith("SIG") else "SIG" + name
+    if name not in signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
+        return None
+    return name
+
+
 class AfterReservation(str, Enum):
     """What becomes of a job still waiting in its reservation when the booking ends or is cancelled."""
 
@@ -143,11 +168,6 @@ class JobSpec:
             raise ValueError("a docker job needs an image")
 
     @property
-    def stop_signal(self) -> str:
-        """What asks the job to stop (a preemption, a time limit): its declared checkpoint signal, else TERM."""
-        return self.checkpoint_signal or "SIGTERM"
-
-    @property
     def gpus_per_node(self) -> int:
         return self.gpus // self.nodes
 
@@ -188,6 +208,9 @@ class Job:
     history: tuple[Attempt, ...] = ()
     #: what the lab did to it besides running it, for its user (``released from reservation 'paper' ...``)
     note: str = ""
+    #: the checkpoint signal its image or the job itself declared, when its spec declared none
+    learned_signal: str | None = None
+    learned_from: SignalSource | None = None
 
     @property
     def user(self) -> str:
@@ -196,6 +219,16 @@ class Job:
     @property
     def priority(self) -> int:
         return self.spec.priority
+
+    @property
+    def checkpoint_signal(self) -> str | None:
+        """The signal it checkpoints on: declared at submit, else by its image or itself; None: not declared."""
+        return self.spec.checkpoint_signal or self.learned_signal
+
+    @property
+    def stop_signal(self) -> str:
+        """What asks it to stop (a preemption, a time limit): its checkpoint signal, else TERM."""
+        return self.checkpoint_signal or "SIGTERM"
 
     def expected_end(self) -> float | None:
         """When the time limit will stop it, if it is running and has one."""

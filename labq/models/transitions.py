@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from labq.models.job import AfterReservation, Attempt, AttemptEnd, Job, JobState, StopReason
+from labq.models.job import AfterReservation, Attempt, AttemptEnd, Job, JobState, SignalSource, StopReason
 from labq.models.placement import Placement
 from labq.models.reservation import Reservation
 
@@ -32,6 +32,20 @@ def checkpointed(job: Job, at: float | None) -> Job:
     if job.last_checkpoint_at is not None and at <= job.last_checkpoint_at:
         return job
     return job.evolve(last_checkpoint_at=at)
+
+
+def declared(job: Job, signal: str | None, source: SignalSource | None) -> Job:
+    """Its image or the job itself declared the signal it checkpoints on; it holds for later attempts too.
+
+    A signal given at submit wins (the submitter said so), then the job's own word over its image's label;
+    from one source, the latest counts."""
+    if signal is None or source is None or job.spec.checkpoint_signal is not None:
+        return job
+    if job.learned_from is SignalSource.JOB and source is SignalSource.IMAGE:
+        return job
+    if (job.learned_signal, job.learned_from) == (signal, source):
+        return job
+    return job.evolve(learned_signal=signal, learned_from=source)
 
 
 def stop_reason(job: Job) -> StopReason | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labq.models.job import SignalSource, catchable_signal
 from labq.models.node import Account, Gpu, Node, NodeHealth, NodeProblem
 from labq.models.topology import PcieLevel, Topology
 from labq.protocol.codec import encode_node
@@ -23,6 +24,9 @@ MAX_PROBLEMS = 64
 MAX_DETAIL = 1000  #: bytes of a sentence saying why a node cannot start a job
 #: a job touches this file in LABQ_CHECKPOINT_DIR after each finished save; its mtime is the checkpoint's time
 CHECKPOINT_MARKER = ".labq-checkpoint"
+#: a container image's label naming the signal its jobs checkpoint on (``LABEL labq.checkpoint-signal=SIGUSR1``)
+CHECKPOINT_LABEL = "labq.checkpoint-signal"
+MARKER_READ_BYTES = 64  #: the most a marker that names a signal (``labq checkpoint --signal``) may hold
 #: how an agent stops a job, which the leader's timings rely on: after the grace, TERM; this long after, KILL
 KILL_AFTER_TERM_S = 10.0
 #: how often a job's shim or container watchdog looks at the agent's heartbeat
@@ -123,6 +127,10 @@ class AttemptReport:
     #: why the node could not start it, for a reason of the node's (no account, no docker daemon, image
     #: missing there, a failure before the program ran), not the job's: the leader requeues the job
     cannot_start: str | None = None
+    #: the signal the job declared it checkpoints on, when it did, and where: its marker's content (the job's
+    #: ``labq checkpoint --signal``) or its image's label
+    checkpoint_signal: str | None = None
+    signal_from: SignalSource | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +172,25 @@ def _encode_attempt(a: AttemptReport) -> dict:
            "escalated": a.escalated, "checkpoint_at": a.checkpoint_at}
     if a.cannot_start is not None:
         doc["cannot_start"] = a.cannot_start
+    if a.checkpoint_signal is not None and a.signal_from is not None:
+        doc["checkpoint_signal"], doc["signal_from"] = a.checkpoint_signal, a.signal_from.value
     return doc
+
+
+def _declared(a: Fields) -> tuple[str | None, SignalSource | None]:
+    """An attempt's declared checkpoint signal and its source, both or neither."""
+    text, source = a.string("checkpoint_signal", max_len=16), a.string("signal_from", max_len=16)
+    if text is None and source is None:
+        return None, None
+    signal = catchable_signal(text) if text is not None else None
+    if signal is None:
+        raise bad_request(f"attempts.checkpoint_signal {text!r} is not a signal a job can catch",
+                          "attempts.checkpoint_signal")
+    try:
+        return signal, SignalSource(source)
+    except ValueError:
+        raise bad_request(f"attempts.signal_from must be one of {', '.join(s.value for s in SignalSource)}",
+                          "attempts.signal_from") from None
 
 
 def encode_account(a: Account) -> dict:
@@ -194,7 +220,7 @@ def parse_sync(body: object) -> SyncReport:
             a.boolean("running", default=False), a.integer("exit_code", low=-1, high=1 << 16),
             a.integer("signal", low=1, high=128), a.number("started_at"), a.number("ended_at"),
             a.boolean("fenced", default=False), a.boolean("escalated", default=False), a.number("checkpoint_at"),
-            a.string("cannot_start", max_len=MAX_DETAIL)))
+            a.string("cannot_start", max_len=MAX_DETAIL), *_declared(a)))
         a.done()
     if busy is not None and (not isinstance(busy, list) or len(busy) > MAX_NODE_GPUS or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_NODE_GPUS for i in busy)):
@@ -257,7 +283,7 @@ class RunOrder:
     gpu_indices: tuple[int, ...]
     gpu_uuids: tuple[str, ...]
     grace_s: float
-    checkpoint_signal: str
+    checkpoint_signal: str | None  #: None: the job has not declared one yet (its image's label may)
     runtime: str = "process"  #: "process" or "docker"
     image: str | None = None
     mounts: tuple[tuple[str, str, bool], ...] = ()  #: (source, target, read_only)

@@ -7,7 +7,9 @@ the store or the leader); requests from people go through ``labq.protocol.reques
 from __future__ import annotations
 
 from labq.models.decisions import Pending
-from labq.models.job import AfterReservation, Attempt, AttemptEnd, Job, JobSpec, JobState, Mount, Runtime, StopReason
+from labq.models.job import (
+    AfterReservation, Attempt, AttemptEnd, Job, JobSpec, JobState, Mount, Runtime, SignalSource, StopReason,
+)
 from labq.models.node import Gpu, Node, NodeHealth
 from labq.models.placement import NodeAllocation, Placement
 from labq.models.reservation import Reservation
@@ -77,6 +79,8 @@ def decode_attempt(doc: dict) -> Attempt:
 def encode_job(job: Job) -> dict:
     doc = {"id": job.id, "state": job.state.value, "spec": encode_spec(job.spec)}
     doc.update({name: getattr(job, name) for name in _JOB_SCALARS})
+    if job.learned_signal is not None and job.learned_from is not None:
+        doc["learned_signal"], doc["learned_from"] = job.learned_signal, job.learned_from.value
     doc["placement"] = encode_placement(job.placement)
     doc["attempts"] = [encode_attempt(a) for a in job.history]
     return doc
@@ -86,6 +90,8 @@ def decode_job(doc: dict) -> Job:
     return Job(id=doc["id"], spec=decode_spec(doc["spec"]), state=JobState(doc["state"]),
                placement=decode_placement(doc.get("placement")),
                history=tuple(decode_attempt(a) for a in doc.get("attempts", ())),
+               learned_signal=doc.get("learned_signal"),
+               learned_from=SignalSource(doc["learned_from"]) if doc.get("learned_from") else None,
                **{name: doc[name] for name in _JOB_SCALARS if name in doc})
 
 

@@ -188,12 +188,12 @@ def _mounts(value: object) -> tuple[Mount, ...]:
 
 
 def _signal_name(value: str | None) -> str | None:
-    import signal
-
     if value is None:
         return None  # declared none: the job is stopped with TERM and its grace
-    name = value.upper() if value.upper().startswith("SIG") else "SIG" + value.upper()
-    if name not in signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
+    from labq.models.job import catchable_signal
+
+    name = catchable_signal(value)
+    if name is None:
         raise bad_request(f"checkpoint_signal {value!r} is not a signal a job can catch (e.g. SIGUSR1, SIGTERM)",
                           "checkpoint_signal")
     return name

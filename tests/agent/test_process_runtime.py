@@ -267,6 +267,26 @@ def test_the_shim_passes_term_on_to_the_job(runtimes, job):
     assert wait_for(rt, 1).exit_code == 143
 
 
+def test_a_fenced_job_gets_the_signal_it_named_in_its_marker_and_term_if_it_named_none(runtimes, job, tmp_path):
+    """The agent lost its leader: the shim stops the job itself, with the signal the job declared after launch
+    (``labq checkpoint --signal``), never one it did not ask for."""
+    rt = runtimes.open()
+    rt.heartbeat()  # and never again: the fence comes after fence_after_s
+    handler = ("trap 'echo saved on USR1; exit 0' USR1; trap 'echo stopped on TERM; exit 3' TERM; {declare}"
+               "echo ready; while true; do sleep 0.05; done")
+    for job_id, declare, said, code in (
+            (1, 'echo usr1 > "$LABQ_CHECKPOINT_DIR/.labq-checkpoint"; ', b"saved on USR1", 0),
+            (2, "", b"stopped on TERM", 3)):
+        folder = tmp_path / f"checkpoints-{job_id}"
+        folder.mkdir()
+        rt.launch(job(job_id, "sh", "-c", handler.format(declare=declare), env={"LABQ_CHECKPOINT_DIR": str(folder)},
+                      fence_after_s=1.0, grace_s=5.0))
+        wait_for_log(rt, job_id, b"ready")
+        ended = wait_for(rt, job_id)
+        assert (ended.fenced, ended.exit_code) == (True, code)
+        assert said in rt.read_log(job_id, 1)
+
+
 # --- restarts, re-adoption and recycled pids ---------------------------------------------------
 
 AGENT = r"""

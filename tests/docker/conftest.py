@@ -24,6 +24,7 @@ import pytest
 docker = pytest.importorskip("docker")
 
 IMAGE = "labq-test-busybox:1"
+LABELLED_IMAGE = "labq-test-busybox-usr1:1"
 BUSYBOX = "/bin/busybox"  # from Debian's busybox-static: static, so it runs in an empty image
 DOCKERFILE = Path(__file__).parent / "image" / "Dockerfile"
 ENGINE_LOCK = Path(tempfile.gettempdir()) / "labq-docker-tests.lock"
@@ -81,6 +82,16 @@ def docker_client() -> Iterator[docker.DockerClient]:
             _build_image(client)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def labelled_image(docker_client) -> str:
+    """The test image with the label that declares its jobs checkpoint on SIGUSR1 (built from it, offline)."""
+    import io
+
+    dockerfile = f"FROM {IMAGE}\nLABEL labq.checkpoint-signal=SIGUSR1\n".encode()
+    docker_client.images.build(fileobj=io.BytesIO(dockerfile), tag=LABELLED_IMAGE, rm=True)
+    return LABELLED_IMAGE
 
 
 @pytest.fixture

@@ -126,3 +126,20 @@ def test_container_jobs_checkpoint_on_preemption_and_resume(docker_lab):
         assert lab.job(j)["attempt"] == 1 and "checkpointed" not in log(j, 1)
     for job in low:
         lab.labq("cancel", str(job), token=lab.token)
+
+
+def test_an_image_that_declares_its_checkpoint_signal_by_label_is_preempted_with_it(docker_lab, labelled_image):
+    lab = docker_lab
+    saves = "trap 'echo saved on USR1; exit 0' USR1; echo ready; while true; do sleep 0.1; done"
+    job = lab.submit("sh", "-c", saves, image=labelled_image, gpus=4, token=lab.token, **{"class": "low"})
+    lab.wait_state(job, "running", timeout=90)
+    lab.wait(lambda: lab.job(job).get("learned_from") == "image", "the leader to hear the image's label")
+    assert "checkpoint signal SIGUSR1 (its image's label labq.checkpoint-signal says)" in lab.labq(
+        "show", str(job), token=lab.token).stdout
+    lab.wait(lambda: "ready" in lab.labq("logs", str(job), token=lab.token).stdout, "the job's trap to be set")
+    urgent = lab.submit("true", **{"class": "urgent"})
+    lab.wait_state(urgent, "succeeded", timeout=60)
+    first = lab.job(job)["attempts"][0]
+    assert (first["ended"], first["exit_code"]) == ("checkpointed", 0)  # USR1, as its image says, not TERM
+    assert "saved on USR1" in lab.labq("logs", str(job), "--attempt", "1", token=lab.token).stdout
+    lab.labq("cancel", str(job), token=lab.token)

@@ -214,6 +214,24 @@ def test_a_same_named_container_of_another_lab_does_not_block_a_job(make_runtime
         stranger.remove(force=True)
 
 
+def test_an_image_label_declares_the_checkpoint_signal_the_watchdog_and_the_job_use(make_runtime, job_ids, job_user,
+                                                                                      labelled_image) -> None:
+    runtime = make_runtime()
+    runtime.heartbeat()  # and never again: the watchdog fences after 2 s
+    handler = ("trap 'echo saved on USR1; exit 0' USR1; trap 'echo stopped on TERM; exit 3' TERM; "
+               "echo preempt signal $LABQ_PREEMPT_SIGNAL; while true; do sleep 0.05; done")
+    for image, said, code, label in ((labelled_image, "saved on USR1", 0, "SIGUSR1"),
+                                     (IMAGE, "stopped on TERM", 3, None)):
+        job = next(job_ids)
+        env = {"LABQ_PREEMPT_SIGNAL": "SIGTERM"}  # as the leader says before it heard of the label
+        started = runtime.launch(launch(job, handler, job_user, image=image, env=env, fence_after_s=2.0, grace_s=5.0))
+        assert started.image_signal == label  # reported to the leader with the attempt
+        ended = wait_for(runtime, job)
+        assert (ended.fenced, ended.exit_code, ended.image_signal) == (True, code, label)
+        log = runtime.read_log(job, 0).decode()
+        assert said in log and f"preempt signal {label or 'SIGTERM'}" in log
+
+
 def test_a_container_is_fenced_by_its_watchdog_when_the_heartbeat_goes_stale(make_runtime, job_ids,
                                                                              job_user) -> None:
     runtime = make_runtime()

@@ -181,3 +181,22 @@ def test_a_job_that_declared_no_checkpoint_signal_is_stopped_with_term_and_its_g
     assert (first["ended"], first["exit_code"]) == ("checkpointed", 0)  # it was asked as it expects, not killed
     assert "cleaning up on TERM" in log(lab, plain, 1)
     lab.labq("cancel", str(plain))
+
+
+def test_a_job_that_declares_its_signal_with_labq_checkpoint_is_preempted_with_it_on_every_attempt(running_lab):
+    lab = running_lab  # 4 GPUs
+    saves = ("trap 'echo saved on USR1; exit 0' USR1; echo preempt signal $LABQ_PREEMPT_SIGNAL; "
+             f"{sys.executable} -m labq.cli checkpoint --signal usr1 && echo ready; while true; do sleep 0.1; done")
+    job = lab.submit("sh", "-c", saves, gpus=4, **{"class": "low"})  # no --checkpoint-signal at submit
+    lab.wait_state(job, "running")
+    lab.wait(lambda: lab.job(job).get("learned_signal") == "SIGUSR1", "the leader to hear the job's signal")
+    assert "ready" in log(lab, job, 1) and "preempt signal SIGTERM" in log(lab, job, 1)  # declared after launch
+    shown = lab.labq("show", str(job)).stdout
+    assert "checkpoint signal SIGUSR1 (the job said with labq checkpoint --signal)" in shown
+    urgent = lab.submit("true", **{"class": "urgent"})
+    lab.wait_state(urgent, "succeeded", timeout=60)
+    first = lab.job(job)["attempts"][0]
+    assert (first["ended"], first["exit_code"]) == ("checkpointed", 0)  # USR1, as it asked, not TERM
+    assert "saved on USR1" in log(lab, job, 1)
+    lab.wait(lambda: "preempt signal SIGUSR1" in log(lab, job, 2), "the next attempt, told its signal")
+    lab.labq("cancel", str(job))

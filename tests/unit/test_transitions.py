@@ -210,8 +210,8 @@ def test_a_job_that_declared_no_checkpoint_signal_is_stopped_with_term_never_a_s
 
     plain = parse_submit({"command": ["python", "train.py"]}).spec_for("alice")
     declared = parse_submit({"command": ["x"], "checkpoint_signal": "usr1"}).spec_for("alice")
-    assert (plain.checkpoint_signal, plain.stop_signal) == (None, "SIGTERM")
-    assert (declared.checkpoint_signal, declared.stop_signal) == ("SIGUSR1", "SIGUSR1")
+    assert (plain.checkpoint_signal, Job(1, plain, submitted_at=0.0).stop_signal) == (None, "SIGTERM")
+    assert (declared.checkpoint_signal, Job(1, declared, submitted_at=0.0).stop_signal) == ("SIGUSR1", "SIGUSR1")
     for spec, says in ((plain, "no checkpoint signal (a stop is TERM)"), (declared, "checkpoint signal SIGUSR1")):
         job = encode_job(Job(1, spec, submitted_at=0.0))
         assert says in show_text(job, None, 10.0)
