@@ -40,7 +40,7 @@ from labq.protocol.agents import (
 )
 from labq.protocol.errors import ApiError
 from labq.http_server import bearer_token, same_secret, serve_app
-from labq.protocol.identity import lab_of
+from labq.protocol.identity import lab_of, parse_join_token
 from labq.transport import Request, Response, Transport, socket_transport
 from labq.workers import Backoff, RetryLog, Supervisor
 
@@ -72,6 +72,8 @@ class Agent:
         self.clock, self.monotonic = clock, monotonic  #: graces are kept on the wall clock, retries on monotonic
         self.inventory = inventory
         self.transport = transport or socket_transport  #: how requests reach the leader
+        self.pin, self.join_secret = parse_join_token(config.join_token)
+        self._pinned = None  #: the TLS context, once the lab's CA is fetched and checked against the pin
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.runtime = Runtimes(config.state_dir, config.name, lab=lab_of(config.join_token))
         self.checkpoints = config.state_dir / "checkpoints"
@@ -139,10 +141,32 @@ class Agent:
 
     # -- talking to the leader -------------------------------------------------------------
 
+    @property
+    def leader_url(self) -> str:
+        """The leader's address; https:// whenever the join token pins a CA, whatever an mDNS advert said."""
+        url = self.config.leader.rstrip("/")
+        return "https://" + url.removeprefix("http://") if self.pin and url.startswith("http://") else url
+
+    def _tls(self):
+        """The TLS context pinned to the lab's CA (the join token's pin), fetched once and kept in state_dir."""
+        if self.pin is None:
+            if self.leader_url.startswith("https://"):
+                raise ApiError(0, "untrusted_leader", f"{self.leader_url} speaks TLS, but the join token carries no "
+                               "CA pin to trust it by: use the join-token file of that leader's data folder")
+            return None
+        if self._pinned is None:
+            from labq.tls import PinError, pinned_context
+
+            try:
+                self._pinned = pinned_context(self.leader_url, self.pin, self.config.state_dir)
+            except PinError as err:
+                raise ApiError(0, "untrusted_leader", str(err)) from None
+        return self._pinned
+
     def _request(self, path: str, body: dict, token: str, timeout: float) -> dict:
-        response = self.transport(Request("POST", self.config.leader.rstrip("/") + path, {
+        response = self.transport(Request("POST", self.leader_url + path, {
             "Authorization": f"Bearer {token}", "Content-Type": "application/json"}, json.dumps(body).encode(),
-            timeout))
+            timeout, tls=self._tls()))
         try:
             data = json.loads(response.read() or b"null")
         finally:
@@ -157,7 +181,7 @@ class Agent:
                     simulated=inv.simulated)
         reply = self._request("/v1/agents/register",
                               encode_registration(Registration(node, self.logs_url, __version__)),
-                              self.config.join_token, timeout=30)
+                              self.join_secret, timeout=30)
         self.token, self.logs_token = reply["agent_token"], reply["logs_token"]
         self.fence_after_s, self.lease_s = reply["fence_after_s"], reply["lease_s"]
         self.checkpoint_root = reply.get("checkpoint_root") or None

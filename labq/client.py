@@ -41,7 +41,8 @@ def normalize_url(url: str) -> str:
 class Client:
     """A user's view of the leader: one method per API call, JSON in, plain dicts out."""
 
-    def __init__(self, url: str, token: str, timeout: float = 30, transport: Transport | None = None) -> None:
+    def __init__(self, url: str, token: str, timeout: float = 30, transport: Transport | None = None,
+                 pin: str | None = None, ca_cache: Path | None = None) -> None:
         self.url = normalize_url(url)
         try:
             parts = urlsplit(self.url)
@@ -55,6 +56,31 @@ class Client:
         if not self.token.isprintable() or " " in self.token:
             raise ApiError(0, "bad_credentials", "the labq token has spaces or control characters in it")
         self.timeout = timeout
+        self.pin, self.ca_cache, self._tls = pin, ca_cache, None
+        if parts.scheme == "https":
+            from labq.tls import check_pin
+
+            if not pin:
+                raise ApiError(0, "bad_credentials", f"{self.url} speaks TLS: it needs the lab's CA pin next to the "
+                               "token (`labq login URL --pin sha256:... --token ...`, or pin = ... in the "
+                               "credentials file)")
+            try:
+                self.pin = check_pin(pin)
+            except ValueError as err:
+                raise ApiError(0, "bad_credentials", str(err)) from None
+
+    def _context(self):
+        """The TLS context of an https:// leader, pinned to the lab's CA (fetched once, then kept)."""
+        if self._tls is None and self.pin is not None:
+            from labq.tls import PinError, pinned_context
+
+            try:
+                self._tls = pinned_context(self.url, self.pin, self.ca_cache, self.timeout)
+            except PinError as err:
+                raise ApiError(0, "untrusted_leader", str(err)) from None
+            except OSError as err:
+                raise self._unreachable(err) from None
+        return self._tls
 
     @classmethod
     def from_environment(cls, leader: str | None = None, timeout: float = 30,
@@ -68,7 +94,8 @@ class Client:
                 f"no labq token: set $LABQ_TOKEN or put `leader = ...` and `token = ...` in {credentials_path()}. "
                 "Ask an admin to run `labq admin user add YOUR_NAME`, or run `labq up` on your own workstation."))
         url = leader or env_leader or saved.get("leader") or DEFAULT_LEADER
-        return cls(str(url), str(token), timeout, transport)
+        pin = os.environ.get("LABQ_PIN") or saved.get("pin")
+        return cls(str(url), str(token), timeout, transport, pin=pin, ca_cache=credentials_path().parent)
 
     # -- the API ----------------------------------------------------------------------------------
 
@@ -215,10 +242,26 @@ class Client:
         if body is not None:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
+        tls = self._context()
         try:
-            return self.transport(Request(method, url, headers, payload, timeout or self.timeout))
+            return self.transport(Request(method, url, headers, payload, timeout or self.timeout, tls=tls))
         except OSError as err:  # labq.wire's WireError (a malformed answer) too
+            if tls is not None and type(err).__name__ == "SSLCertVerificationError":
+                self._untrusted()
             raise self._unreachable(err) from None
+
+    def _untrusted(self) -> None:
+        """The server at our address shows a certificate our kept CA did not sign: say whose it is."""
+        from labq.tls import PinError, fetch_ca
+
+        try:
+            fetch_ca(self.url, self.pin, self.timeout)
+        except PinError as err:
+            raise ApiError(0, "untrusted_leader", str(err)) from None
+        except OSError:
+            pass
+        raise ApiError(0, "untrusted_leader", f"the leader at {self.url} shows a certificate the lab's CA "
+                       f"({self.pin}) did not sign: refusing it")
 
     def _read(self, resp: Response) -> bytes:
         """The whole body; an error status becomes the leader's ``ApiError``."""
@@ -305,7 +348,7 @@ def load_credentials(path: Path | None = None) -> dict:
         return {}
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise ApiError(0, "bad_credentials", f"cannot read {path}: {err}") from None
-    return {k: v for k, v in doc.items() if k in ("leader", "token") and isinstance(v, str)}
+    return {k: v for k, v in doc.items() if k in ("leader", "token", "pin") and isinstance(v, str)}
 
 
 def _toml_string(value: str) -> str:
@@ -313,13 +356,14 @@ def _toml_string(value: str) -> str:
     return '"' + "".join(c if c >= " " and c != "\x7f" else f"\\u{ord(c):04x}" for c in escaped) + '"'
 
 
-def credentials_text(leader: str, token: str) -> str:
-    """The two lines a user puts in their credentials file."""
-    return f"leader = {_toml_string(normalize_url(leader))}\ntoken = {_toml_string(token)}\n"
+def credentials_text(leader: str, token: str, pin: str | None = None) -> str:
+    """The lines a user puts in their credentials file: the leader, the token, and for TLS the lab's CA pin."""
+    text = f"leader = {_toml_string(normalize_url(leader))}\ntoken = {_toml_string(token)}\n"
+    return text + (f"pin = {_toml_string(pin)}\n" if pin else "")
 
 
 def save_credentials(leader: str, token: str, path: Path | None = None,
-                     owner_uid: int | None = None, owner_gid: int | None = None) -> Path:
+                     owner_uid: int | None = None, owner_gid: int | None = None, pin: str | None = None) -> Path:
     """Writes the file atomically, 0600 in a 0700 folder.
 
     For another user (root saving ``labq admin user add bob`` into bob's home), a child
@@ -331,7 +375,7 @@ def save_credentials(leader: str, token: str, path: Path | None = None,
     from pathlib import Path
 
     path = Path(path or credentials_path())
-    text = credentials_text(leader, token)
+    text = credentials_text(leader, token, pin)
     if owner_uid is None or owner_uid == os.geteuid():
         _write_private(path, text)
         return path

@@ -41,7 +41,7 @@ class Found:
     """One advertised service as a browser resolved it."""
 
     name: str  #: instance name (leader name or agent node name), without the service type
-    url: str  #: ``http://ADDR:PORT`` built from the first advertised IPv4 address
+    url: str  #: ``http(s)://ADDR:PORT`` built from the first advertised IPv4 address
     cluster: str  #: cluster id from TXT (empty when absent)
     version: str  #: labq version of the advertiser
     addresses: tuple[str, ...]  #: every advertised IPv4 address
@@ -143,7 +143,8 @@ def _found(info: ServiceInfo, type_: str) -> Found | None:
     props = {(k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else "")
              for k, v in info.properties.items()}
     outside = [a for a in addresses if not ipaddress.IPv4Address(a).is_loopback] or list(addresses)
-    return Found(name=info.name.removesuffix("." + type_), url=f"http://{outside[0]}:{info.port}",
+    scheme = "https" if props.get("tls") == "1" else "http"  # a hint: an agent that holds a pin uses TLS anyway
+    return Found(name=info.name.removesuffix("." + type_), url=f"{scheme}://{outside[0]}:{info.port}",
                  cluster=props.get("cluster", ""), version=props.get("version", ""),
                  addresses=addresses, properties=props)
 

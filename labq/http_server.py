@@ -41,8 +41,11 @@ class Server(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], *,
                  request_timeout_s: float = REQUEST_TIMEOUT_S,
-                 max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS) -> None:
+                 max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS, tls=None) -> None:
         self.request_timeout_s = request_timeout_s
+        #: an ``ssl.SSLContext`` to serve TLS with; the handshake happens in the connection's own thread, under
+        #: the request time limit, so a client that never finishes one holds up nobody else
+        self.tls = tls
         self.max_connections_per_address = max_connections_per_address
         self._open: dict[str, int] = {}
         self._open_lock = threading.Lock()
@@ -118,9 +121,31 @@ class JsonHandler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         self.timeout = self.server.request_timeout_s  # socketserver sets it on the socket: every recv and send
+        self.handshake_failed = False
+        if self.server.tls is not None:
+            import ssl
+
+            self.request.settimeout(self.timeout)
+            try:
+                self.request = self.server.tls.wrap_socket(self.request, server_side=True)
+            except (ssl.SSLError, OSError) as err:  # plain HTTP, a scanner, a client that gave up: nothing to say
+                self.logger.debug("no TLS handshake with %s: %s", self.client_address[0], err)
+                self.handshake_failed = True
         super().setup()
 
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            if self.server.tls is not None:  # the TLS socket took over the connection: close it here
+                try:
+                    self.request.close()
+                except OSError:
+                    pass
+
     def handle(self) -> None:
+        if self.handshake_failed:
+            return
         try:
             super().handle()
         except (ConnectionError, TimeoutError):  # the client went away or stalled mid-request: nothing to answer

@@ -37,13 +37,15 @@ if TYPE_CHECKING:  # typing.Protocol costs a millisecond of start-up the CLI nee
 
 
 class Request:
-    """One HTTP request: ``url`` is absolute (``http://host:port/path?query``); ``timeout`` is per read."""
+    """One HTTP request: ``url`` is absolute (``http://host:port/path?query``); ``timeout`` is per read;
+    ``tls`` the ``ssl.SSLContext`` of an ``https://`` one (``labq.tls``: pinned to the lab's CA)."""
 
-    __slots__ = ("method", "url", "headers", "body", "timeout")
+    __slots__ = ("method", "url", "headers", "body", "timeout", "tls")
 
     def __init__(self, method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, tls=None) -> None:
         self.method, self.url, self.headers, self.body, self.timeout = method, url, dict(headers or {}), body, timeout
+        self.tls = tls
 
     def __repr__(self) -> str:
         return f"Request({self.method!r}, {self.url!r})"
@@ -153,7 +155,7 @@ def socket_transport(request: Request) -> Response:
     """Sends ``request`` on a new connection (``Connection: close``) and returns once the headers are in."""
     parts = urlsplit(request.url)
     https = parts.scheme == "https"
-    conn = Connection(parts.hostname or "", parts.port, request.timeout, https=https)
+    conn = Connection(parts.hostname or "", parts.port, request.timeout, https=https, context=request.tls)
     try:
         conn.request(request.method, request.target, body=request.body, headers=request.headers)
         answer = conn.getresponse()

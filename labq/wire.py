@@ -56,10 +56,11 @@ class Response:
 class Connection:
     """``http.client.HTTPConnection``'s request/getresponse/close, one request per connection."""
 
-    def __init__(self, host: str, port: int | None, timeout: float, https: bool = False) -> None:
+    def __init__(self, host: str, port: int | None, timeout: float, https: bool = False, context=None) -> None:
         self._address = (host, port or (443 if https else 80))
         self._timeout = timeout
         self._https = https
+        self._context = context  #: the ssl.SSLContext of an https:// connection (labq.tls: pinned to a lab's CA)
         self._sock: socket.socket | None = None
         self._tls = None
 
@@ -68,7 +69,7 @@ class Connection:
         if self._https:
             import http.client
 
-            self._tls = http.client.HTTPSConnection(*self._address, timeout=self._timeout)
+            self._tls = http.client.HTTPSConnection(*self._address, timeout=self._timeout, context=self._context)
             try:
                 self._tls.request(method, target, body=body, headers=headers)
             except http.client.HTTPException as err:

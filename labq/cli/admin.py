@@ -1,9 +1,11 @@
-"""``labq admin user add|ls|rm``: who may use the queue (admins only)."""
+"""``labq admin user add|ls|rm``: who may use the queue (admins only); ``labq login``: a user saves what an admin
+gave them."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from labq.cli.common import command, emit, leader_client, leader_option
@@ -12,6 +14,16 @@ from labq.terminal_text import escape_controls
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    login = command(
+        sub, "login", "save a leader's address, its CA pin and your token",
+        "Check that the leader at URL is your lab's (its CA's fingerprint is the pin), that it knows the token, "
+        "and save all three in your credentials file (mode 0600) for every later command. An admin's "
+        "`labq admin user add NAME` prints this line for you to run.",
+        "  labq login https://gpu1:7733 --pin sha256:3f9a... --token lqu_...\n"
+        "  labq login http://127.0.0.1:7733 --token lqu_...     a leader on this machine, no TLS", _login, [])
+    login.add_argument("url", metavar="URL", help="the leader's address, https://HOST:PORT")
+    login.add_argument("--pin", metavar="sha256:HEX", help="the lab CA's fingerprint (needed for https://)")
+    login.add_argument("--token", metavar="TOKEN", required=True, help="your token (lqu_...)")
     c = [leader_option()]
     admin = command(sub, "admin", "manage users (admins)", "Commands for labq admins.",
                     "  labq admin user add alice\n  labq admin user ls", None, [])
@@ -34,6 +46,24 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = command(users_sub, "rm", "remove a user", "Remove a user; their token stops working at once.",
                 "  labq admin user rm alice", _user_rm, c)
     p.add_argument("name", metavar="NAME")
+
+
+def _login(args: argparse.Namespace) -> int:
+    from labq.cli.errors import CliError
+    from labq.client import Client, credentials_path, save_credentials
+    from labq.tls import check_pin
+
+    if args.pin is not None:
+        try:
+            args.pin = check_pin(args.pin)
+        except ValueError as err:
+            raise CliError(f"--pin: {err}") from None
+    client = Client(args.url, args.token, timeout=15, pin=args.pin, ca_cache=credentials_path().parent)
+    me = client.whoami()  # the pin, then the token: nothing is saved unless both hold
+    path = save_credentials(client.url, client.token, pin=client.pin)
+    trust = f", pinned to CA {client.pin}" if client.pin else ""
+    print(escape_controls(f"logged in to {client.url} as {me.get('user')}{trust}; saved in {path}"))
+    return 0
 
 
 def _user_add(args: argparse.Namespace) -> int:
@@ -63,7 +93,7 @@ def _user_add(args: argparse.Namespace) -> int:
             pass
     if target is not None:
         try:
-            path = save_credentials(client.url, token, *target)
+            path = save_credentials(client.url, token, *target, pin=client.pin)
             owned = f", owned by {name}" if target[1] is not None else ""
             print(escape_controls(f"added {role} {name}; saved the token to {path} (mode 0600{owned})"))
             return 0
@@ -71,8 +101,12 @@ def _user_add(args: argparse.Namespace) -> int:
             print(f"labq: warning: could not save the token ({escape_controls(err)}); here it is instead",
                   file=sys.stderr)
     print(f"added {role} {name}. The token is shown only now (running this again makes a new one).")
-    print(f"{name} puts these two lines in ~/.config/labq/credentials (chmod 600):\n")
-    print(credentials_text(client.url, token))
+    if client.pin:
+        print(f"{name} runs this one line, which saves it with the lab's CA pin:\n")
+        print(shlex.join(["labq", "login", client.url, "--pin", client.pin, "--token", token]) + "\n")
+    else:
+        print(f"{name} puts these two lines in ~/.config/labq/credentials (chmod 600):\n")
+        print(credentials_text(client.url, token))
     if "127.0.0.1" in client.url or "localhost" in client.url:
         print("(from another machine, use the leader's host name instead of this loopback address)")
     return 0

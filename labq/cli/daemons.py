@@ -169,13 +169,18 @@ def _start(args):
         if admin is not None and admin.uid is not None:  # root started it for someone: the token is theirs
             from labq.client import credentials_path
 
-            path = save_credentials(running.url, token, credentials_path(admin.home), admin.uid, admin.gid)
+            path = save_credentials(running.url, token, credentials_path(admin.home), admin.uid, admin.gid,
+                                    pin=running.pin)
             print(f"a new lab: {admin.name} is its first admin; their token is saved in {path}", file=sys.stderr)
         else:
-            path = save_credentials(running.url, token)
+            path = save_credentials(running.url, token, pin=running.pin)
             who = "you are its first admin; your token" if admin is None else f"{admin.name} is its first admin; the token"
             print(f"a new lab: {who} is saved in {path}", file=sys.stderr)
-    print(f"labq leader serving {running.url} (data in {config.data_dir})", file=sys.stderr)
+    pinned = f"; TLS, CA {running.pin}" if running.pin else ""
+    print(f"labq leader serving {running.url} (data in {config.data_dir}{pinned})", file=sys.stderr)
+    if not running.pin and not config.loopback_only:
+        print(f"labq leader: warning: plain HTTP on {config.host}:{config.port} (insecure = true): tokens and jobs "
+              "cross the network in clear", file=sys.stderr)
     return config, running
 
 
@@ -303,13 +308,21 @@ def _agent(args) -> int:
             raise CliError(f"no join token: cannot read {token_file} ({err.strerror}); copy the file "
                            "from the leader's data folder and pass --join-token-file, or set $LABQ_JOIN_TOKEN"
                            ) from None
+    from labq.protocol.identity import parse_join_token
+
+    try:
+        parse_join_token(token)
+    except ValueError as err:
+        raise CliError(f"the join token from {token_file if not os.environ.get('LABQ_JOIN_TOKEN') else '$LABQ_JOIN_TOKEN'}"
+                       f" cannot be read: {err}") from None
     inventory = _open_inventory(args)
     leader_url = args.leader or _find_leader(token)
     agent = _open_agent(args, inventory, leader_url, token, data_dir)
-    _first_registration(agent, leader_url)
+    _first_registration(agent, agent.leader_url)
     agent.start()
     advertiser = None if args.no_mdns else _advertise_agent(agent, token)
-    print(f"labq agent {args.name} serving the leader at {leader_url}; {agent.runs_jobs_as()}", file=sys.stderr)
+    print(f"labq agent {args.name} serving the leader at {agent.leader_url}; {agent.runs_jobs_as()}",
+          file=sys.stderr)
     return _serve(lambda: (advertiser.close() if advertiser else None, agent.stop()), [agent.check])
 
 
@@ -321,6 +334,8 @@ def _first_registration(agent, leader_url: str) -> None:
     try:
         agent.register()
     except ApiError as err:
+        if err.code == "untrusted_leader":  # the join token's pin says it is not this lab's leader
+            raise CliError(f"not joining: {escape_controls(err.message)}") from None
         if err.status < 500:
             raise CliError(f"the leader at {leader_url} refused this agent: {escape_controls(err.message)}") from None
         print(f"labq agent: the leader at {leader_url} cannot take the agent yet ({escape_controls(err.message)}); "

@@ -33,7 +33,7 @@ def exit_code(err: ApiError) -> int:
     authenticate: the leader knows who you are and says you may not."""
     if err.code == "unreachable":
         return UNREACHABLE
-    if err.status == 401 or err.code in ("no_credentials", "bad_credentials"):
+    if err.status == 401 or err.code in ("no_credentials", "bad_credentials", "untrusted_leader"):
         return CREDENTIALS
     return USAGE if err.status in (400, 413, 422) else REFUSED
 

@@ -20,6 +20,8 @@ listen = "127.0.0.1:7733"        # address:port of the API; "0.0.0.0:7733" to se
 # data_dir = "~/.local/share/labq" # the database, its previous copy, the archive, the join token
 request_timeout = "10s"          # a client silent this long while sending a request is disconnected
 max_connections_per_address = 128 # open connections from one address; more are answered 503 and closed
+tls = "auto"                     # "auto": TLS unless listening on loopback only; "on": always; "off": never
+insecure = false                 # allow plain HTTP on an address other machines reach (tokens in clear!)
 
 [scheduling]
 preemption = true                # higher-priority jobs may preempt lower, preemptible ones
@@ -78,6 +80,8 @@ class LeaderConfig:
     data_dir: Path = field(default_factory=default_data_dir)
     request_timeout_s: float = 10.0
     max_connections_per_address: int = 128
+    tls: str = "auto"  #: "auto", "on" or "off"
+    insecure: bool = False  #: plain HTTP allowed off loopback
     preemption: bool = True
     min_runtime_s: float = 300.0
     fair_share_half_life_s: float = 7 * 86400.0
@@ -118,6 +122,10 @@ class LeaderConfig:
                 f"{KILL_AFTER_TERM_S:g} s and {2 * FENCE_LOOK_EVERY_S:g} s of looks after the node's last sync")
         if self.request_timeout_s <= 0 or self.max_connections_per_address < 1:
             raise ConfigError("leader.request_timeout and leader.max_connections_per_address must be positive")
+        if not self.uses_tls and not self.loopback_only and not self.insecure:
+            raise ConfigError(f"leader.tls = \"off\" on {self.host}:{self.port} would send every token and job "
+                              "in clear over the network: keep tls = \"auto\", listen on 127.0.0.1, or, on a "
+                              "network you trust, set insecure = true in [leader]")
 
     def max_priority_for(self, user: str) -> int:
         """The highest priority ``user`` may ask for (admins may ask for any): the lab's ceiling for users,
@@ -136,9 +144,25 @@ class LeaderConfig:
                 + 2 * FENCE_LOOK_EVERY_S)
 
     @property
+    def loopback_only(self) -> bool:
+        """Whether the API listens on this machine's loopback alone: nothing it says leaves the machine."""
+        import ipaddress
+
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False  # a host name: it may resolve to anything
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls == "on" or (self.tls == "auto" and not self.loopback_only)
+
+    @property
     def url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.uses_tls else 'http'}://{host}:{self.port}"
 
 
 def load_config(path: Path | None, **overrides) -> LeaderConfig:
@@ -160,7 +184,8 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
     _take(doc.get("leader", {}), where, "leader", values, {
         "listen": lambda v: _listen(v, values), "data_dir": lambda v: values.update(data_dir=Path(v).expanduser()),
         "request_timeout": lambda v: values.update(request_timeout_s=parse_duration(v, bare_seconds=True)),
-        "max_connections_per_address": lambda v: values.update(max_connections_per_address=_count(v))})
+        "max_connections_per_address": lambda v: values.update(max_connections_per_address=_count(v)),
+        "tls": lambda v: values.update(tls=_tls_mode(v)), "insecure": lambda v: values.update(insecure=_bool(v))})
     _take(doc.get("scheduling", {}), where, "scheduling", values, {
         "preemption": lambda v: values.update(preemption=_bool(v)),
         "min_runtime": lambda v: values.update(min_runtime_s=parse_duration(v, bare_seconds=True)),
@@ -210,6 +235,12 @@ def _take(section: dict, where: str, name: str, values: dict, setters: dict) -> 
             setters[key](value)
         except (ValueError, TypeError) as err:
             raise ConfigError(f"{where}: {name}.{key} = {value!r}: {err}") from None
+
+
+def _tls_mode(value) -> str:
+    if value not in ("auto", "on", "off"):
+        raise ValueError('must be "auto" (TLS unless on loopback only), "on" or "off"')
+    return value
 
 
 def _bool(value) -> bool:

@@ -38,6 +38,14 @@ class Leader:
         self.scheduling = Scheduling(self.state, self.bookings)
         self.users.ensure_join_token()
         self.workers = Supervisor()
+        #: the lab CA's certificate (PEM) and pin when the leader serves TLS (``labq.leader.certs``)
+        self.tls_ca: str | None = None
+        self.tls_pin: str | None = None
+
+    def use_tls(self, ca_pem: str, pin: str) -> None:
+        """Serve the CA to clients that check it against their pin, and put the pin in the join token."""
+        self.tls_ca, self.tls_pin = ca_pem, pin
+        self.users.pin_join_token(pin)
 
     def authenticate(self, token: str | None) -> Principal:
         return self.users.authenticate(token)

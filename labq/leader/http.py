@@ -22,7 +22,7 @@ from labq.leader.core import Leader
 from labq.protocol import errors
 from labq.protocol.body import decode_body
 from labq.protocol.errors import ApiError
-from labq.leader.routes import _NO_HEAD, ROUTES
+from labq.leader.routes import _NO_HEAD, PUBLIC, ROUTES
 from labq.protocol.requests import MAX_BODY_BYTES
 
 log = logging.getLogger("labq.leader.http")
@@ -35,10 +35,10 @@ _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 class LeaderServer(Server):
     """The API on ``labq.http_server``'s server: its request time limit and connection cap from the config."""
 
-    def __init__(self, leader: Leader, address: tuple[str, int]) -> None:
+    def __init__(self, leader: Leader, address: tuple[str, int], tls=None) -> None:
         self.leader = leader
         super().__init__(address, _Handler, request_timeout_s=leader.config.request_timeout_s,
-                         max_connections_per_address=leader.config.max_connections_per_address)
+                         max_connections_per_address=leader.config.max_connections_per_address, tls=tls)
 
 
 class _Handler(JsonHandler):
@@ -82,7 +82,7 @@ class _Handler(JsonHandler):
                 return
             handler, match = routed
             body = self._body() if method in ("POST", "PUT") else None
-            who = self.server.leader.authenticate(self.bearer_token())
+            who = None if handler in PUBLIC else self.server.leader.authenticate(self.bearer_token())
             args = (self, who, *match.groups())
             result = handler(*args, body) if method in ("POST", "PUT") else handler(*args)
             if result is not None:
@@ -176,6 +176,6 @@ def _too_large(size: int) -> ApiError:
                             f"(a command that long belongs in a script file)")
 
 
-def serve(leader: Leader, host: str, port: int) -> LeaderServer:
-    """Bind the API; the caller runs ``serve_forever`` (and ``shutdown`` to stop)."""
-    return LeaderServer(leader, (host, port))
+def serve(leader: Leader, host: str, port: int, tls=None) -> LeaderServer:
+    """Bind the API (over TLS with ``tls``, an ``ssl.SSLContext``); the caller runs ``serve_forever``."""
+    return LeaderServer(leader, (host, port), tls)

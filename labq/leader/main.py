@@ -13,6 +13,7 @@ from labq.leader.auth import JOIN_TOKEN_FILE
 from labq.leader.config import LeaderConfig
 from labq.leader.core import Leader
 from labq.leader.http import LeaderServer, serve
+from labq.protocol.identity import cluster_id
 from labq.store import StoreError, TinyDBStore, plan_recovery, recover
 
 
@@ -29,9 +30,15 @@ class RunningLeader:
     discovery: list = None  #: the mDNS advertiser and agent browser, once started
 
     @property
+    def pin(self) -> str | None:
+        """The lab CA's fingerprint when the leader serves TLS: what clients and agents pin."""
+        return self.leader.tls_pin
+
+    @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+        scheme = "https" if self.server.tls is not None else "http"
+        return f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
 
     def stop(self) -> None:
         for part in self.discovery or ():
@@ -64,8 +71,9 @@ def start_leader(config: LeaderConfig, *, first_admin: str | None = None) -> tup
     try:
         leader = Leader(config, store)
         created = leader.ensure_admin(first_admin)
+        tls = _tls_context(leader) if config.uses_tls else None
         try:
-            server = serve(leader, config.host, config.port)
+            server = serve(leader, config.host, config.port, tls)
         except OSError as err:
             raise StartError(f"cannot listen on {config.host}:{config.port}: {err.strerror}"
                              + (" (another leader running? choose another port with --listen)"
@@ -79,11 +87,25 @@ def start_leader(config: LeaderConfig, *, first_admin: str | None = None) -> tup
     return RunningLeader(leader, server, store, thread), created[1] if created else None
 
 
+def _tls_context(leader: Leader):
+    """The lab's CA (made on first start) and the leader's serving certificate, as a server context."""
+    from labq.leader.certs import LabCA, server_context, serving_files
+
+    config = leader.config
+    try:
+        ca = LabCA.load_or_create(config.data_dir, cluster_id(leader.users.ensure_join_token()))
+        cert, key = serving_files(ca, config.host)
+        context = server_context(ca, cert, key)
+    except (OSError, ValueError) as err:
+        raise StartError(f"cannot set up TLS in {config.data_dir / 'tls'}: {err}") from None
+    leader.use_tls(ca.cert_pem, ca.fingerprint)
+    return context
+
+
 def advertise(running: RunningLeader, name: str) -> None:
     """Announce the leader over mDNS and watch for agents, in the background: registering a
     name takes seconds, and discovery is only a hint, so a network without multicast loses nothing."""
     from labq.discovery import Advertiser, Browser
-    from labq.protocol.identity import cluster_id
 
     leader = running.leader
     cluster = cluster_id(leader.users.ensure_join_token())
@@ -98,7 +120,8 @@ def advertise(running: RunningLeader, name: str) -> None:
         try:
             running.discovery.append(Browser("agent", on_change=seen))
             port = running.server.server_address[1]
-            running.discovery.append(Advertiser("leader", name, port, {"name": name, "cluster": cluster}).start())
+            properties = {"name": name, "cluster": cluster, **({"tls": "1"} if running.pin else {})}
+            running.discovery.append(Advertiser("leader", name, port, properties).start())
         except Exception as err:  # no multicast here: agents pass --leader instead
             logging.getLogger("labq.leader").warning("cannot advertise over mDNS: %s", err)
 

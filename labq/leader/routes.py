@@ -30,13 +30,16 @@ KEEPALIVE_S = 15.0
 Route = tuple[str, re.Pattern, Callable]
 ROUTES: list[Route] = []
 _NO_HEAD: set[Callable] = set()  #: GET routes that stream their answer: HEAD is refused there
+PUBLIC: set[Callable] = set()  #: routes anyone may call, without a token: what is public anyway
 
 
-def route(method: str, pattern: str, *, head: bool = True):
+def route(method: str, pattern: str, *, head: bool = True, public: bool = False):
     def register(fn):
         ROUTES.append((method, re.compile(f"^{pattern}$"), fn))
         if not head:
             _NO_HEAD.add(fn)
+        if public:
+            PUBLIC.add(fn)
         return fn
     return register
 
@@ -46,6 +49,15 @@ def _job_id(text: str) -> int:
 
 
 # -- people -------------------------------------------------------------------------------
+
+
+@route("GET", "/v1/tls/ca", public=True)
+def _lab_ca(h: _Handler, who) -> tuple[int, dict]:
+    """The lab CA's certificate, which clients check against their pin before they trust the leader."""
+    ca = h.server.leader.tls_ca
+    if ca is None:
+        raise errors.not_found("this leader serves plain HTTP: it has no TLS certificate authority")
+    return 200, {"ca": ca, "fingerprint": h.server.leader.tls_pin}
 
 
 @route("GET", "/v1/whoami")

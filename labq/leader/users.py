@@ -9,7 +9,7 @@ from labq.leader.auth import JOIN_TOKEN_FILE, Principal, new_token, write_secret
 from labq.leader.state import LabState
 from labq.models.node import NodeHealth
 from labq.protocol import errors
-from labq.protocol.identity import token_hash
+from labq.protocol.identity import join_token, parse_join_token, token_hash
 from labq.protocol.requests import UserRequest
 from labq.store import DeleteRecord, PutRecord
 
@@ -33,6 +33,16 @@ class Users:
                 self.state.commit([PutRecord("cluster", "join", {"token_sha256": digest})])
             self.join_hash = digest
         return self.join_hash
+
+    def pin_join_token(self, pin: str) -> None:
+        """Put the lab CA's pin into the join-token file, so that agents given it trust only this leader."""
+        path = self.state.config.data_dir / JOIN_TOKEN_FILE
+        try:
+            pinned, secret = parse_join_token(path.read_text())
+        except (OSError, ValueError):
+            return  # moved away or edited by hand: the admin hands out tokens some other way
+        if pinned != pin and self.join_hash is not None and same_secret(token_hash(secret), self.join_hash):
+            write_secret(path, join_token(pin, secret))
 
     def authenticate(self, token: str | None) -> Principal:
         if not token:

@@ -16,6 +16,25 @@ def cluster_id(join_token_sha256: str) -> str:
     return hashlib.sha256(join_token_sha256.encode()).hexdigest()[:12]
 
 
+JOIN_PREFIX = "labq-join:v1:"
+
+
+def join_token(pin: str | None, secret: str) -> str:
+    """What an admin copies to a new workstation: the lab CA's pin and the secret (only the secret without TLS)."""
+    return f"{JOIN_PREFIX}{pin}:{secret}" if pin else secret
+
+
+def parse_join_token(text: str) -> tuple[str | None, str]:
+    """(the lab CA's pin or None, the secret) of a join token; ValueError for one that cannot be read."""
+    text = text.strip()
+    if not text.startswith(JOIN_PREFIX):
+        return None, text  # a lab without TLS: the secret alone
+    pin, sep, secret = text[len(JOIN_PREFIX):].rpartition(":")
+    if not sep or not pin.startswith("sha256:") or len(pin) != 71 or not secret:
+        raise ValueError("a join token looks like labq-join:v1:sha256:<64 hex digits>:<secret>")
+    return pin.lower(), secret
+
+
 def lab_of(join_token: str) -> str:
     """The cluster id of the lab a join token admits to."""
-    return cluster_id(token_hash(join_token))
+    return cluster_id(token_hash(parse_join_token(join_token)[1]))

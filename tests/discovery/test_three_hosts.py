@@ -8,6 +8,8 @@ join token is never given work.
 
 from __future__ import annotations
 
+import re
+
 import json
 import os
 import subprocess
@@ -78,13 +80,13 @@ def test_three_hosts_find_each_other_run_jobs_and_survive_a_lost_link(lan, tmp_p
         (tmp_path / "leader.toml").write_text(CONFIG)
         hosts.spawn(0, "leader", "leader", "--config", str(tmp_path / "leader.toml"), "--data-dir",
                     str(tmp_path / "leader" / "data"))
-        hosts.wait(lambda: "serving http://" in hosts.log("leader"), "the leader to serve")
+        hosts.wait(lambda: "serving https://" in hosts.log("leader"), "the leader to serve")  # TLS: off loopback
         join = (tmp_path / "leader" / "data" / "join-token").read_text().strip()
         for i in (1, 2):  # no --leader: they find it over mDNS
             hosts.spawn(i, f"a{i}", "agent", "--gpus", "sim:flat:2", "--name", f"a{i}",
                         "--data-dir", str(tmp_path / f"a{i}" / "data"), LABQ_JOIN_TOKEN=join)
         hosts.wait(lambda: sorted(n["name"] for n in hosts.json("nodes")) == ["a1", "a2"], "both agents to join")
-        assert f"found the leader over mDNS: http://{lab.addr(0)}:7733" in hosts.log("a1")
+        assert f"found the leader over mDNS: https://{lab.addr(0)}:7733" in hosts.log("a1")
         hosts.wait(lambda: all(n["found"] == "mDNS" for n in hosts.json("nodes")), "the leader to see them")
 
         jobs = {}
@@ -96,9 +98,10 @@ def test_three_hosts_find_each_other_run_jobs_and_survive_a_lost_link(lan, tmp_p
             hosts.wait(lambda job=job: hosts.json("show", str(job))["job"]["state"] == "running", f"job on {node}")
         assert "on " in hosts.labq("logs", str(jobs["a2"])).stdout  # logs come across hosts
 
+        pin = re.search(r"CA (sha256:[0-9a-f]{64})", hosts.log("leader")).group(1)
         rogue = hosts.spawn(2, "rogue", "agent", "--gpus", "sim:flat:8", "--name", "rogue",
-                            "--leader", f"http://{lab.addr(0)}:7733", "--data-dir", str(tmp_path / "rogue"),
-                            LABQ_JOIN_TOKEN="lqj_not-the-token")
+                            "--leader", f"https://{lab.addr(0)}:7733", "--data-dir", str(tmp_path / "rogue"),
+                            LABQ_JOIN_TOKEN=f"labq-join:v1:{pin}:lqj_not-the-token")  # the right pin, a wrong secret
         assert rogue.wait(timeout=60) != 0
         assert "unknown token" in hosts.log("rogue")
         assert "rogue" not in [n["name"] for n in hosts.json("nodes")]

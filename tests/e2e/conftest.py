@@ -67,7 +67,7 @@ class Lab:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             text = log.read_bytes()[start:].decode(errors="replace") if log.exists() else ""
-            found = re.search(r"serving (http://127\.0\.0\.1:\d+)", text)
+            found = re.search(r"serving (https?://127\.0\.0\.1:\d+)", text)
             if found:
                 self.url = found.group(1)
                 return

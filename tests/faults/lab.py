@@ -131,12 +131,12 @@ class FaultLab:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = log.read_bytes()[start:].decode(errors="replace")
-            found = re.search(r"serving (http://[\d.]+:\d+)", text)
+            found = re.search(r"serving (https?://[\d.]+:\d+)", text)
             if found:
                 self.served_at = time.time()
                 if self.url is None:
                     self.url = found.group(1)
-                    self.listen = self.url.removeprefix("http://")
+                    self.listen = self.url.split("://", 1)[1]
                     self._connect()
                 return self.served_at
             if self.leader.poll() is not None:
@@ -150,12 +150,12 @@ class FaultLab:
         self.wait(lambda: saved_at.exists() and "token" in saved_at.read_text(), "the first admin's credentials", 10)
         saved = tomllib.loads(saved_at.read_text())
         self.token = saved["token"]
-        url = self.url
+        url, pin = self.url, saved.get("pin")
         if self.leader_netns:  # the test reaches it from inside its namespace, on its loopback
-            url = "http://127.0.0.1:" + self.url.rsplit(":", 1)[1]
-            self.client = InNamespace(Client(url, self.token, timeout=10), self.leader_netns)
+            url = self.url.split("://", 1)[0] + "://127.0.0.1:" + self.url.rsplit(":", 1)[1]
+            self.client = InNamespace(Client(url, self.token, timeout=10, pin=pin), self.leader_netns)
         else:
-            self.client = Client(url, self.token, timeout=10)
+            self.client = Client(url, self.token, timeout=10, pin=pin)
 
     def stop_leader(self, sig: int, timeout: float = 30) -> int:
         """Send the leader ``sig`` and wait for it to end; its exit status."""

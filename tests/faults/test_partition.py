@@ -70,7 +70,7 @@ def test_a_cut_off_agent_is_lost_after_its_lease_and_its_jobs_requeued_only_afte
     lab = FaultLab(tmp_path, leader_toml(lease=LEASE_S, fence_after=FENCE_S, requeue_after=REQUEUE_S,
                                          max_grace=GRACE_S, default_grace=GRACE_S, listen="0.0.0.0:7733"),
                    leader_netns=net.hosts[0])
-    leader_url = f"http://{net.addr(0)}:7733"
+    leader_url = f"https://{net.addr(0)}:7733"  # other machines reach it: TLS, pinned by the join token
     tag = secrets.token_hex(3)
     ledger = Ledger()
     cut_off, other, host = f"a-{tag}", f"b-{tag}", net.hosts[1]

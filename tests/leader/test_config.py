@@ -20,7 +20,7 @@ def test_values_are_read_and_overrides_win(tmp_path):
     config = load_config(path, port=9000)
     assert (config.host, config.port, config.max_gpus_per_user) == ("0.0.0.0", 9000, 4)
     assert config.user_gpu_quota == {"alice": 8} and config.user_max_priority == 100 and config.lease_s == 10
-    assert config.url == "http://127.0.0.1:9000"
+    assert config.url == "https://127.0.0.1:9000"  # another machine may reach it: TLS
 
 
 def test_reservation_limits_and_groups_are_read(tmp_path):

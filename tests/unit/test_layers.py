@@ -37,8 +37,9 @@ PARTS: dict[str, tuple[str, ...]] = {
     "text": ("labq.units", "labq.when", "labq.terminal_text", "labq.log_text", "labq.render"),
     # Helpers a daemon uses on its machine: data folder, supervised threads, container policy, mDNS.
     "host": ("labq.paths", "labq.workers", "labq.isolation", "labq.discovery"),
-    # The one HTTP seam: Request/Response and transports, the socket-level connection, the hardened server.
-    "http": ("labq.transport", "labq.wire", "labq.http_server"),
+    # The one HTTP seam: Request/Response and transports, the socket-level connection, the hardened server,
+    # and trusting a leader by its pinned CA.
+    "http": ("labq.transport", "labq.wire", "labq.http_server", "labq.tls"),
     # The one client of the leader's API, for the CLI and the TUI.
     "client": ("labq.client",),
     # What the leader asks a store to record, and the rules every store keeps.

@@ -1,0 +1,162 @@
+"""The lab's certificate authority, kept by the leader in ``<data>/tls/``.
+
+On first start: a CA (EC P-256, ten years) and the leader's serving certificate signed by it, for the
+leader's names and addresses, one year, renewed by the leader itself when less than ``RENEW_BEFORE_S``
+is left or a name or address is missing (agents and clients trust the CA, so nothing else changes). Keys
+are 0600, written whole or not at all. The serving certificate alone may serve (``serverAuth``); the
+certificates the CA signs for agents are for clients only, so an agent cannot pose as its leader.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from labq.tls import fingerprint
+
+CA_DAYS = 3650
+SERVING_DAYS = 365
+RENEW_BEFORE_S = 30 * 86400
+TLS_DIR = "tls"
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """A file only its owner can read, written whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    partial = path.with_name(path.name + ".tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(partial, path)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+@dataclass(frozen=True)
+class LabCA:
+    folder: Path
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+    @property
+    def cert_pem(self) -> str:
+        return self.cert.public_bytes(serialization.Encoding.PEM).decode()
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.cert_pem)
+
+    @classmethod
+    def load_or_create(cls, data_dir: Path, lab_name: str, now: datetime.datetime | None = None) -> LabCA:
+        folder = data_dir / TLS_DIR
+        cert_path, key_path = folder / "ca.pem", folder / "ca.key"
+        if cert_path.exists() and key_path.exists():
+            key = serialization.load_pem_private_key(key_path.read_bytes(), None)
+            return cls(folder, x509.load_pem_x509_certificate(cert_path.read_bytes()), key)
+        now = now or datetime.datetime.now(datetime.timezone.utc)
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"labq lab CA {lab_name}"[:64])])
+        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                             content_commitment=False, key_encipherment=False,
+                                             data_encipherment=False, key_agreement=False, encipher_only=False,
+                                             decipher_only=False), critical=True)
+                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+                .sign(key, hashes.SHA256()))
+        _write_private(key_path, _key_pem(key))
+        _write_private(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+        return cls(folder, cert, key)
+
+    def issue(self, common_name: str, *, serving: bool, names: tuple[str, ...] = (),
+              addresses: tuple[str, ...] = (), days: int = SERVING_DAYS,
+              now: datetime.datetime | None = None) -> tuple[bytes, bytes]:
+        """(certificate PEM, key PEM) for ``common_name``: for serving (the leader) or a client (an agent)."""
+        now = now or datetime.datetime.now(datetime.timezone.utc)
+        key = ec.generate_private_key(ec.SECP256R1())
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if serving else ExtendedKeyUsageOID.CLIENT_AUTH
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64])]))
+                   .issuer_name(self.cert.subject).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=days))
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                                  critical=False))
+        sans = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(self.key, hashes.SHA256())
+        return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+def leader_names(host: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names and addresses the leader's certificate is for: this machine's, loopback, the listen address."""
+    names = {"localhost", socket.gethostname()}
+    addresses = {"127.0.0.1", "::1"}
+    try:
+        names.add(socket.getfqdn())
+        for info in socket.getaddrinfo(socket.gethostname(), None):
+            addresses.add(info[4][0].split("%")[0])
+    except OSError:
+        pass
+    if host and host not in ("0.0.0.0", "::", ""):
+        try:
+            addresses.add(str(ipaddress.ip_address(host)))
+        except ValueError:
+            names.add(host)
+    return tuple(sorted(n for n in names if n)), tuple(sorted(addresses))
+
+
+def serving_files(ca: LabCA, host: str, now: datetime.datetime | None = None) -> tuple[Path, Path]:
+    """The leader's serving certificate (with the CA after it) and key, made or renewed as needed."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    cert_path, key_path = ca.folder / "leader.pem", ca.folder / "leader.key"
+    names, addresses = leader_names(host)
+    if cert_path.exists() and key_path.exists():
+        try:
+            cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+            sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            has = set(sans.get_values_for_type(x509.DNSName)) | {str(a) for a in sans.get_values_for_type(
+                x509.IPAddress)}
+            left = (cert.not_valid_after_utc - now).total_seconds()
+            if left > RENEW_BEFORE_S and set(names) | set(addresses) <= has and cert.issuer == ca.cert.subject:
+                return cert_path, key_path
+        except (ValueError, x509.ExtensionNotFound):
+            pass  # unreadable or odd: make a new one
+    cert_pem, key_pem = ca.issue("labq leader", serving=True, names=names, addresses=addresses, now=now)
+    _write_private(key_path, key_pem)
+    _write_private(cert_path, cert_pem + ca.cert_pem.encode())
+    return cert_path, key_path
+
+
+def server_context(ca: LabCA, cert_path: Path, key_path: Path) -> ssl.SSLContext:
+    """The leader's side: its certificate chain; a client certificate of the lab's CA is asked for, not
+    required (people's clients have tokens, agents present theirs)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_path, key_path)
+    context.load_verify_locations(cadata=ca.cert_pem)
+    context.verify_mode = ssl.CERT_OPTIONAL
+    return context
