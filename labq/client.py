@@ -246,7 +246,9 @@ class Client:
         try:
             return self.transport(Request(method, url, headers, payload, timeout or self.timeout, tls=tls))
         except OSError as err:  # labq.wire's WireError (a malformed answer) too
-            if tls is not None and type(err).__name__ == "SSLCertVerificationError":
+            import ssl  # loaded already with the context
+
+            if tls is not None and isinstance(err, ssl.SSLCertVerificationError):
                 self._untrusted()
             raise self._unreachable(err) from None
 

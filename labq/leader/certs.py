@@ -3,7 +3,7 @@
 On first start: a CA (EC P-256, ten years) and the leader's serving certificate signed by it, for the
 leader's names and addresses, one year, renewed by the leader itself when less than ``RENEW_BEFORE_S``
 is left or a name or address is missing (agents and clients trust the CA, so nothing else changes). Keys
-are 0600, written whole or not at all. The serving certificate alone may serve (``serverAuth``); the
+are 0600, written whole or not at all (``labq.leader.auth.write_secret``). The serving certificate alone may serve (``serverAuth``); the
 certificates the CA signs for agents are for clients only, so an agent cannot pose as its leader.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import socket
 import ssl
 from dataclasses import dataclass
@@ -22,25 +21,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from labq.leader.auth import write_secret
 from labq.tls import fingerprint
 
 CA_DAYS = 3650
 SERVING_DAYS = 365
 RENEW_BEFORE_S = 30 * 86400
 TLS_DIR = "tls"
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """A file only its owner can read, written whole or not at all."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    partial = path.with_name(path.name + ".tmp")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(partial, path)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -83,8 +70,8 @@ class LabCA:
                                              decipher_only=False), critical=True)
                 .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
                 .sign(key, hashes.SHA256()))
-        _write_private(key_path, _key_pem(key))
-        _write_private(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+        write_secret(key_path, _key_pem(key).decode())
+        write_secret(cert_path, cert.public_bytes(serialization.Encoding.PEM).decode())
         return cls(folder, cert, key)
 
     def issue(self, common_name: str, *, serving: bool, names: tuple[str, ...] = (),
@@ -146,8 +133,8 @@ def serving_files(ca: LabCA, host: str, now: datetime.datetime | None = None) ->
         except (ValueError, x509.ExtensionNotFound):
             pass  # unreadable or odd: make a new one
     cert_pem, key_pem = ca.issue("labq leader", serving=True, names=names, addresses=addresses, now=now)
-    _write_private(key_path, key_pem)
-    _write_private(cert_path, cert_pem + ca.cert_pem.encode())
+    write_secret(key_path, key_pem.decode())
+    write_secret(cert_path, cert_pem.decode() + ca.cert_pem)
     return cert_path, key_path
 
 

@@ -35,7 +35,7 @@ SCRIPTS = {
     "train.py": "import os, time\nwhile not os.path.exists('bert.done'):\n    time.sleep(0.05)\n",
     "eval.py": "import os, time\nwhile not os.path.exists(f\"eval-{os.environ['LABQ_JOB_ID']}.done\"):\n"
                "    time.sleep(0.05)\n",
-    "sweep.py": "import time\nwhile True:\n    time.sleep(1)\n",
+    "sweep.py": "import signal\nsignal.pause()  # until cancelled\n",
 }
 #: lines of ``labq up`` that say whose lab it is: for the user the README speaks to, not for root
 WHOSE = ("a new lab:", "labq up: node ws1 is ready;")
