@@ -5,14 +5,20 @@ leader's names and addresses, one year, renewed by the leader itself when less t
 is left or a name or address is missing (agents and clients trust the CA, so nothing else changes). Keys
 are 0600, written whole or not at all (``labq.leader.auth.write_secret``). The serving certificate alone may serve (``serverAuth``); the
 certificates the CA signs for agents are for clients only, so an agent cannot pose as its leader.
+
+A leader runs for months, so the renewal also happens while it runs (``ServingCertificate``): the new
+chain is loaded into the server's one ``SSLContext``, which only new handshakes read, and connections
+already open keep the certificate they were shown.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import logging
 import socket
 import ssl
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,11 +29,16 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from labq.leader.auth import write_secret
 from labq.tls import fingerprint
+from labq.workers import Backoff, RetryLog
 
 CA_DAYS = 3650
 SERVING_DAYS = 365
 RENEW_BEFORE_S = 30 * 86400
+#: how often a running leader looks at its serving certificate: twice a day, against a month of warning
+CHECK_EVERY_S = 12 * 3600
 TLS_DIR = "tls"
+
+log = logging.getLogger("labq.leader")
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -121,21 +132,38 @@ def serving_files(ca: LabCA, host: str, now: datetime.datetime | None = None) ->
     now = now or datetime.datetime.now(datetime.timezone.utc)
     cert_path, key_path = ca.folder / "leader.pem", ca.folder / "leader.key"
     names, addresses = leader_names(host)
-    if cert_path.exists() and key_path.exists():
-        try:
-            cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-            sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-            has = set(sans.get_values_for_type(x509.DNSName)) | {str(a) for a in sans.get_values_for_type(
-                x509.IPAddress)}
-            left = (cert.not_valid_after_utc - now).total_seconds()
-            if left > RENEW_BEFORE_S and set(names) | set(addresses) <= has and cert.issuer == ca.cert.subject:
-                return cert_path, key_path
-        except (ValueError, x509.ExtensionNotFound):
-            pass  # unreadable or odd: make a new one
+    if _why_renew(ca, cert_path, key_path, names, addresses, now) is not None:
+        _write_serving(ca, cert_path, key_path, names, addresses, now)
+    return cert_path, key_path
+
+
+def _why_renew(ca: LabCA, cert_path: Path, key_path: Path, names: tuple[str, ...], addresses: tuple[str, ...],
+               now: datetime.datetime) -> str | None:
+    """Why the serving certificate on disk must be made again (for the log), or None while it is good."""
+    if not (cert_path.exists() and key_path.exists()):
+        return "there is none"
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, x509.ExtensionNotFound):
+        return "it is unreadable"  # or odd: make a new one
+    has = set(sans.get_values_for_type(x509.DNSName)) | {str(a) for a in sans.get_values_for_type(x509.IPAddress)}
+    left = (cert.not_valid_after_utc - now).total_seconds()
+    if left <= RENEW_BEFORE_S:
+        return f"{max(left, 0) / 86400:.0f} days were left"
+    missing = (set(names) | set(addresses)) - has
+    if missing:
+        return f"it lacked {', '.join(sorted(missing))}"
+    if cert.issuer != ca.cert.subject:
+        return "another CA had signed it"
+    return None
+
+
+def _write_serving(ca: LabCA, cert_path: Path, key_path: Path, names: tuple[str, ...], addresses: tuple[str, ...],
+                   now: datetime.datetime) -> None:
     cert_pem, key_pem = ca.issue("labq leader", serving=True, names=names, addresses=addresses, now=now)
     write_secret(key_path, key_pem.decode())
     write_secret(cert_path, cert_pem.decode() + ca.cert_pem)
-    return cert_path, key_path
 
 
 def server_context(ca: LabCA, cert_path: Path, key_path: Path) -> ssl.SSLContext:
@@ -147,3 +175,62 @@ def server_context(ca: LabCA, cert_path: Path, key_path: Path) -> ssl.SSLContext
     context.load_verify_locations(cadata=ca.cert_pem)
     context.verify_mode = ssl.CERT_OPTIONAL
     return context
+
+
+class ServingCertificate:
+    """The leader's serving certificate while it runs: the one server context, renewed in place.
+
+    The server wraps every accepted connection with ``context``; ``load_cert_chain`` on that same context
+    changes what new handshakes present and nothing else, so a renewal needs no restart and cuts off no
+    open connection (an agent's long poll goes on with the certificate it was shown). Agents and clients
+    pin the CA, not this certificate, so they take the new one without a word.
+    """
+
+    def __init__(self, ca: LabCA, host: str, now: datetime.datetime | None = None) -> None:
+        self.ca, self.host = ca, host
+        self.cert_path, self.key_path = serving_files(ca, host, now)
+        self.context = server_context(ca, self.cert_path, self.key_path)
+        #: the certificate new connections are shown
+        self.serving = x509.load_pem_x509_certificate(self.cert_path.read_bytes())
+        self._lock = threading.Lock()
+
+    def renew_if_due(self, now: datetime.datetime | None = None) -> bool:
+        """Make a new certificate when ``serving_files`` would (less than ``RENEW_BEFORE_S`` left, a name or
+        address missing, another issuer) and serve it from the next handshake on; True when it did.
+
+        The certificate on disk is also served when it is not the one in the context (a load that failed
+        after the files were written is taken up at the next check rather than never).
+        """
+        now = now or datetime.datetime.now(datetime.timezone.utc)
+        with self._lock:
+            names, addresses = leader_names(self.host)
+            why = _why_renew(self.ca, self.cert_path, self.key_path, names, addresses, now)
+            if why is not None:
+                _write_serving(self.ca, self.cert_path, self.key_path, names, addresses, now)
+            on_disk = x509.load_pem_x509_certificate(self.cert_path.read_bytes())
+            if on_disk == self.serving:
+                return False
+            # a pair that does not load would leave the live context without a usable key: try it aside first
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.cert_path, self.key_path)
+            self.context.load_cert_chain(self.cert_path, self.key_path)
+            self.serving = on_disk
+        log.info("renewed the leader's TLS certificate (%s): serial %x, valid until %s; the lab CA is unchanged",
+                 why or "a new one was on disk", on_disk.serial_number, on_disk.not_valid_after_utc.isoformat())
+        return True
+
+    def keep_renewed(self, stopping: threading.Event, every_s: float = CHECK_EVERY_S) -> None:
+        """The renewal thread's body: a look every ``every_s`` until ``stopping``; a failed look (a full
+        disk, say) is logged and tried again after a backoff, never the end of the thread."""
+        backoff = Backoff(first=min(60.0, every_s), cap=min(3600.0, every_s))
+        trouble = RetryLog(log, "cannot renew the leader's TLS certificate")
+        wait = every_s  # the leader has just made or checked it at start
+        while not stopping.wait(wait):
+            try:
+                self.renew_if_due()
+            except Exception as err:  # noqa: BLE001 - the certificate has a month of margin: say so, try again
+                trouble.failed(err)
+                wait = backoff.next()
+            else:
+                trouble.ok()
+                backoff.reset()
+                wait = every_s

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from labq.leader.auth import JOIN_TOKEN_FILE
 from labq.leader.config import LeaderConfig
@@ -15,6 +16,9 @@ from labq.leader.core import Leader
 from labq.leader.http import LeaderServer, serve
 from labq.protocol.identity import cluster_id
 from labq.store import StoreError, TinyDBStore, plan_recovery, recover
+
+if TYPE_CHECKING:  # the module itself waits for a leader that serves TLS: it loads ``cryptography``
+    from labq.leader.certs import ServingCertificate
 
 
 class StartError(Exception):
@@ -71,9 +75,9 @@ def start_leader(config: LeaderConfig, *, first_admin: str | None = None) -> tup
     try:
         leader = Leader(config, store)
         created = leader.ensure_admin(first_admin)
-        tls = _tls_context(leader) if config.uses_tls else None
+        serving = _serving_certificate(leader) if config.uses_tls else None
         try:
-            server = serve(leader, config.host, config.port, tls)
+            server = serve(leader, config.host, config.port, serving.context if serving else None)
         except OSError as err:
             raise StartError(f"cannot listen on {config.host}:{config.port}: {err.strerror}"
                              + (" (another leader running? choose another port with --listen)"
@@ -82,24 +86,26 @@ def start_leader(config: LeaderConfig, *, first_admin: str | None = None) -> tup
         store.close()
         raise
     leader.start()
+    if serving is not None:  # a supervised thread, as the scheduler's: ``Leader.check`` restarts it, stop ends it
+        leader.workers.spawn("labq-tls-renewal", lambda: serving.keep_renewed(leader.stopping))
     thread = threading.Thread(target=server.serve_forever, name="labq-http", daemon=True)
     thread.start()
     return RunningLeader(leader, server, store, thread), created[1] if created else None
 
 
-def _tls_context(leader: Leader):
-    """The lab's CA (made on first start) and the leader's serving certificate, as a server context."""
-    from labq.leader.certs import LabCA, server_context, serving_files
+def _serving_certificate(leader: Leader) -> ServingCertificate:
+    """The lab's CA (made on first start) and the leader's serving certificate, whose context the server
+    uses and which renews itself in place while the leader runs (``labq.leader.certs.ServingCertificate``)."""
+    from labq.leader.certs import LabCA, ServingCertificate
 
     config = leader.config
     try:
         ca = LabCA.load_or_create(config.data_dir, cluster_id(leader.users.ensure_join_token()))
-        cert, key = serving_files(ca, config.host)
-        context = server_context(ca, cert, key)
+        serving = ServingCertificate(ca, config.host)
     except (OSError, ValueError) as err:
         raise StartError(f"cannot set up TLS in {config.data_dir / 'tls'}: {err}") from None
     leader.use_tls(ca.cert_pem, ca.fingerprint)
-    return context
+    return serving
 
 
 def advertise(running: RunningLeader, name: str) -> None:

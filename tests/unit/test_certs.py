@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import datetime
+import logging
+import shutil
 import socket
 import ssl
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from labq.leader.certs import RENEW_BEFORE_S, LabCA, server_context, serving_files
+from labq.leader.certs import (CHECK_EVERY_S, RENEW_BEFORE_S, SERVING_DAYS, LabCA, ServingCertificate,
+                               server_context, serving_files)
+from labq.leader.config import LeaderConfig
+from labq.leader.main import start_leader
 from labq.tls import client_context, fingerprint
 
 NOW = datetime.datetime(2026, 11, 24, tzinfo=datetime.timezone.utc)
@@ -85,3 +92,148 @@ def test_a_client_of_the_lab_trusts_the_leaders_certificate_and_not_an_agents(tm
     with pytest.raises(ssl.SSLCertVerificationError):  # another lab's leader
         _connect(port, trusting)
     thread.join(10)
+
+
+def _serve_echo(context: ssl.SSLContext, connections: int) -> int:
+    """A TLS server on loopback that takes ``connections`` connections, each in its own thread as the
+    leader's server does, and sends back what it reads until the client closes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def echo(conn: socket.socket) -> None:
+        try:
+            with context.wrap_socket(conn, server_side=True) as tls:
+                while data := tls.recv(1024):
+                    tls.sendall(data)
+        except (ssl.SSLError, OSError):
+            pass
+
+    def accept() -> None:
+        with listener:
+            for _ in range(connections):
+                threading.Thread(target=echo, args=(listener.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener.getsockname()[1]
+
+
+@contextmanager
+def _open(port: int, context: ssl.SSLContext) -> Iterator[ssl.SSLSocket]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with context.wrap_socket(raw) as tls:
+            yield tls
+
+
+def _talks(tls: ssl.SSLSocket) -> bool:
+    tls.sendall(b"ping")
+    return tls.recv(4) == b"ping"
+
+
+def _shown(tls: ssl.SSLSocket) -> x509.Certificate:
+    """The certificate the server presented on this connection."""
+    return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
+
+
+def test_a_running_leader_renews_its_certificate_in_place_and_open_connections_keep_theirs(tmp_path, caplog):
+    now = datetime.datetime.now(datetime.timezone.utc)  # the handshakes below check the real time
+    issued = now - datetime.timedelta(days=SERVING_DAYS - 20)  # twenty days left: due
+    ca = LabCA.load_or_create(tmp_path, "lab", issued)
+    serving = ServingCertificate(ca, "127.0.0.1", issued)
+    old, context = serving.serving, serving.context
+    assert (old.not_valid_after_utc - now).total_seconds() < RENEW_BEFORE_S
+    trusting = client_context(ca.cert_pem)  # what agents and clients hold: the lab CA, pinned
+    port = _serve_echo(context, connections=2)
+    with _open(port, trusting) as before:
+        assert _talks(before) and _shown(before) == old
+        with caplog.at_level(logging.INFO, logger="labq.leader"):
+            assert serving.renew_if_due(now)
+        new = serving.serving
+        assert serving.context is context  # the server's own context: no restart
+        assert new.not_valid_after_utc > old.not_valid_after_utc and new.serial_number != old.serial_number
+        assert new.issuer == old.issuer == ca.cert.subject
+        assert x509.load_pem_x509_certificate(serving.cert_path.read_bytes()) == new
+        with _open(port, trusting) as after:  # a new handshake on the same context: the new certificate
+            assert _talks(after) and _shown(after) == new
+        assert _talks(before)  # the connection opened before the renewal goes on
+    said = [r for r in caplog.records if r.name == "labq.leader"]
+    assert len(said) == 1 and said[0].levelno == logging.INFO and f"{new.serial_number:x}" in said[0].getMessage()
+    key_body = "".join(serving.key_path.read_text().splitlines()[1:-1])
+    assert "PRIVATE KEY" not in caplog.text and key_body[:40] not in caplog.text
+    assert not serving.renew_if_due(now)  # a year left again
+
+
+def test_a_certificate_not_due_is_not_rewritten(tmp_path):
+    ca = LabCA.load_or_create(tmp_path, "lab", NOW)
+    serving = ServingCertificate(ca, "127.0.0.1", NOW)
+    first = serving.serving
+
+    def on_disk() -> tuple[int, bytes, int, bytes]:
+        return (serving.cert_path.stat().st_mtime_ns, serving.cert_path.read_bytes(),
+                serving.key_path.stat().st_mtime_ns, serving.key_path.read_bytes())
+
+    was = on_disk()
+    just_not_due = NOW + datetime.timedelta(days=SERVING_DAYS, seconds=-RENEW_BEFORE_S - 3600)
+    for now in (NOW, NOW + datetime.timedelta(days=300), just_not_due):
+        assert not serving.renew_if_due(now)
+    assert on_disk() == was and serving.serving.serial_number == first.serial_number
+
+
+def test_a_certificate_another_ca_signed_is_replaced_by_one_of_the_labs(tmp_path):
+    ca = LabCA.load_or_create(tmp_path, "lab", NOW)
+    serving = ServingCertificate(ca, "127.0.0.1", NOW)
+    other = LabCA.load_or_create(tmp_path / "other", "other", NOW)
+    shutil.copy(serving_files(other, "127.0.0.1", NOW)[0], serving.cert_path)
+    shutil.copy(other.folder / "leader.key", serving.key_path)
+    assert serving.renew_if_due(NOW)
+    assert serving.serving.issuer == ca.cert.subject != other.cert.subject
+    assert x509.load_pem_x509_certificate(serving.cert_path.read_bytes()) == serving.serving
+
+
+class _Rounds(threading.Event):
+    """The renewal thread's stop signal, stepped by the test instead of the clock: each ``wait`` is one
+    round of the loop, ``before`` runs ahead of round ``n``; after the last round the loop is told to stop."""
+
+    def __init__(self, before: list[Callable[[], None]]) -> None:
+        super().__init__()
+        self.before, self.waits = before, []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        if len(self.waits) > len(self.before):
+            return True
+        self.before[len(self.waits) - 1]()
+        return False
+
+
+def test_the_renewal_thread_outlives_a_failed_renewal_and_tries_again_sooner(tmp_path, caplog):
+    issued = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=SERVING_DAYS - 20)
+    ca = LabCA.load_or_create(tmp_path, "lab", issued)
+    serving = ServingCertificate(ca, "127.0.0.1", issued)
+    old, key = serving.serving, serving.key_path
+
+    def break_the_key_file() -> None:  # a real write that fails: the key cannot replace a folder
+        key.unlink()
+        key.mkdir()
+
+    rounds = _Rounds([break_the_key_file, key.rmdir])
+    with caplog.at_level(logging.INFO, logger="labq.leader"):
+        serving.keep_renewed(rounds)  # returns only when told to stop
+    assert rounds.waits[0] == rounds.waits[2] == CHECK_EVERY_S and rounds.waits[1] < CHECK_EVERY_S
+    assert serving.serving != old and serving.serving.issuer == ca.cert.subject
+    levels = [(r.levelno, r.getMessage().split(":")[0]) for r in caplog.records if r.name == "labq.leader"]
+    assert levels[0] == (logging.WARNING, "cannot renew the leader's TLS certificate")
+    assert [lv for lv, _ in levels[1:]] == [logging.INFO, logging.INFO]  # renewed; works again
+
+
+def test_a_leader_serving_tls_runs_the_renewal_thread_until_it_stops(tmp_path):
+    running, _ = start_leader(LeaderConfig(host="127.0.0.1", port=0, data_dir=tmp_path, tls="on"), first_admin="ada")
+    try:
+        renewal = [t for t in running.leader.workers.threads if t.name == "labq-tls-renewal"]
+        assert len(renewal) == 1 and renewal[0].is_alive()
+        with socket.create_connection(running.server.server_address[:2], timeout=10) as raw:
+            with client_context(running.leader.tls_ca).wrap_socket(raw) as tls:
+                shown = _shown(tls)
+        assert shown == x509.load_pem_x509_certificate((tmp_path / "tls" / "leader.pem").read_bytes())
+    finally:
+        running.stop()
+    renewal[0].join(10)
+    assert not renewal[0].is_alive()
