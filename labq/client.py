@@ -196,6 +196,17 @@ class Client:
     def remove_user(self, name: str) -> dict:
         return self._json("DELETE", f"/v1/users/{quote(name, safe='')}")["user"]
 
+    def tokens(self, user: str | None = None) -> list[dict]:
+        return self._json("GET", "/v1/tokens", [("user", user)] if user else [])["tokens"]
+
+    def create_token(self, user: str, name: str = "api", expires_s: float | None = None) -> tuple[dict, str]:
+        """A new token for ``user``: (what ``tokens()`` lists of it, the token itself, shown only now)."""
+        answer = self._json("POST", "/v1/tokens", body={"user": user, "name": name, "expires_s": expires_s})
+        return answer["token"], answer["secret"]
+
+    def revoke_token(self, token_id: str) -> dict:
+        return self._json("DELETE", f"/v1/tokens/{quote(token_id, safe='')}")["token"]
+
     def close_events(self) -> None:
         """End an ``events()`` stream read in another thread: its blocked read returns at once."""
         resp = getattr(self, "_events_response", None)

@@ -9,6 +9,7 @@ import shlex
 import sys
 
 from labq.cli.common import command, emit, leader_client, leader_option
+from labq.cli.tokens import add_token_commands
 from labq.protocol.errors import ApiError
 from labq.terminal_text import escape_controls
 
@@ -25,8 +26,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     login.add_argument("--pin", metavar="sha256:HEX", help="the lab CA's fingerprint (needed for https://)")
     login.add_argument("--token", metavar="TOKEN", required=True, help="your token (lqu_...)")
     c = [leader_option()]
-    admin = command(sub, "admin", "manage users (admins)", "Commands for labq admins.",
-                    "  labq admin user add alice\n  labq admin user ls", None, [])
+    admin = command(sub, "admin", "manage users and tokens (admins)", "Commands for labq admins.",
+                    "  labq admin user add alice\n  labq admin user ls\n"
+                    "  labq admin token create alice --name laptop --expires 30d", None, [])
     admin_sub = admin.add_subparsers(title="admin commands", metavar="COMMAND")
     users = command(admin_sub, "user", "add, list and remove users", "Manage who may use the queue.",
                     "  labq admin user add alice\n  labq admin user rm alice", None, [])
@@ -46,6 +48,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = command(users_sub, "rm", "remove a user", "Remove a user; their token stops working at once.",
                 "  labq admin user rm alice", _user_rm, c)
     p.add_argument("name", metavar="NAME")
+    add_token_commands(admin_sub, c)
 
 
 def _login(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ class Principal:
     kind: str  #: "user", "agent" or "join"
     name: str
     admin: bool = False
+    token_id: str | None = None  #: the user's token it came with (``labq.leader.tokens``)
 
 
 def new_token(kind: str) -> str:

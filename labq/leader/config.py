@@ -22,6 +22,7 @@ request_timeout = "10s"          # a client silent this long while sending a req
 max_connections_per_address = 128 # open connections from one address; more are answered 503 and closed
 tls = "auto"                     # "auto": TLS unless listening on loopback only; "on": always; "off": never
 insecure = false                 # allow plain HTTP on an address other machines reach (tokens in clear!)
+auth_failures_per_minute = 30    # failed authentications one address may make a minute, then 429; 0: no limit
 
 [scheduling]
 preemption = true                # higher-priority jobs may preempt lower, preemptible ones
@@ -80,6 +81,7 @@ class LeaderConfig:
     data_dir: Path = field(default_factory=default_data_dir)
     request_timeout_s: float = 10.0
     max_connections_per_address: int = 128
+    auth_failures_per_minute: int = 30
     tls: str = "auto"  #: "auto", "on" or "off"
     insecure: bool = False  #: plain HTTP allowed off loopback
     preemption: bool = True
@@ -185,6 +187,7 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         "listen": lambda v: _listen(v, values), "data_dir": lambda v: values.update(data_dir=Path(v).expanduser()),
         "request_timeout": lambda v: values.update(request_timeout_s=parse_duration(v, bare_seconds=True)),
         "max_connections_per_address": lambda v: values.update(max_connections_per_address=_count(v)),
+        "auth_failures_per_minute": lambda v: values.update(auth_failures_per_minute=_count(v)),
         "tls": lambda v: values.update(tls=_tls_mode(v)), "insecure": lambda v: values.update(insecure=_bool(v))})
     _take(doc.get("scheduling", {}), where, "scheduling", values, {
         "preemption": lambda v: values.update(preemption=_bool(v)),

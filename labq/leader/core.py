@@ -18,9 +18,11 @@ from labq.leader.auth import Principal
 from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
 from labq.leader.queue import Queue
+from labq.leader.ratelimit import AuthFailures
 from labq.leader.scheduling import Scheduling
 from labq.leader.state import LabState
 from labq.leader.users import Users
+from labq.protocol.errors import ApiError
 from labq.store import Store
 from labq.workers import Supervisor
 
@@ -38,6 +40,7 @@ class Leader:
         self.scheduling = Scheduling(self.state, self.bookings)
         self.users.ensure_join_token()
         self.workers = Supervisor()
+        self.auth_failures = AuthFailures(config.auth_failures_per_minute, 60.0, monotonic)
         #: the lab CA's certificate (PEM) and pin when the leader serves TLS (``labq.leader.certs``)
         self.tls_ca: str | None = None
         self.tls_pin: str | None = None
@@ -47,8 +50,16 @@ class Leader:
         self.tls_ca, self.tls_pin = ca_pem, pin
         self.users.pin_join_token(pin)
 
-    def authenticate(self, token: str | None) -> Principal:
-        return self.users.authenticate(token)
+    def authenticate(self, token: str | None, source: str | None = None) -> Principal:
+        """Who sent a request with ``token`` from address ``source``; an address that keeps failing is refused
+        (429) for a while without its token being looked at."""
+        self.auth_failures.check(source)
+        try:
+            return self.users.authenticate(token)
+        except ApiError as err:
+            if err.status == 401 and token:
+                self.auth_failures.failed(source)
+            raise
 
     def ensure_admin(self, name: str | None = None) -> tuple[str, str] | None:
         """On a fresh lab, make the person starting the leader its first admin: (name, token)."""

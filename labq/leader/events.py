@@ -20,6 +20,7 @@ class EventHub:
         self._seq = 0
         self._recent: deque[Event] = deque(maxlen=keep)
         self._closed = False
+        self._interrupts = 0
 
     @property
     def seq(self) -> int:
@@ -34,8 +35,15 @@ class EventHub:
     def after(self, seq: int, timeout: float) -> list[Event]:
         """Events after ``seq``, waiting up to ``timeout`` for one; empty when none came or on close."""
         with self._cond:
-            self._cond.wait_for(lambda: self._seq > seq or self._closed, timeout)
+            interrupts = self._interrupts
+            self._cond.wait_for(lambda: self._seq > seq or self._closed or self._interrupts != interrupts, timeout)
             return [e for e in self._recent if e.seq > seq]
+
+    def interrupt(self) -> None:
+        """Wake every stream's wait now (a token was revoked: each stream checks that its own still holds)."""
+        with self._cond:
+            self._interrupts += 1
+            self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:

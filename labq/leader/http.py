@@ -82,7 +82,8 @@ class _Handler(JsonHandler):
                 return
             handler, match = routed
             body = self._body() if method in ("POST", "PUT") else None
-            who = None if handler in PUBLIC else self.server.leader.authenticate(self.bearer_token())
+            who = None if handler in PUBLIC else self.server.leader.authenticate(self.bearer_token(),
+                                                                                  self.client_address[0])
             args = (self, who, *match.groups())
             result = handler(*args, body) if method in ("POST", "PUT") else handler(*args)
             if result is not None:

@@ -19,8 +19,8 @@ from labq.protocol import errors
 from labq.protocol.agents import encode_reply, parse_registration, parse_sync
 from labq.protocol.bookings import encode_answer, encode_windows, parse_reserve
 from labq.protocol.codec import encode_job, encode_pending, encode_reservation
-from labq.protocol.names import check_name
-from labq.protocol.requests import parse_action, parse_submit, parse_user, require_int
+from labq.protocol.names import check_name, check_user_name
+from labq.protocol.requests import parse_action, parse_submit, parse_token, parse_user, require_int
 
 if TYPE_CHECKING:
     from labq.leader.http import _Handler
@@ -211,6 +211,26 @@ def _remove_user(h: _Handler, who, name: str) -> tuple[int, dict]:
     return 200, {"user": h.server.leader.users.remove(who, check_name(urllib.parse.unquote(name), "user name"))}
 
 
+@route("GET", "/v1/tokens")
+def _tokens(h: _Handler, who) -> tuple[int, dict]:
+    user = h.arg("user")
+    return 200, {"tokens": h.server.leader.users.token_listing(who, check_user_name(user, "user") if user else None)}
+
+
+@route("POST", "/v1/tokens")
+def _create_token(h: _Handler, who, body) -> tuple[int, dict]:
+    token, secret = h.server.leader.users.create_token(who, parse_token(body))
+    return 201, {"token": token, "secret": secret}
+
+
+@route("DELETE", r"/v1/tokens/([^/]+)")
+def _revoke_token(h: _Handler, who, token_id: str) -> tuple[int, dict]:
+    token_id = urllib.parse.unquote(token_id)
+    if not re.fullmatch(r"[0-9a-f]{1,64}", token_id):
+        raise errors.bad_request(f"a token id is hex digits (`labq admin token list`), not {ascii(token_id)[:40]}")
+    return 200, {"token": h.server.leader.users.revoke_token(who, token_id)}
+
+
 @route("GET", "/v1/events", head=False)
 def _events(h: _Handler, who) -> None:
     if who.kind != "user":
@@ -222,9 +242,13 @@ def _events(h: _Handler, who) -> None:
     h.send_header("Cache-Control", "no-store")
     h.end_headers()
     h.close_connection = True
-    stopping = h.server.leader.stopping
-    while not stopping.is_set():
+    leader = h.server.leader
+    while not leader.stopping.is_set():
         events = hub.after(after, KEEPALIVE_S)
+        if not leader.users.still_valid(who):  # revoked or expired: the stream ends with its token
+            h.wfile.write(b"event: revoked\ndata: {}\n\n")
+            h.wfile.flush()
+            return
         if not events:
             h.wfile.write(b": keepalive\n\n")
         for event in events:

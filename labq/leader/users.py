@@ -1,4 +1,4 @@
-"""People and tokens: who a request is from, the lab's users and its join token."""
+"""People and tokens: who a request is from, the lab's users, their tokens and the join token."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import getpass
 from labq.http_server import same_secret
 from labq.leader.auth import JOIN_TOKEN_FILE, Principal, new_token, write_secret
 from labq.leader.state import LabState
+from labq.leader.tokens import LOGIN, Tokens
 from labq.models.node import NodeHealth
 from labq.protocol import errors
 from labq.protocol.identity import join_token, parse_join_token, token_hash
-from labq.protocol.requests import UserRequest
+from labq.protocol.requests import TokenRequest, UserRequest
 from labq.store import DeleteRecord, PutRecord
 
 #: how long ``labq admin user add`` waits for the agents to say whether they have an account for the new user
@@ -22,6 +23,7 @@ class Users:
         self.state = state
         join = state.records.get("cluster", {}).get("join")
         self.join_hash: str | None = join["token_sha256"] if join else None
+        self.tokens = Tokens(state.records.get("tokens", {}), state.users)
 
     def ensure_join_token(self) -> str:
         """The join token's hash; on a new lab, make the token and write it where agents on this machine find it."""
@@ -48,18 +50,30 @@ class Users:
         if not token:
             raise errors.unauthorized("this request needs a token (Authorization: Bearer ...); "
                                       "`labq admin user add NAME` makes one")
-        digest = token_hash(token)
         state = self.state
         with state.lock:
-            for name, user in state.users.items():
-                if same_secret(user["token_sha256"], digest):
-                    return Principal("user", name, user.get("admin", False))
+            found = self.tokens.find(token)
+            if found is not None and found.user in state.users:
+                if found.expired(state.clock()):
+                    raise errors.unauthorized(f"this token ({found.name}, id {found.id}) has expired: ask an admin "
+                                              f"for a new one (`labq admin token create {found.user}`)")
+                return Principal("user", found.user, state.users[found.user].get("admin", False), found.id)
+            digest = token_hash(token)
             for name, session in state.agents.items():
                 if same_secret(session.token_sha256, digest):
                     return Principal("agent", name)
             if self.join_hash is not None and same_secret(self.join_hash, digest):
                 return Principal("join", "join")
         raise errors.unauthorized("unknown token: ask an admin for a new one (`labq admin user add NAME`)")
+
+    def still_valid(self, who: Principal) -> bool:
+        """Whether the token ``who`` authenticated with still would (not revoked, not expired): event streams
+        ask this, so that a revoked token's streams end."""
+        if who.token_id is None:
+            return True
+        with self.state.lock:
+            token = self.tokens.by_id(who.token_id)
+            return token is not None and token.user in self.state.users and not token.expired(self.state.clock())
 
     def ensure_admin(self, name: str | None = None) -> tuple[str, str] | None:
         """On a fresh lab, make the person starting the leader its first admin: (name, token)."""
@@ -69,19 +83,29 @@ class Users:
             name = name or getpass.getuser()
             return name, self._set_user(name, admin=True)
 
-    def _set_user(self, name: str, admin: bool) -> str:
-        token = new_token("user")
-        record = {"admin": admin, "token_sha256": token_hash(token), "created_at": self.state.clock()}
-        self.state.commit([PutRecord("users", name, record)])
-        self.state.users[name] = record
-        return token
+    def _set_user(self, name: str, admin: bool, by: str = "") -> str:
+        """Add or update the user and give them a new ``login`` token, replacing the old one."""
+        state = self.state
+        now = state.clock()
+        record = {k: v for k, v in state.users.get(name, {"created_at": now}).items() if k != "token_sha256"}
+        record["admin"] = admin
+        old = [t for t in self.tokens.of(name) if t.name == LOGIN]
+        token, secret, changes = self.tokens.make(name, LOGIN, now, None, by or name)
+        state.commit([PutRecord("users", name, record), *changes,
+                      *(c for c in self.tokens.removal(old, state.users) if not isinstance(c, PutRecord))])
+        self.tokens.drop(old, state.users)
+        state.users[name] = record
+        self.tokens.take(token)
+        if old:
+            state.events.interrupt()
+        return secret
 
     def add(self, who: Principal, request: UserRequest) -> tuple[dict, str]:
         """Add the user (or give them a new token); the answer says which nodes have no account for them
         (``no_account_on``: node -> why) and which have not said yet (``not_heard_from``)."""
         admin_only(who, "add users")
         with self.state.lock:
-            token = self._set_user(request.name, request.admin)
+            token = self._set_user(request.name, request.admin, who.name)
             self._tell_agents()
             return {"name": request.name, "admin": request.admin, **self._accounts_for(request.name)}, token
 
@@ -113,15 +137,67 @@ class Users:
                 raise errors.not_found(f"there is no user {name!r}")
             if name == who.name:
                 raise errors.conflict("you cannot remove yourself; ask another admin")
-            self.state.commit([DeleteRecord("users", name)])
+            tokens = self.tokens.of(name)
+            self.state.commit([DeleteRecord("users", name),
+                               *(c for c in self.tokens.removal(tokens, {}) if isinstance(c, DeleteRecord))])
+            self.tokens.drop(tokens, {})
             user = self.state.users.pop(name)
             self._tell_agents()
+            self.state.events.interrupt()
             return {"name": name, "admin": user.get("admin", False)}
 
     def listing(self, who: Principal) -> list[dict]:
         admin_only(who, "list users")
         with self.state.lock:
             return [{"name": n, "admin": u.get("admin", False)} for n, u in sorted(self.state.users.items())]
+
+
+    # -- tokens ---------------------------------------------------------------------------
+
+    def create_token(self, who: Principal, request: TokenRequest) -> tuple[dict, str]:
+        """A new token for ``request.user`` (admins): (what ``token list`` shows of it, the secret, shown once)."""
+        admin_only(who, "create tokens")
+        state = self.state
+        with state.lock:
+            if request.user not in state.users:
+                raise errors.not_found(f"there is no user {request.user!r}: add them first (`labq admin user add "
+                                       f"{request.user}`)")
+            now = state.clock()
+            if any(t.name == request.name and not t.expired(now) for t in self.tokens.of(request.user)):
+                raise errors.conflict(f"{request.user} has a token named {request.name!r} already: revoke it or "
+                                      "choose another --name")
+            expires = now + request.expires_s if request.expires_s else None
+            token, secret, changes = self.tokens.make(request.user, request.name, now, expires, who.name)
+            state.commit(changes)
+            self.tokens.take(token)
+            return token.public(now), secret
+
+    def token_listing(self, who: Principal, user: str | None = None) -> list[dict]:
+        """Everyone's tokens for an admin (or ``user``'s); a user sees their own."""
+        user_only(who)
+        if not who.admin:
+            if user not in (None, who.name):
+                raise errors.forbidden("only admins may list other users' tokens")
+            user = who.name
+        with self.state.lock:
+            now = self.state.clock()
+            return [{**t.public(now), "this_request": t.id == who.token_id} for t in self.tokens.of(user)]
+
+    def revoke_token(self, who: Principal, token_id: str) -> dict:
+        """Revoke a token (an admin any, a user their own): it fails on its next request and its event streams
+        end now."""
+        user_only(who)
+        state = self.state
+        with state.lock:
+            token = self.tokens.by_id(token_id)
+            if token is None or not who.admin and token.user != who.name:
+                raise errors.not_found(f"there is no token {token_id!r}" + ("" if who.admin else " of yours")
+                                       + " (`labq admin token list` shows their ids)")
+            state.commit(self.tokens.removal([token], state.users))
+            self.tokens.drop([token], state.users)
+            found = token.public(state.clock())
+        state.events.interrupt()
+        return found
 
 
 def user_only(who: Principal) -> None:

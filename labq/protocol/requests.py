@@ -413,6 +413,25 @@ def parse_user(body: object) -> UserRequest:
     return UserRequest(name, admin)
 
 
+@dataclass(frozen=True)
+class TokenRequest:
+    user: str
+    name: str
+    expires_s: float | None  #: None: the token does not expire
+
+
+MAX_TOKEN_S = 10 * 365 * 86400
+
+
+def parse_token(body: object) -> TokenRequest:
+    f = Fields(body, "a token")
+    user = f.user_name("user", required=True)
+    name = f.name("name", "token name") or "api"
+    expires = f.number("expires_s", low=60, high=MAX_TOKEN_S)
+    f.done()
+    return TokenRequest(user, name, expires)
+
+
 def require_int(value: str, what: str, *, low: int = 0, high: int = MAX_QUERY_INT) -> int:
     """A whole number from a query parameter or a path, written in ASCII digits, between ``low`` and ``high``."""
     if not isinstance(value, str) or not re.fullmatch(r"[0-9]{1,20}", value):

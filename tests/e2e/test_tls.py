@@ -206,3 +206,44 @@ def test_an_admin_adds_a_user_who_logs_in_with_one_line_that_pins_the_lab(labs):
     assert saved["pin"] == credentials(lab)["pin"] and saved["leader"] == lab.url
     assert (bob / ".config" / "labq" / "credentials").stat().st_mode & 0o777 == 0o600
     assert labq("whoami").stdout.startswith("bob at https://")
+
+
+def test_a_token_made_for_a_laptop_logs_in_with_the_pin_and_revoking_it_ends_its_watch(labs):
+    import shlex
+    import time
+
+    lab = labs("lab")
+    lab.start_leader()
+    lab.labq("admin", "user", "add", "bob", "--print")
+    made = lab.labq("admin", "token", "create", "bob", "--name", "laptop", "--expires", "30d").stdout
+    assert "made token" in made and "for bob, valid until" in made, made
+    argv = shlex.split(next(line for line in made.splitlines() if line.startswith("labq login ")))
+    assert argv[argv.index("--pin") + 1] == credentials(lab)["pin"]
+    laptop = lab.root / "laptop"
+    env = dict(lab.env(), HOME=str(laptop), XDG_CONFIG_HOME=str(laptop / ".config"))
+
+    def labq(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "labq.cli", *args], capture_output=True, text=True, env=env,
+                              timeout=60)
+
+    assert labq(*argv[1:]).returncode == 0
+    assert labq("whoami").stdout.startswith("bob at https://")
+    listed = lab.api("admin", "token", "list")
+    laptops = [t for t in listed if t["name"] == "laptop"]
+    assert len(laptops) == 1 and laptops[0]["user"] == "bob" and laptops[0]["expires_at"]
+    secret = argv[argv.index("--token") + 1]
+    assert secret not in lab.labq("admin", "token", "list").stdout
+    watch = subprocess.Popen([sys.executable, "-m", "labq.cli", "ls", "--watch"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        time.sleep(2)  # the watch is open on its event stream
+        assert watch.poll() is None
+        revoked = lab.labq("admin", "token", "revoke", laptops[0]["id"]).stdout
+        assert "no longer works" in revoked
+        _, err = watch.communicate(timeout=30)
+    finally:
+        watch.kill()
+    assert watch.returncode == 3, err  # a refused token: the credentials' exit status
+    assert "token" in err and "Traceback" not in err
+    assert labq("whoami").returncode == 3
+    assert lab.labq("whoami").returncode == 0

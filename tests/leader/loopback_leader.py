@@ -78,11 +78,14 @@ class LoopbackLeader:
         self.store.close()
 
 
-def start_loopback_leader(data_dir: Path, **config) -> LoopbackLeader:
+def start_loopback_leader(data_dir: Path, *, clock=None, monotonic=None, **config) -> LoopbackLeader:
+    """``clock`` and ``monotonic``, when given, are the leader's wall clock and its clock for waits and limits."""
     settings = LeaderConfig(host="127.0.0.1", port=0, data_dir=data_dir, **config)
     store = TinyDBStore(data_dir)
-    leader = Leader(settings, store)
-    _, token = leader.ensure_admin("root")
+    times = {k: v for k, v in (("clock", clock), ("monotonic", monotonic)) if v is not None}
+    leader = Leader(settings, store, **times)
+    created = leader.ensure_admin("root")  # None for a lab that has users already
+    token = created[1] if created else ""
     server = serve(leader, "127.0.0.1", 0)
     thread = threading.Thread(target=server.serve_forever, name="labq-http-test", daemon=True)
     thread.start()

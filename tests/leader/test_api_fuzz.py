@@ -44,6 +44,7 @@ VALID = {
                  "mounts": [{"source": "/data", "target": "/data", "read_only": True}]},
     "/v1/jobs/{}/actions": {"action": "prio", "priority": "high"},
     "/v1/users": {"name": "fuzzed", "admin": False},
+    "/v1/tokens": {"user": "alice", "name": "fz", "expires_s": 3600},
     "/v1/reservations": {"gpus": 1, "start": 3e9, "end": 3e9 + 600, "name": "fzr", "users": ["bob"]},
     "/v1/agents/register": {"node": NODE, "logs_url": "http://127.0.0.1:9/", "version": "0"},
     "/v1/agents/{}/sync": {"attempts": [{"job_id": 1, "attempt": 1, "running": True}], "unmanaged_busy": [],
@@ -58,7 +59,10 @@ FIELDS = sorted({key for body in VALID.values() for key in body} | set(NODE) | {
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    lb = start_loopback_leader(tmp_path_factory.mktemp("fuzz"), request_timeout_s=0.25, max_connections_per_address=64)
+    # no limit on failed authentication: the fuzz sends wrong tokens often, and a 429 would hide the routes
+    # (tests/leader/test_tokens.py tests the limit)
+    lb = start_loopback_leader(tmp_path_factory.mktemp("fuzz"), request_timeout_s=0.25, max_connections_per_address=64,
+                               auth_failures_per_minute=0)
     status, _, doc = lb.request("POST", "/v1/users", {"name": "alice"})
     assert status == 201
     lb.user_token = doc["token"]
