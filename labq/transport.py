@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 from labq.protocol.errors import ApiError
-from labq.wire import Connection, WireError
+from labq.wire import Connection
 
 if TYPE_CHECKING:  # typing.Protocol costs a millisecond of start-up the CLI need not pay
     from typing import Protocol
@@ -116,33 +116,14 @@ App = Callable[[Request], Response]  #: a server's side of the seam: what it ans
 class _SocketBody:
     """A response body on its connection, which closes with it."""
 
-    def __init__(self, conn: Connection, answer, https: bool) -> None:
-        self._conn, self._answer, self._https = conn, answer, https
+    def __init__(self, conn: Connection, answer) -> None:
+        self._conn, self._answer = conn, answer
 
     def read(self) -> bytes:
-        try:
-            return self._answer.read()
-        except OSError:
-            raise
-        except Exception as err:
-            raise self._as_oserror(err)
+        return self._answer.read()
 
     def readline(self) -> bytes:
-        try:
-            return self._answer.readline()
-        except OSError:
-            raise
-        except Exception as err:
-            raise self._as_oserror(err)
-
-    def _as_oserror(self, err: Exception) -> Exception:
-        """``http.client``'s own errors (an ``https://`` answer cut short) as the ``OSError`` callers catch."""
-        if self._https:
-            import http.client
-
-            if isinstance(err, http.client.HTTPException):
-                return WireError(f"{type(err).__name__}: {err}")
-        return err
+        return self._answer.readline()
 
     def close(self) -> None:
         self._conn.close()
@@ -151,19 +132,28 @@ class _SocketBody:
         self._conn.interrupt()
 
 
-def socket_transport(request: Request) -> Response:
-    """Sends ``request`` on a new connection (``Connection: close``) and returns once the headers are in."""
-    parts = urlsplit(request.url)
-    https = parts.scheme == "https"
-    conn = Connection(parts.hostname or "", parts.port, request.timeout, https=https, context=request.tls)
+def _exchange(conn: Connection, request: Request) -> Response:
+    """Sends ``request`` on ``conn`` and returns once the answer's headers are in."""
     try:
         conn.request(request.method, request.target, body=request.body, headers=request.headers)
         answer = conn.getresponse()
     except BaseException:
         conn.close()
         raise
-    headers = answer.headers if not https else {k.lower(): v for k, v in answer.getheaders()}
-    return Response(answer.status, headers, _SocketBody(conn, answer, https))
+    return Response(answer.status, answer.headers, _SocketBody(conn, answer))
+
+
+def socket_transport(request: Request) -> Response:
+    """Sends ``request`` on a new connection (``Connection: close``), over TLS for ``https://``."""
+    parts = urlsplit(request.url)
+    return _exchange(Connection(parts.hostname or "", parts.port, request.timeout, https=parts.scheme == "https",
+                                context=request.tls), request)
+
+
+def unix_transport(path: str) -> Transport:
+    """Sends each request over the Unix socket at ``path`` (the agent of this machine), whatever host its URL
+    names; one connection a request, as ``socket_transport``."""
+    return lambda request: _exchange(Connection("localhost", 80, request.timeout, unix=path), request)
 
 
 def in_process(app: App, on_bug: Callable[[Request], object] | None = None) -> Transport:

@@ -3,8 +3,9 @@
 ``http.client`` pulls in ``email`` and ``ssl`` (about 30 ms of imports), more than
 ``labq submit`` spends talking to the leader. The leader always answers with a
 Content-Length or by closing the connection (event streams), so a small reader
-suffices. ``https://`` leaders go through ``http.client``, imported only then.
-The interface is the part of ``http.client``'s the client uses.
+suffices. An ``https://`` leader is the same on a socket the caller's ``ssl`` context
+wraps (``labq.tls``: pinned to the lab's CA). The interface is the part of
+``http.client``'s the client uses.
 """
 
 from __future__ import annotations
@@ -56,52 +57,56 @@ class Response:
 class Connection:
     """``http.client.HTTPConnection``'s request/getresponse/close, one request per connection."""
 
-    def __init__(self, host: str, port: int | None, timeout: float, https: bool = False, context=None) -> None:
+    def __init__(self, host: str, port: int | None, timeout: float, https: bool = False, context=None,
+                 unix: str | None = None) -> None:
         self._address = (host, port or (443 if https else 80))
+        self._unix = unix  #: a Unix socket's path to connect to instead of (host, port): the local agent
         self._timeout = timeout
         self._https = https
         self._context = context  #: the ssl.SSLContext of an https:// connection (labq.tls: pinned to a lab's CA)
         self._sock: socket.socket | None = None
-        self._tls = None
 
     def request(self, method: str, target: str, body: bytes | None = None, headers: dict | None = None) -> None:
         headers = dict(headers or {})
-        if self._https:
-            import http.client
-
-            self._tls = http.client.HTTPSConnection(*self._address, timeout=self._timeout, context=self._context)
-            try:
-                self._tls.request(method, target, body=body, headers=headers)
-            except http.client.HTTPException as err:
-                raise WireError(str(err)) from None
-            return
         host, port = self._address
         lines = [f"{method} {target} HTTP/1.1", f"Host: {host}:{port}", "Connection: close"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         if body is not None:
             lines.append(f"Content-Length: {len(body)}")
-        self._sock = socket.create_connection(self._address, timeout=self._timeout)
+        self._sock = self._connect()
         self._sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
 
-    def getresponse(self):
-        if self._tls is not None:
-            import http.client
-
+    def _connect(self) -> socket.socket:
+        if self._unix is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                return self._tls.getresponse()
-            except http.client.HTTPException as err:
-                raise WireError(str(err)) from None
+                sock.settimeout(self._timeout)
+                sock.connect(self._unix)
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+        sock = socket.create_connection(self._address, timeout=self._timeout)
+        if not self._https:
+            return sock
+        try:  # the request goes out in one write, and the answer's parts need no delayed ACK to follow
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return self._context.wrap_socket(sock, server_hostname=self._address[0])
+        except BaseException:
+            sock.close()
+            raise
+
+    def getresponse(self):
         assert self._sock is not None, "request() first"
         return Response(self._sock.makefile("rb"))
 
     def close(self) -> None:
-        for thing in (self._sock, self._tls):
-            if thing is not None:
-                thing.close()
+        if self._sock is not None:
+            self._sock.close()
 
     def interrupt(self) -> None:
         """From another thread: make a read blocked on this connection return (as the end of the stream)."""
-        sock = self._sock if self._sock is not None else getattr(self._tls, "sock", None)
+        sock = self._sock
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
