@@ -22,6 +22,7 @@ from labq.leader.core import Leader
 from labq.protocol import errors
 from labq.protocol.body import decode_body
 from labq.protocol.errors import ApiError
+from labq.protocol.names import check_user_name
 from labq.leader.routes import _NO_HEAD, PUBLIC, ROUTES
 from labq.protocol.requests import MAX_BODY_BYTES
 
@@ -29,6 +30,7 @@ log = logging.getLogger("labq.leader.http")
 DRAIN_LIMIT = 64 << 20  #: an oversized body up to this is read and dropped after the 413, so its sender reads it
 DRAIN_S = 30.0  #: and for at most this long
 MAX_QUERY_FIELDS = 2000
+USER_HEADER = "X-Labq-User"  #: the user an agent vouches for (``labq.agent.local_socket``)
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 
 
@@ -81,9 +83,9 @@ class _Handler(JsonHandler):
                 self.send_json(200, {"allow": self.allow.split(", ")})
                 return
             handler, match = routed
+            who = None if handler in PUBLIC else self.server.leader.authenticate(  # before the body is read
+                self.bearer_token(), self.client_address[0], self._vouched_for())
             body = self._body() if method in ("POST", "PUT") else None
-            who = None if handler in PUBLIC else self.server.leader.authenticate(self.bearer_token(),
-                                                                                  self.client_address[0])
             args = (self, who, *match.groups())
             result = handler(*args, body) if method in ("POST", "PUT") else handler(*args)
             if result is not None:
@@ -100,6 +102,15 @@ class _Handler(JsonHandler):
         finally:
             if self._unread:
                 self._drain()
+
+    def _vouched_for(self) -> str | None:
+        """The user an agent vouches for (``X-Labq-User``), checked by the lab's rule for user names."""
+        names = self.headers.get_all(USER_HEADER) or []
+        if not names:
+            return None
+        if len(names) > 1:
+            raise errors.bad_request(f"one {USER_HEADER} header at most")
+        return check_user_name(names[0].strip(), "user name", USER_HEADER)
 
     def _route(self, method: str) -> tuple[Callable, re.Match] | None:
         """The handler for this method and path; None for OPTIONS (``_allow`` has the path's methods)."""

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from labq.leader.node_logs import fetch_log
+from labq.leader.users import user_only
 from labq.models.job import Job
 from labq.protocol import errors
 from labq.protocol.agents import encode_reply, parse_registration, parse_sync
@@ -62,7 +63,11 @@ def _lab_ca(h: _Handler, who) -> tuple[int, dict]:
 
 @route("GET", "/v1/whoami")
 def _whoami(h: _Handler, who) -> tuple[int, dict]:
-    return 200, {"user": who.name, "kind": who.kind, "admin": who.admin}
+    user_only(who)  # an agent's or the join token says nothing of itself to whoever holds it
+    doc = {"user": who.name, "kind": who.kind, "admin": who.admin}
+    if who.via:
+        doc["via"] = who.via  # the node whose agent vouched for the user
+    return 200, doc
 
 
 @route("POST", "/v1/jobs")
