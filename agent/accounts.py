@@ -90,6 +90,30 @@ class Accounts:
                 del self._known[gone]
         return tuple(self.resolve(user) for user in users)
 
+    def lab_user_of(self, uid: int) -> str:
+        """The lab user that the local account ``uid`` is, for the local socket: the user the admin's map gives
+        this account to, else the account's own name unless the map gives that lab user another account here.
+        ``LookupError`` with a sentence otherwise."""
+        try:
+            login = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            raise LookupError(f"uid {uid} has no name on this machine") from None
+        with self._lock:
+            self._read_map()
+            if self._map_error:
+                raise LookupError(self._map_error)
+            named = sorted(user for user, account in self._map.items() if account == login)
+            mapped = self._map.get(login)
+        if len(named) > 1:
+            raise LookupError(f"the user map {self.user_map} gives account {login} to several lab users "
+                              f"({', '.join(named)}): log in to the leader with your token instead")
+        if named:
+            return named[0]
+        if mapped:  # "" keeps the user's jobs off this machine, and says nothing against who they are
+            raise LookupError(f"the user map {self.user_map} gives lab user {login} the account {mapped} here, "
+                              f"not {login}")
+        return login
+
     def forget(self, user: str) -> None:
         """Look ``user`` up again next time: a launch found their account other than it was."""
         with self._lock:

@@ -63,6 +63,8 @@ class AgentConfig:
     run_as_job_user: bool = field(default_factory=lambda: os.geteuid() == 0)
     #: the admin's map from lab users to this machine's accounts (``labq.agent.accounts``); None: in state_dir
     user_map: Path | None = None
+    #: where to serve this machine's people without a token (``labq.agent.local_socket``); None: nowhere
+    local_socket: Path | None = None
 
 
 class Agent:
@@ -99,6 +101,7 @@ class Agent:
         self._reported_running: set[tuple[int, int]] = set()  #: as the leader last heard it
         self._kick = threading.Event()
         self._logs = serve_app(self.serve_log, (config.logs_host, 0))
+        self.local = self._open_local_socket(config.local_socket)
         self.workers = Supervisor()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -107,6 +110,8 @@ class Agent:
         self.workers.spawn("labq-agent-logs", self._logs.serve_forever)
         self.workers.spawn("labq-agent-sync", self._sync_loop)
         self.workers.spawn("labq-agent-exits", self._watch_exits)
+        if self.local is not None:
+            self.workers.spawn("labq-agent-local", self.local.serve_forever)
 
     def check(self) -> list[str]:
         """For the process's main thread: restart a worker thread that died (``WorkerFailed`` if it keeps dying)."""
@@ -120,6 +125,8 @@ class Agent:
         if self.workers.threads:  # shutdown() waits for serve_forever, which only a started agent runs
             self._logs.shutdown()
         self._logs.server_close()
+        if self.local is not None:
+            self.local.close(started=bool(self.workers.threads))
         self.workers.join(timeout=1.0)  # daemons: a sync blocked in a long poll is not waited for
 
     def runs_jobs_as(self) -> str:
@@ -133,6 +140,38 @@ class Agent:
 
         return (f"jobs run as {getpass.getuser()}, this agent's own account, whoever submits them (an agent "
                 "started as root runs each job as its user's account)")
+
+    def _open_local_socket(self, path: Path | None):
+        """This machine's people reach the queue through the agent here (``labq.agent.local_socket``); a socket
+        that cannot be made is said and done without: the agent's work for the lab goes on."""
+        if path is None:
+            return None
+        from labq.agent.local_socket import LocalSocket
+
+        try:
+            return LocalSocket(path, self.accounts.lab_user_of, self.forward_for)
+        except OSError as err:
+            log.warning("no local socket (people here need a token): cannot serve %s: %s", path,
+                        getattr(err, "strerror", None) or err)
+            return None
+
+    def forward_for(self, user: str, request: Request) -> Response:
+        """A request from ``user`` on this machine, sent to the leader as this agent, vouching for them."""
+        from labq.agent.local_socket import USER_HEADER
+
+        token = self.token
+        if token is None:
+            raise ApiError(503, "unavailable", "this machine's labq agent has not joined its leader yet; try again "
+                                               "in a moment (`labq agent` says why in its log)")
+        headers = {**request.headers, "Authorization": f"Bearer {token}", USER_HEADER: user}
+        try:
+            return self.transport(Request(request.method, self.leader_url + request.target, headers, request.body,
+                                          request.timeout, tls=self._tls()))
+        except ApiError as err:  # the leader is not the pinned one
+            raise ApiError(502, err.code, err.message) from None
+        except OSError as err:
+            raise ApiError(502, "unreachable", f"this machine's agent cannot reach the leader at {self.leader_url}: "
+                                               f"{getattr(err, 'strerror', None) or err}") from None
 
     @property
     def logs_url(self) -> str:

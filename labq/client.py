@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import quote, urlencode, urlsplit
 
 from labq.protocol.errors import ApiError
-from labq.transport import Request, Response, Transport, socket_transport
+from labq.transport import Request, Response, Transport, socket_transport, unix_transport
 
 if TYPE_CHECKING:
     from pathlib import Path
 
 DEFAULT_LEADER = "http://127.0.0.1:7733"
+#: where a lab workstation's agent serves its local socket: ``$LABQ_SOCKET``, else the first that exists
+LOCAL_SOCKETS = ("/run/labq/agent.sock",)
 #: the event stream sends a keepalive every 15 s; a read that waits longer than this means a dead leader
 EVENTS_READ_TIMEOUT = 45.0
 
@@ -83,12 +85,25 @@ class Client:
         return self._tls
 
     @classmethod
+    def local(cls, path: str, timeout: float = 30) -> Client:
+        """A client of the agent on this machine, over its Unix socket: the agent vouches for the caller's
+        Unix account to the leader, so no token is needed (``labq.agent.local_socket``)."""
+        client = cls(DEFAULT_LEADER, "", timeout, unix_transport(path))
+        client.url = f"unix:{path}"
+        return client
+
+    @classmethod
     def from_environment(cls, leader: str | None = None, timeout: float = 30,
                          transport: Transport | None = None) -> Client:
-        """``$LABQ_LEADER``/``$LABQ_TOKEN``, else the credentials file; ``leader`` (``--leader``) wins."""
+        """``$LABQ_LEADER``/``$LABQ_TOKEN``, else the credentials file, else the agent of this machine over its
+        local socket (no token needed); ``leader`` (``--leader``) wins."""
         env_token, env_leader = os.environ.get("LABQ_TOKEN"), os.environ.get("LABQ_LEADER")
         saved = {} if env_token and (leader or env_leader) else load_credentials()
         token = env_token or saved.get("token")
+        if not token and not (leader or env_leader) and transport is None:
+            path = local_socket()
+            if path is not None:
+                return cls.local(path, timeout)
         if not token:
             raise ApiError(0, "no_credentials", (
                 f"no labq token: set $LABQ_TOKEN or put `leader = ...` and `token = ...` in {credentials_path()}. "
@@ -247,8 +262,11 @@ class Client:
 
     def _send(self, method: str, path: str, query: list, body: dict | None = None,
               timeout: float | None = None) -> Response:
-        url = self.url + path + ("?" + urlencode(query) if query else "")
-        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        base = "http://localhost" if self.url.startswith("unix:") else self.url  # the socket's agent: any host
+        url = base + path + ("?" + urlencode(query) if query else "")
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()
@@ -301,8 +319,26 @@ class Client:
         reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
         if isinstance(err, TimeoutError):
             reason = "it stopped answering (timed out)"
+        if self.url.startswith("unix:"):
+            return ApiError(0, "unreachable", f"cannot reach this machine's labq agent at {self.url[5:]}: {reason}. "
+                            "Is `labq agent` running here? (Or log in to the leader: `labq login URL ...`)")
         return ApiError(0, "unreachable", f"cannot reach the leader at {self.url}: {reason}. "
                         "Is `labq leader` (or `labq up`) running?")
+
+
+def local_socket() -> str | None:
+    """The agent's local socket on this machine: ``$LABQ_SOCKET`` (when it exists), else the first of
+    ``LOCAL_SOCKETS`` that does; None on a machine with no agent."""
+    import stat
+
+    named = os.environ.get("LABQ_SOCKET")
+    for path in ([named] if named else LOCAL_SOCKETS):
+        try:
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                return path
+        except OSError:
+            continue
+    return None
 
 
 def parse_event_stream(lines: Iterable[bytes | str]) -> Iterator[dict]:

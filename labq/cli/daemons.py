@@ -95,6 +95,10 @@ def _agent_options(parser) -> None:
     parser.add_argument("--name", default=None, help="this node's name (default: the host name)")
     parser.add_argument("--state-dir", type=path_arg, default=None,
                         help="where the agent keeps logs and job state (default: in the data folder)")
+    parser.add_argument("--local-socket", default=None, metavar="PATH",
+                        help="where people on this machine reach the queue without a token: the agent vouches "
+                        "for their Unix account (default: $LABQ_SOCKET, else /run/labq/agent.sock for an agent "
+                        "run as root where /run/labq exists; off: none)")
     if not any(a.dest == "log_level" for a in parser._actions):
         parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -276,7 +280,22 @@ def _open_agent(args, inventory, leader_url: str, join_token: str, data_dir: Pat
     local = urllib.parse.urlsplit(leader_url).hostname in ("127.0.0.1", "localhost", "::1")
     # the log server is token-protected; a leader on another machine must be able to reach it
     return Agent(AgentConfig(leader_url, join_token, args.name, state_dir.expanduser(),
-                             logs_host="127.0.0.1" if local else "0.0.0.0"), inventory)
+                             logs_host="127.0.0.1" if local else "0.0.0.0", local_socket=_local_socket(args)),
+                 inventory)
+
+
+def _local_socket(args) -> Path | None:
+    """``--local-socket``: a path, ``off``, or by default ``$LABQ_SOCKET``, else ``/run/labq/agent.sock`` for an
+    agent run as root where ``/run/labq`` exists (the service's runtime folder: examples/systemd); an agent run as
+    anyone else runs every job as itself and serves no one else here."""
+    from pathlib import Path
+
+    from labq.agent.local_socket import DEFAULT_PATH
+
+    chosen = args.local_socket or os.environ.get("LABQ_SOCKET")
+    if chosen:
+        return None if chosen == "off" else Path(chosen).expanduser()
+    return DEFAULT_PATH if os.geteuid() == 0 and DEFAULT_PATH.parent.is_dir() else None
 
 
 def _node_name(args) -> str:

@@ -307,7 +307,8 @@ def _gpus(args: argparse.Namespace) -> int:
 def _whoami(args: argparse.Namespace) -> int:
     client = leader_client(args)
     me = client.whoami()
-    print(escape_controls(f"{me['user']}{' (admin)' if me.get('admin') else ''} at {client.url}"))
+    where = f"via the agent of {me['via']} ({client.url})" if me.get("via") else f"at {client.url}"
+    print(escape_controls(f"{me['user']}{' (admin)' if me.get('admin') else ''} {where}"))
     return 0
 
 

@@ -18,6 +18,7 @@ class Principal:
     name: str
     admin: bool = False
     token_id: str | None = None  #: the user's token it came with (``labq.leader.tokens``)
+    via: str | None = None  #: the agent that vouched for the user (on its machine's local socket)
 
 
 def new_token(kind: str) -> str:

@@ -50,14 +50,15 @@ class Leader:
         self.tls_ca, self.tls_pin = ca_pem, pin
         self.users.pin_join_token(pin)
 
-    def authenticate(self, token: str | None, source: str | None = None) -> Principal:
-        """Who sent a request with ``token`` from address ``source``; an address that keeps failing is refused
-        (429) for a while without its token being looked at."""
+    def authenticate(self, token: str | None, source: str | None = None, vouched_for: str | None = None) -> Principal:
+        """Who sent a request with ``token`` from address ``source`` (for ``vouched_for``, when an agent sends it
+        for a person on its machine); an address that keeps failing is refused (429) for a while without its
+        token being looked at."""
         self.auth_failures.check(source)
         try:
-            return self.users.authenticate(token)
+            return self.users.authenticate(token, vouched_for)
         except ApiError as err:
-            if err.status == 401 and token:
+            if err.code == "unauthorized" and token:  # a token that is none (not a person the lab lacks)
                 self.auth_failures.failed(source)
             raise
 

@@ -46,7 +46,11 @@ class Users:
         if pinned != pin and self.join_hash is not None and same_secret(token_hash(secret), self.join_hash):
             write_secret(path, join_token(pin, secret))
 
-    def authenticate(self, token: str | None) -> Principal:
+    def authenticate(self, token: str | None, vouched_for: str | None = None) -> Principal:
+        """Who sent a request with ``token``; with ``vouched_for`` (``X-Labq-User``), an agent's request on behalf
+        of a person on its machine, who is then the principal (only an agent may vouch)."""
+        if vouched_for is not None and not token:
+            raise errors.unauthorized("only a labq agent may vouch for a user (X-Labq-User), with its own token")
         if not token:
             raise errors.unauthorized("this request needs a token (Authorization: Bearer ...); "
                                       "`labq admin user add NAME` makes one")
@@ -57,21 +61,35 @@ class Users:
                 if found.expired(state.clock()):
                     raise errors.unauthorized(f"this token ({found.name}, id {found.id}) has expired: ask an admin "
                                               f"for a new one (`labq admin token create {found.user}`)")
+                if vouched_for is not None:
+                    raise errors.forbidden("only a labq agent may vouch for a user (X-Labq-User); a user's token "
+                                           "speaks for its user alone")
                 return Principal("user", found.user, state.users[found.user].get("admin", False), found.id)
             digest = token_hash(token)
             for name, session in state.agents.items():
                 if same_secret(session.token_sha256, digest):
-                    return Principal("agent", name)
+                    return self._vouched(name, vouched_for) if vouched_for is not None else Principal("agent", name)
             if self.join_hash is not None and same_secret(self.join_hash, digest):
                 return Principal("join", "join")
         raise errors.unauthorized("unknown token: ask an admin for a new one (`labq admin user add NAME`)")
 
+    def _vouched(self, node: str, user: str) -> Principal:
+        """A person on node ``node``, as its agent vouches (the lock is held): with a user's rights, never an
+        admin's, so that one workstation's agent cannot run the lab."""
+        record = self.state.users.get(user)
+        if record is None:
+            raise errors.ApiError(401, "unknown_user", f"{user} (on {node}) is not a labq user: an admin adds them "
+                                                       f"with `labq admin user add {user}`")
+        return Principal("user", user, False, via=node)  # an admin's rights need the admin's own token
+
     def still_valid(self, who: Principal) -> bool:
         """Whether the token ``who`` authenticated with still would (not revoked, not expired): event streams
         ask this, so that a revoked token's streams end."""
-        if who.token_id is None:
-            return True
         with self.state.lock:
+            if who.kind == "user" and who.name not in self.state.users:
+                return False  # removed
+            if who.token_id is None:
+                return True
             token = self.tokens.by_id(who.token_id)
             return token is not None and token.user in self.state.users and not token.expired(self.state.clock())
 
