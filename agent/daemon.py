@@ -28,6 +28,7 @@ from pathlib import Path
 from labq import __version__
 from labq.agent.accounts import USER_MAP_FILE, Accounts
 from labq.agent.faults import NodeFault, ProblemBook, sentence
+from labq.agent.identity import AgentIdentity
 from labq.agent.inventory import GpuInventory, Inventory
 from labq.agent.process_runtime import AttemptState, Launch
 from labq.agent.runtimes import Runtimes
@@ -100,7 +101,10 @@ class Agent:
         self._stop = threading.Event()
         self._reported_running: set[tuple[int, int]] = set()  #: as the leader last heard it
         self._kick = threading.Event()
-        self._logs = serve_app(self.serve_log, (config.logs_host, 0))
+        #: this node's own key and certificate, in a TLS lab (``labq.agent.identity``)
+        self.identity = AgentIdentity(config.state_dir / "tls", config.name) if self.pin else None
+        self._logs_tls = self._logs_context()
+        self._logs = serve_app(self.serve_log, (config.logs_host, 0), tls=self._logs_tls)
         self.local = self._open_local_socket(config.local_socket)
         self.workers = Supervisor()
 
@@ -176,7 +180,21 @@ class Agent:
     @property
     def logs_url(self) -> str:
         host, port = self._logs.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self._logs_tls is not None else 'http'}://{host}:{port}"
+
+    def _logs_context(self):
+        """In a TLS lab the log server serves over TLS as ``NODE.agent.labq``, with this node's certificate
+        once it has one (until then it answers no one: no job runs here before the node has joined)."""
+        if self.identity is None:
+            return None
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        files = self.identity.files()
+        if files is not None:
+            context.load_cert_chain(*files)
+        return context
 
     # -- talking to the leader -------------------------------------------------------------
 
@@ -197,15 +215,17 @@ class Agent:
             from labq.tls import PinError, pinned_context
 
             try:
-                self._pinned = pinned_context(self.leader_url, self.pin, self.config.state_dir)
+                cert = self.identity.files() if self.identity is not None else None
+                self._pinned = pinned_context(self.leader_url, self.pin, self.config.state_dir, cert=cert)
             except PinError as err:
                 raise ApiError(0, "untrusted_leader", str(err)) from None
         return self._pinned
 
-    def _request(self, path: str, body: dict, token: str, timeout: float) -> dict:
-        response = self.transport(Request("POST", self.leader_url + path, {
-            "Authorization": f"Bearer {token}", "Content-Type": "application/json"}, json.dumps(body).encode(),
-            timeout, tls=self._tls()))
+    def _request(self, path: str, body: dict, token: str | None, timeout: float) -> dict:
+        """POST ``body`` to the leader with ``token`` (none: this node's certificate alone speaks for it)."""
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+        response = self.transport(Request("POST", self.leader_url + path, headers, json.dumps(body).encode(),
+                                          timeout, tls=self._tls()))
         try:
             data = json.loads(response.read() or b"null")
         finally:
@@ -218,16 +238,39 @@ class Agent:
         inv = self.inventory.read(self._managed_pids())
         node = Node(self.config.name, inv.gpus, inv.topology, unmanaged_busy=inv.unmanaged_busy,
                     simulated=inv.simulated)
-        reply = self._request("/v1/agents/register",
-                              encode_registration(Registration(node, self.logs_url, __version__)),
-                              self.join_secret, timeout=30)
+        reply, how = self._join(node)
+        if reply.get("certificate") and self.identity is not None:
+            self.identity.save(reply["certificate"])
+            self._pinned = None  # the next connection shows the new certificate
+            self._logs_tls.load_cert_chain(*self.identity.files())
         self.token, self.logs_token = reply["agent_token"], reply["logs_token"]
         self.fence_after_s, self.lease_s = reply["fence_after_s"], reply["lease_s"]
         self.checkpoint_root = reply.get("checkpoint_root") or None
         areas = (str(self.checkpoints), *filter(None, [self.checkpoint_root]))
         self.runtime.set_policy(tuple(reply.get("allowed_mount_roots", ())), tuple(reply.get("allowed_images", ())),
                                 checkpoint_areas=areas, allow_root=bool(reply.get("allow_root", False)))
-        log.info("registered %s with %d GPU(s) (%s)", self.config.name, len(inv.gpus), inv.source)
+        log.info("registered %s with %d GPU(s) (%s) %s", self.config.name, len(inv.gpus), inv.source, how)
+
+    def _join(self, node: Node) -> tuple[dict, str]:
+        """Register ``node``: by this node's certificate when it holds one, else with the join secret (the
+        secret is sent once per node, not at every start). A certificate the leader no longer takes (an admin
+        forgot the node) falls back to the secret, once."""
+        held = self.identity is not None and self.identity.files() is not None
+        wanted = self.identity is not None and self.identity.due()
+        body = encode_registration(Registration(node, self.logs_url, __version__,
+                                                self.identity.request() if wanted else None))
+        if held:
+            try:
+                return self._request("/v1/agents/register", body, None, timeout=30), "by its certificate"
+            except ApiError as err:
+                if err.status != 401:
+                    raise
+                log.warning("the leader does not take this node's certificate (%s): joining with the join token",
+                            err.message)
+                self.identity.cert_path.unlink(missing_ok=True)
+                self._pinned = None
+                body = encode_registration(Registration(node, self.logs_url, __version__, self.identity.request()))
+        return self._request("/v1/agents/register", body, self.join_secret, timeout=30), "with the join token"
 
     def sync_once(self, wait_s: float) -> None:
         if self.token is None:

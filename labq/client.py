@@ -222,6 +222,20 @@ class Client:
     def revoke_token(self, token_id: str) -> dict:
         return self._json("DELETE", f"/v1/tokens/{quote(token_id, safe='')}")["token"]
 
+    def joins(self) -> list[dict]:
+        return self._json("GET", "/v1/joins")["joins"]
+
+    def create_join(self, node: str | None = None, expires_s: float | None = None) -> tuple[dict, str]:
+        """A join token for one agent: (what ``joins()`` lists of it, the token to hand over, shown only now)."""
+        answer = self._json("POST", "/v1/joins", body={"node": node, "expires_s": expires_s})
+        return answer["join"], answer["token"]
+
+    def revoke_join(self, join_id: str) -> dict:
+        return self._json("DELETE", f"/v1/joins/{quote(join_id, safe='')}")["join"]
+
+    def forget_node(self, name: str) -> dict:
+        return self._json("DELETE", f"/v1/nodes/{quote(name, safe='')}")
+
     def close_events(self) -> None:
         """End an ``events()`` stream read in another thread: its blocked read returns at once."""
         resp = getattr(self, "_events_response", None)

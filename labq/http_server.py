@@ -239,7 +239,8 @@ class AppServer(Server):
 
 
 def serve_app(app: App, address: tuple[str, int], *, request_timeout_s: float = REQUEST_TIMEOUT_S,
-              max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS) -> AppServer:
-    """Bind ``app``; the caller runs ``serve_forever`` (and ``shutdown`` and ``server_close`` to stop)."""
+              max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS, tls=None) -> AppServer:
+    """Bind ``app`` (over TLS with ``tls``, an ``ssl.SSLContext``); the caller runs ``serve_forever`` (and
+    ``shutdown`` and ``server_close`` to stop)."""
     return AppServer(app, address, request_timeout_s=request_timeout_s,
-                     max_connections_per_address=max_connections_per_address)
+                     max_connections_per_address=max_connections_per_address, tls=tls)

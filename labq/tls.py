@@ -21,6 +21,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 PIN = re.compile(r"sha256:[0-9a-f]{64}")
+#: the name every leader's certificate has and clients check, whatever address they reached it by: the CA
+#: signs it for the leader alone, so another certificate of the lab (an agent's) cannot pose as the leader
+LEADER_NAME = "leader.labq"
 CA_PATH = "/v1/tls/ca"  #: where a leader serves its CA certificate, to anyone (it is public)
 MAX_CA_BYTES = 64 * 1024
 
@@ -42,17 +45,35 @@ def check_pin(pin: str) -> str:
     return normal
 
 
-def client_context(ca_pem: str, cert: tuple[Path, Path] | None = None) -> ssl.SSLContext:
-    """A context that accepts only a server whose certificate the lab's CA signed for serving.
+def agent_name(node: str) -> str:
+    """The name in the certificate of node ``node``'s agent, which serves its logs under it."""
+    return f"{node}.agent.labq"
 
-    Host names are not checked: the pin names the lab, the CA signs only for it, and only the leader's
-    certificate may serve (an agent's certificate is for clients only, which the verification enforces),
-    so a leader reached by any of its addresses, found over mDNS or typed, is still that lab's leader.
+
+class _Expecting(ssl.SSLContext):
+    """A client context that checks the server's certificate for one name, whatever address it dialled."""
+
+    expected = LEADER_NAME
+
+    def wrap_socket(self, sock, server_side=False, do_handshake_on_connect=True, suppress_ragged_eofs=True,
+                    server_hostname=None, session=None):
+        return super().wrap_socket(sock, server_side=server_side, do_handshake_on_connect=do_handshake_on_connect,
+                                   suppress_ragged_eofs=suppress_ragged_eofs, server_hostname=self.expected,
+                                   session=session)
+
+
+def client_context(ca_pem: str, cert: tuple[Path, Path] | None = None, expect: str = LEADER_NAME) -> ssl.SSLContext:
+    """A context that accepts only a server whose certificate the lab's CA signed for the name ``expect``.
+
+    The name, not the address: the pin names the lab, the CA signs ``leader.labq`` for its leader alone
+    (and ``NODE.agent.labq`` for each agent), so a leader reached by any of its addresses, found over mDNS
+    or typed, is still that lab's leader, and nothing else the CA signed can pose as it.
     ``cert`` is (certificate, key) for mutual TLS.
     """
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context = _Expecting(ssl.PROTOCOL_TLS_CLIENT)
+    context.expected = expect
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.check_hostname = False
+    context.check_hostname = True
     context.verify_mode = ssl.CERT_REQUIRED
     context.load_verify_locations(cadata=ca_pem)
     if cert is not None:

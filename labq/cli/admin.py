@@ -9,7 +9,7 @@ import shlex
 import sys
 
 from labq.cli.common import command, emit, leader_client, leader_option
-from labq.cli.tokens import add_token_commands
+from labq.cli.tokens import add_join_commands, add_token_commands
 from labq.protocol.errors import ApiError
 from labq.terminal_text import escape_controls
 
@@ -49,6 +49,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                 "  labq admin user rm alice", _user_rm, c)
     p.add_argument("name", metavar="NAME")
     add_token_commands(admin_sub, c)
+    add_join_commands(admin_sub, c)
+    nodes = command(admin_sub, "node", "forget a node", "Commands for the lab's nodes.",
+                    "  labq admin node forget ws3", None, [])
+    nodes_sub = nodes.add_subparsers(title="node commands", metavar="COMMAND")
+    nodes.set_defaults(run=lambda args: (nodes.print_help(), 0)[1])
+    p = command(nodes_sub, "forget", "forget a node: a reinstalled or retired machine",
+                "The node leaves `labq nodes`, its certificate and token stop working, and a join token may take "
+                "its name again (a reinstalled machine joins as before). Refused while jobs hold its GPUs.",
+                "  labq admin node forget ws3", _node_forget, c)
+    p.add_argument("name", metavar="NAME")
 
 
 def _login(args: argparse.Namespace) -> int:
@@ -144,4 +154,11 @@ def _user_ls(args: argparse.Namespace) -> int:
 def _user_rm(args: argparse.Namespace) -> int:
     user = leader_client(args).remove_user(args.name)
     print(f"removed user {escape_controls(user.get('name', args.name))}; their token no longer works")
+    return 0
+
+
+def _node_forget(args: argparse.Namespace) -> int:
+    leader_client(args).forget_node(args.name)
+    print(escape_controls(f"forgot node {args.name}: its certificate no longer works, and a join token may take "
+                          "its name again (its agent, started anew, will join again)"))
     return 0

@@ -1,5 +1,6 @@
 """``labq admin token create|list|revoke``: tokens for use off the lab's machines (a laptop, a script), each
-with a name and an expiry, revoked at once."""
+with a name and an expiry, revoked at once; ``labq admin join create|list|revoke``: join tokens for one
+workstation each; ``labq admin node forget``: a node's name free again."""
 
 from __future__ import annotations
 
@@ -39,6 +40,66 @@ def add_token_commands(admin_sub: argparse._SubParsersAction, parents: list) -> 
                 "now. Admins may revoke anyone's; a user their own.",
                 "  labq admin token revoke 3f9a2b1c0d4e", _revoke, parents)
     p.add_argument("token_id", metavar="ID", help="the token's id, from `labq admin token list`")
+
+
+def add_join_commands(admin_sub: argparse._SubParsersAction, parents: list) -> None:
+    joins = command(admin_sub, "join", "join tokens for one workstation each",
+                    "A join token made here admits one agent: the first node that joins with it (or the one named "
+                    "with --node) holds it, and any other is refused, so a copy that leaks afterwards admits "
+                    "nobody. After its join a node speaks with its own certificate and needs no token again.",
+                    "  labq admin join create --node ws5\n  labq admin join list\n"
+                    "  labq admin join revoke 3f9a2b1c0d4e", None, [])
+    joins_sub = joins.add_subparsers(title="join commands", metavar="COMMAND")
+    joins.set_defaults(run=lambda args: (joins.print_help(), 0)[1])
+    p = command(joins_sub, "create", "make a join token for one agent (admins)",
+                "Print a join token for one new workstation, and the line that starts its agent with it.",
+                "  labq admin join create --node ws5 --expires 2h", _join_create, parents)
+    p.add_argument("--node", metavar="NAME", help="the only node name that may join with it")
+    p.add_argument("--expires", metavar="DURATION", default="24h",
+                   help="how long it waits to be used: 30m, 24h, 7d ... (default: 24h)")
+    p.add_argument("--json", action="store_true", help="print JSON (the token is in it: keep it secret)")
+    p = command(joins_sub, "list", "list join tokens (admins)",
+                "List the one-time join tokens by id: which node used each, and until when an unused one works.",
+                "  labq admin join list --json", _join_list, parents)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command(joins_sub, "revoke", "revoke a join token (admins)",
+                "An unused join token stops working; nodes that joined with it keep their certificates.",
+                "  labq admin join revoke 3f9a2b1c0d4e", _join_revoke, parents)
+    p.add_argument("join_id", metavar="ID", help="the join token's id, from `labq admin join list`")
+
+
+def _join_create(args: argparse.Namespace) -> int:
+    import json
+
+    expires = _expires_s(args.expires)
+    client = leader_client(args)
+    join, token = client.create_join(args.node, expires)
+    if args.json:
+        print(json.dumps({"join": join, "token": token}, indent=2))
+        return 0
+    target = f" for node {join['node']}" if join.get("node") else " for one node"
+    print(escape_controls(f"made join token {join['id']}{target}; it works until {_when(join['expires_at'])} "
+                          "or its first join. It is shown only now."))
+    leader = "" if client.url.startswith("unix:") else f" --leader {client.url}"
+    print("On the new workstation, as root:\n")
+    print(escape_controls(f"  LABQ_JOIN_TOKEN={token} labq agent{leader}") + "\n")
+    return 0
+
+
+def _join_list(args: argparse.Namespace) -> int:
+    from labq.render import table
+
+    found = leader_client(args).joins()
+    rows = [[j["id"], j.get("node") or "any", j.get("used_by") or ("expired" if j.get("expired") else "unused"),
+             _when(j["expires_at"]) if not j.get("used_by") else "", j.get("created_by", "")] for j in found]
+    return emit(args, found, lambda: table(("ID", "FOR", "USED BY", "UNUSED UNTIL", "MADE BY"), rows)
+                if rows else "no join tokens")
+
+
+def _join_revoke(args: argparse.Namespace) -> int:
+    join = leader_client(args).revoke_join(args.join_id.strip().lower())
+    print(escape_controls(f"revoked join token {join['id']}"))
+    return 0
 
 
 def _expires_s(text: str) -> float | None:

@@ -9,12 +9,15 @@ its lease.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import ssl
 from dataclasses import replace
 
 from labq.leader.auth import Principal, new_token
 from labq.leader.state import AgentSession, LabState
-from labq.leader.users import user_only
+from labq.leader.joins import Joins
+from labq.leader.users import admin_only, user_only
 from labq.models import transitions as t
 from labq.models.actions import timeout_grace
 from labq.models.job import Job, JobState
@@ -25,36 +28,110 @@ from labq.protocol.agents import (
 )
 from labq.protocol.codec import encode_node
 from labq.protocol.identity import token_hash
-from labq.store import PutRecord
+from labq.store import DeleteRecord, PutRecord
 
 log = logging.getLogger("labq.leader")
 
 class Agents:
-    def __init__(self, state: LabState) -> None:
+    def __init__(self, state: LabState, joins: Joins) -> None:
         self.state = state
+        self.joins = joins  #: the one-time join tokens (``labq.leader.joins``), shared with ``Users``
+        self.ca = None  #: the lab's CA (``labq.leader.certs.LabCA``) in a TLS lab: it signs the agents' certificates
+        self._logs_tls: dict = {}  #: node -> the client context its log server is checked by
         self._replies = 0
         self.epoch = ""  #: this leader process: agents order its sync replies by (epoch, seq)
 
-    def register(self, who: Principal, registration: Registration, address: str | None = None) -> str:
-        if who.kind != "join":
-            raise errors.forbidden("agents register with the cluster's join token")
+    def register(self, who: Principal, registration: Registration,
+                 address: str | None = None) -> tuple[str, str | None]:
+        """A node joins (a join token) or joins again (its agent's certificate): (its agent token, the
+        certificate the lab's CA signed for its signing request, when it sent one)."""
         node, state = registration.node, self.state
+        if who.kind == "agent" and who.name != node.name:
+            raise errors.forbidden(f"agent {who.name} may join again as {who.name} only, not as {node.name}")
+        if who.kind not in ("join", "agent"):
+            raise errors.forbidden("agents register with the cluster's join token")
         token = new_token("agent")
         with state.lock:
             old = state.agents.get(node.name)
+            spent = self._admit(who, node.name, old)
+            cert_pem, cert_sha256 = self._certificate(registration, old)
             logs_url = registration.logs_url
             if logs_url and address and "//0.0.0.0:" in logs_url:  # listening everywhere: use where it came from
                 logs_url = logs_url.replace("//0.0.0.0:", f"//{address}:")
             session = AgentSession(node.name, node, token_hash(token), logs_url, new_token("logs"),
-                                   last_seen=state.clock(), address=address)
+                                   last_seen=state.clock(), address=address, cert_sha256=cert_sha256)
             if old is not None:
                 session.version = old.version + 1
-            state.commit([PutRecord("agents", node.name, session.record())])
+            state.commit([PutRecord("agents", node.name, session.record()), *(spent[1] if spent else [])])
             state.agents[node.name] = session
+            if spent is not None:
+                self.joins.take(spent[0])
             state.changed.notify_all()
         state.events.publish("node", {"node": node.name, "health": "up"})
+        log.debug("node %s %s (%s)", node.name,  # the audit trail keeps it (``labq events``) "joined again by its certificate" if who.kind == "agent" else
+                 "joined with " + ("the lab's join token" if who.name == "lab" else f"one-time join token {who.name}"),
+                 address or "?")
         state.wake()
-        return token
+        return token, cert_pem
+
+    def _admit(self, who: Principal, name: str, old: AgentSession | None):
+        """May ``who`` register node ``name``? For a one-time join token: (it spent, the changes that say so);
+        None otherwise (the lock is held)."""
+        if who.kind == "agent":
+            return None
+        if old is not None and old.cert_sha256 is not None:
+            raise errors.forbidden(f"node {name} has joined already and holds its own certificate: no join token can "
+                                   f"take its name (if that machine was reinstalled, an admin runs `labq admin node "
+                                   f"forget {name}`)")
+        if who.name == "lab":
+            return None
+        return self.joins.spend(self.joins.find_id(who.name), name, self.state.clock())
+
+    def _certificate(self, registration: Registration, old: AgentSession | None) -> tuple[str | None, str | None]:
+        """(a new certificate for the agent's signing request, the SHA-256 of the one it holds now)."""
+        if registration.csr is None or self.ca is None:
+            return None, old.cert_sha256 if old is not None and self.ca is not None else None
+        try:
+            pem = self.ca.sign_agent(registration.csr, registration.node.name)
+        except ValueError as err:
+            raise errors.bad_request(f"csr: {err}", "csr") from None
+        return pem, hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
+
+    def logs_tls(self, node: str, url: str):
+        """The context to fetch logs from node ``node`` at ``url``: the lab's CA, and the certificate it signed
+        for that node's agent (``NODE.agent.labq``), none other; None for a plain ``http://`` log server."""
+        if not url.startswith("https://"):
+            return None
+        if self.ca is None:
+            raise errors.unavailable(f"node {node} serves logs over TLS, and this leader has no CA to check it by")
+        from labq.tls import agent_name, client_context
+
+        context = self._logs_tls.get(node)
+        if context is None:
+            context = self._logs_tls[node] = client_context(self.ca.cert_pem, expect=agent_name(node))
+        return context
+
+    def forget(self, who: Principal, name: str) -> dict:
+        """An admin forgets node ``name`` (a machine reinstalled or retired): its certificate and token stop
+        working, and a join token may take its name again. Refused while jobs hold its GPUs."""
+        admin_only(who, "forget nodes")
+        state = self.state
+        with state.lock:
+            session = state.agents.get(name)
+            if session is None:
+                raise errors.not_found(f"there is no node {name!r}")
+            busy = sorted(j.id for j in state.jobs.values()
+                          if j.state.holds_gpus and j.placement is not None and name in j.placement.nodes)
+            if busy:
+                raise errors.conflict(f"job{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} "
+                                      f"{'hold' if len(busy) > 1 else 'holds'} GPUs on {name}: cancel them, or stop "
+                                      "its agent and let the lease requeue them, then forget it")
+            state.commit([DeleteRecord("agents", name)])
+            del state.agents[name]
+            state.changed.notify_all()
+        state.events.publish("node", {"node": name, "health": "forgotten"})
+        state.wake()
+        return {"node": name}
 
     def logs_of(self, node: str) -> tuple[str | None, str | None] | None:
         """Where node ``node`` serves job logs, and the token it wants: None for a node the lab does not know."""

@@ -3,7 +3,7 @@
 On first start: a CA (EC P-256, ten years) and the leader's serving certificate signed by it, for the
 leader's names and addresses, one year, renewed by the leader itself when less than ``RENEW_BEFORE_S``
 is left or a name or address is missing (agents and clients trust the CA, so nothing else changes). Keys
-are 0600, written whole or not at all (``labq.leader.auth.write_secret``). The serving certificate alone may serve (``serverAuth``); the
+are 0600, written whole or not at all (``labq.paths.write_secret``). The serving certificate alone may serve (``serverAuth``); the
 certificates the CA signs for agents are for clients only, so an agent cannot pose as its leader.
 
 A leader runs for months, so the renewal also happens while it runs (``ServingCertificate``): the new
@@ -24,15 +24,16 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from labq.leader.auth import write_secret
-from labq.tls import fingerprint
+from labq.paths import write_secret
+from labq.tls import LEADER_NAME, agent_name, fingerprint
 from labq.workers import Backoff, RetryLog
 
 CA_DAYS = 3650
 SERVING_DAYS = 365
+AGENT_DAYS = 365
 RENEW_BEFORE_S = 30 * 86400
 #: how often a running leader looks at its serving certificate: twice a day, against a month of warning
 CHECK_EVERY_S = 12 * 3600
@@ -88,30 +89,52 @@ class LabCA:
     def issue(self, common_name: str, *, serving: bool, names: tuple[str, ...] = (),
               addresses: tuple[str, ...] = (), days: int = SERVING_DAYS,
               now: datetime.datetime | None = None) -> tuple[bytes, bytes]:
-        """(certificate PEM, key PEM) for ``common_name``: for serving (the leader) or a client (an agent)."""
-        now = now or datetime.datetime.now(datetime.timezone.utc)
+        """(certificate PEM, key PEM) for ``common_name``: for serving (the leader) or a client."""
         key = ec.generate_private_key(ec.SECP256R1())
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if serving else ExtendedKeyUsageOID.CLIENT_AUTH
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH if serving else ExtendedKeyUsageOID.CLIENT_AUTH]
+        cert = self._sign(key.public_key(), common_name, usages, names, addresses, days, now)
+        return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+    def sign_agent(self, request_pem: str, node: str, now: datetime.datetime | None = None) -> str:
+        """The certificate of the agent of ``node``, for the key of its signing request (the key never leaves
+        the agent's machine): a client of the leader, and the server of its own logs as ``NODE.agent.labq``,
+        a name no leader's certificate has, so an agent can pose as neither its leader nor another agent.
+        ValueError for a request that is not one, or not signed by its own key."""
+        try:
+            request = x509.load_pem_x509_csr(request_pem.encode())
+        except ValueError:
+            raise ValueError("the certificate signing request cannot be read") from None
+        if not request.is_signature_valid:
+            raise ValueError("the certificate signing request is not signed by its key")
+        key = request.public_key()
+        if not isinstance(key, (ec.EllipticCurvePublicKey, rsa.RSAPublicKey)):
+            raise ValueError("the certificate signing request's key is neither EC nor RSA")
+        cert = self._sign(key, node, [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH],
+                          (agent_name(node),), (), AGENT_DAYS, now)
+        return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+    def _sign(self, public_key, common_name: str, usages: list, names: tuple[str, ...], addresses: tuple[str, ...],
+              days: int, now: datetime.datetime | None) -> x509.Certificate:
+        now = now or datetime.datetime.now(datetime.timezone.utc)
         builder = (x509.CertificateBuilder()
                    .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64])]))
-                   .issuer_name(self.cert.subject).public_key(key.public_key())
+                   .issuer_name(self.cert.subject).public_key(public_key)
                    .serial_number(x509.random_serial_number())
                    .not_valid_before(now - datetime.timedelta(minutes=5))
                    .not_valid_after(now + datetime.timedelta(days=days))
                    .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+                   .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
                    .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
                                   critical=False))
         sans = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(self.key, hashes.SHA256())
-        return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+        return builder.sign(self.key, hashes.SHA256())
 
 
 def leader_names(host: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The names and addresses the leader's certificate is for: this machine's, loopback, the listen address."""
-    names = {"localhost", socket.gethostname()}
+    names = {"localhost", socket.gethostname(), LEADER_NAME}
     addresses = {"127.0.0.1", "::1"}
     try:
         names.add(socket.getfqdn())

@@ -35,7 +35,7 @@ class Leader:
         self.users = Users(self.state)
         self.bookings = Bookings(self.state)
         self.queue = Queue(self.state, self.bookings)
-        self.agents = Agents(self.state)
+        self.agents = Agents(self.state, self.users.joins)
         self.agents.epoch = secrets.token_hex(6)
         self.scheduling = Scheduling(self.state, self.bookings)
         self.users.ensure_join_token()
@@ -45,20 +45,23 @@ class Leader:
         self.tls_ca: str | None = None
         self.tls_pin: str | None = None
 
-    def use_tls(self, ca_pem: str, pin: str) -> None:
-        """Serve the CA to clients that check it against their pin, and put the pin in the join token."""
-        self.tls_ca, self.tls_pin = ca_pem, pin
-        self.users.pin_join_token(pin)
+    def use_tls(self, ca) -> None:
+        """Serve the lab's CA (a ``labq.leader.certs.LabCA``) to clients that check it against their pin, sign
+        the agents' certificates with it, and put the pin in the join token."""
+        self.tls_ca, self.tls_pin = ca.cert_pem, ca.fingerprint
+        self.agents.ca = ca
+        self.users.pin_join_token(ca.fingerprint)
 
-    def authenticate(self, token: str | None, source: str | None = None, vouched_for: str | None = None) -> Principal:
-        """Who sent a request with ``token`` from address ``source`` (for ``vouched_for``, when an agent sends it
-        for a person on its machine); an address that keeps failing is refused (429) for a while without its
-        token being looked at."""
+    def authenticate(self, token: str | None, source: str | None = None, vouched_for: str | None = None,
+                     certificate: str | None = None) -> Principal:
+        """Who sent a request with ``token`` from address ``source`` over a connection that showed the lab's
+        ``certificate`` (its SHA-256; an agent's), for ``vouched_for`` when an agent sends it for a person on
+        its machine. An address that keeps failing is refused (429) for a while without a look at its token."""
         self.auth_failures.check(source)
         try:
-            return self.users.authenticate(token, vouched_for)
+            return self.users.authenticate(token, vouched_for, certificate)
         except ApiError as err:
-            if err.code == "unauthorized" and token:  # a token that is none (not a person the lab lacks)
+            if err.code == "unauthorized" and (token or certificate):  # a token that is none (not a person the lab lacks)
                 self.auth_failures.failed(source)
             raise
 

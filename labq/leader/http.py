@@ -11,6 +11,7 @@ a request has a time limit, and one address may hold only so many connections.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
@@ -84,7 +85,7 @@ class _Handler(JsonHandler):
                 return
             handler, match = routed
             who = None if handler in PUBLIC else self.server.leader.authenticate(  # before the body is read
-                self.bearer_token(), self.client_address[0], self._vouched_for())
+                self.bearer_token(), self.client_address[0], self._vouched_for(), self._certificate())
             body = self._body() if method in ("POST", "PUT") else None
             args = (self, who, *match.groups())
             result = handler(*args, body) if method in ("POST", "PUT") else handler(*args)
@@ -102,6 +103,13 @@ class _Handler(JsonHandler):
         finally:
             if self._unread:
                 self._drain()
+
+    def _certificate(self) -> str | None:
+        """The SHA-256 of the certificate the client showed, which the lab's CA signed (an agent's); None for
+        a client that showed none, or a connection without TLS."""
+        getpeercert = getattr(self.connection, "getpeercert", None)
+        der = getpeercert(binary_form=True) if getpeercert is not None else None
+        return hashlib.sha256(der).hexdigest() if der else None
 
     def _vouched_for(self) -> str | None:
         """The user an agent vouches for (``X-Labq-User``), checked by the lab's rule for user names."""

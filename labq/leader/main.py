@@ -104,7 +104,7 @@ def _serving_certificate(leader: Leader) -> ServingCertificate:
         serving = ServingCertificate(ca, config.host)
     except (OSError, ValueError) as err:
         raise StartError(f"cannot set up TLS in {config.data_dir / 'tls'}: {err}") from None
-    leader.use_tls(ca.cert_pem, ca.fingerprint)
+    leader.use_tls(ca)
     return serving
 
 

@@ -9,10 +9,11 @@ FETCH_TIMEOUT_S = 10.0
 
 
 def fetch_log(url: str, token: str | None, job_id: int, attempt: int, offset: int,
-              transport: Transport = socket_transport) -> tuple[bytes, int, bool]:
-    """Bytes from ``offset`` of an attempt's log on the agent at ``url``, the next offset, and whether it ended."""
+              transport: Transport = socket_transport, tls=None) -> tuple[bytes, int, bool]:
+    """Bytes from ``offset`` of an attempt's log on the agent at ``url``, the next offset, and whether it ended;
+    ``tls`` is the context of an ``https://`` node (``Agents.logs_tls``: the lab's CA, that node's name)."""
     request = Request("GET", f"{url.rstrip('/')}/v1/logs/{job_id}/{attempt}?offset={offset}",
-                      {"Authorization": f"Bearer {token}"}, timeout=FETCH_TIMEOUT_S)
+                      {"Authorization": f"Bearer {token}"}, timeout=FETCH_TIMEOUT_S, tls=tls)
     try:
         response = transport(request)
         try:

@@ -21,7 +21,8 @@ from labq.protocol.agents import encode_reply, parse_registration, parse_sync
 from labq.protocol.bookings import encode_answer, encode_windows, parse_reserve
 from labq.protocol.codec import encode_job, encode_pending, encode_reservation
 from labq.protocol.names import check_name, check_user_name
-from labq.protocol.requests import parse_action, parse_submit, parse_token, parse_user, require_int
+from labq.protocol.identity import join_token
+from labq.protocol.requests import parse_action, parse_join, parse_submit, parse_token, parse_user, require_int
 
 if TYPE_CHECKING:
     from labq.leader.http import _Handler
@@ -162,7 +163,8 @@ def _logs(h: _Handler, who, job_id: str) -> None:
     logs_url, logs_token = leader.agents.logs_of(node) or (None, None)
     if not logs_url:
         raise errors.unavailable(f"node {node} does not serve logs")
-    data, next_offset, done = fetch_log(logs_url, logs_token, job.id, attempt, offset)
+    data, next_offset, done = fetch_log(logs_url, logs_token, job.id, attempt, offset,
+                                        tls=leader.agents.logs_tls(node, logs_url))
     done = done and not job.state.holds_gpus or (done and attempt != job.attempt)
     h.send_response(200)
     h.send_header("Content-Type", "text/plain; charset=utf-8")
@@ -200,6 +202,28 @@ def _nodes(h: _Handler, who) -> tuple[int, dict]:
     return 200, {"nodes": h.server.leader.agents.view(who), "unadmitted": h.server.leader.agents.unadmitted()}
 
 
+@route("DELETE", r"/v1/nodes/([^/]+)")
+def _forget_node(h: _Handler, who, name: str) -> tuple[int, dict]:
+    return 200, h.server.leader.agents.forget(who, check_name(urllib.parse.unquote(name), "node name"))
+
+
+@route("GET", "/v1/joins")
+def _joins(h: _Handler, who) -> tuple[int, dict]:
+    return 200, {"joins": h.server.leader.users.join_listing(who)}
+
+
+@route("POST", "/v1/joins")
+def _create_join(h: _Handler, who, body) -> tuple[int, dict]:
+    request = parse_join(body)
+    join, secret = h.server.leader.users.create_join(who, request.node, request.expires_s)
+    return 201, {"join": join, "token": join_token(h.server.leader.tls_pin, secret)}
+
+
+@route("DELETE", r"/v1/joins/([^/]+)")
+def _revoke_join(h: _Handler, who, join_id: str) -> tuple[int, dict]:
+    return 200, {"join": h.server.leader.users.revoke_join(who, _hex_id(join_id, "a join token id"))}
+
+
 @route("GET", "/v1/users")
 def _users(h: _Handler, who) -> tuple[int, dict]:
     return 200, {"users": h.server.leader.users.listing(who)}
@@ -230,10 +254,14 @@ def _create_token(h: _Handler, who, body) -> tuple[int, dict]:
 
 @route("DELETE", r"/v1/tokens/([^/]+)")
 def _revoke_token(h: _Handler, who, token_id: str) -> tuple[int, dict]:
-    token_id = urllib.parse.unquote(token_id)
-    if not re.fullmatch(r"[0-9a-f]{1,64}", token_id):
-        raise errors.bad_request(f"a token id is hex digits (`labq admin token list`), not {ascii(token_id)[:40]}")
-    return 200, {"token": h.server.leader.users.revoke_token(who, token_id)}
+    return 200, {"token": h.server.leader.users.revoke_token(who, _hex_id(token_id, "a token id"))}
+
+
+def _hex_id(text: str, what: str) -> str:
+    text = urllib.parse.unquote(text)
+    if not re.fullmatch(r"[0-9a-f]{1,64}", text):
+        raise errors.bad_request(f"{what} is hex digits (the list shows them), not {ascii(text)[:40]}")
+    return text
 
 
 @route("GET", "/v1/events", head=False)
@@ -269,9 +297,9 @@ def _events(h: _Handler, who) -> None:
 def _register(h: _Handler, who, body) -> tuple[int, dict]:
     registration = parse_registration(body)
     leader = h.server.leader
-    token = leader.agents.register(who, registration, h.client_address[0])
+    token, certificate = leader.agents.register(who, registration, h.client_address[0])
     _, logs_token = leader.agents.logs_of(registration.node.name) or (None, None)
-    return 200, {"agent_token": token, "logs_token": logs_token,
+    return 200, {"agent_token": token, "logs_token": logs_token, "certificate": certificate,
                  "lease_s": leader.config.lease_s, "fence_after_s": leader.config.fence_after_s,
                  "allowed_mount_roots": list(leader.config.allowed_mount_roots),
                  "allowed_images": list(leader.config.allowed_images),

@@ -43,10 +43,12 @@ class AgentSession:
     address: str | None = None  #: where its registration came from
     #: it reports how it maps the lab's users to local accounts (an agent of an older labq does not)
     reports_accounts: bool = False
+    #: the SHA-256 of the certificate the lab's CA signed for it (a TLS lab): it joins again and syncs with it
+    cert_sha256: str | None = None
 
     def record(self) -> dict:
         return {"node": encode_node(replace(self.node, health=NodeHealth.UP)), "token_sha256": self.token_sha256,
-                "logs_url": self.logs_url, "logs_token": self.logs_token}
+                "logs_url": self.logs_url, "logs_token": self.logs_token, "cert_sha256": self.cert_sha256}
 
 
 class LabState:
@@ -65,7 +67,7 @@ class LabState:
         self.next_job_id = loaded.next_job_id
         self.users: dict[str, dict] = dict(loaded.records.get("users", {}))
         self.agents = {name: AgentSession(name, decode_node(rec["node"]), rec["token_sha256"], rec.get("logs_url"),
-                                          rec.get("logs_token"), last_seen=now)
+                                          rec.get("logs_token"), last_seen=now, cert_sha256=rec.get("cert_sha256"))
                        for name, rec in loaded.records.get("agents", {}).items()}
         self.usage: dict[str, float] = {user: rec["gpu_hours"] for user, rec in loaded.records.get("usage", {}).items()}
         self.usage_at = now

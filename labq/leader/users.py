@@ -5,12 +5,14 @@ from __future__ import annotations
 import getpass
 
 from labq.http_server import same_secret
-from labq.leader.auth import JOIN_TOKEN_FILE, Principal, new_token, write_secret
+from labq.leader.auth import JOIN_TOKEN_FILE, Principal, new_token
+from labq.paths import write_secret
 from labq.leader.state import LabState
+from labq.leader.joins import Joins
 from labq.leader.tokens import LOGIN, Tokens
 from labq.models.node import NodeHealth
 from labq.protocol import errors
-from labq.protocol.identity import join_token, parse_join_token, token_hash
+from labq.protocol.identity import cluster_id, join_token, parse_join_token, token_hash
 from labq.protocol.requests import TokenRequest, UserRequest
 from labq.store import DeleteRecord, PutRecord
 
@@ -24,6 +26,7 @@ class Users:
         join = state.records.get("cluster", {}).get("join")
         self.join_hash: str | None = join["token_sha256"] if join else None
         self.tokens = Tokens(state.records.get("tokens", {}), state.users)
+        self.joins = Joins(state.records.get("joins", {}))
 
     def ensure_join_token(self) -> str:
         """The join token's hash; on a new lab, make the token and write it where agents on this machine find it."""
@@ -46,31 +49,63 @@ class Users:
         if pinned != pin and self.join_hash is not None and same_secret(token_hash(secret), self.join_hash):
             write_secret(path, join_token(pin, secret))
 
-    def authenticate(self, token: str | None, vouched_for: str | None = None) -> Principal:
-        """Who sent a request with ``token``; with ``vouched_for`` (``X-Labq-User``), an agent's request on behalf
-        of a person on its machine, who is then the principal (only an agent may vouch)."""
-        if vouched_for is not None and not token:
-            raise errors.unauthorized("only a labq agent may vouch for a user (X-Labq-User), with its own token")
-        if not token:
-            raise errors.unauthorized("this request needs a token (Authorization: Bearer ...); "
-                                      "`labq admin user add NAME` makes one")
+    def authenticate(self, token: str | None, vouched_for: str | None = None,
+                     certificate: str | None = None) -> Principal:
+        """Who sent a request with ``token``, over a connection that showed the lab's ``certificate`` (its
+        SHA-256: an agent's). With ``vouched_for`` (``X-Labq-User``), an agent's request for a person on its
+        machine, who is then the principal (only an agent may vouch). In a TLS lab an agent is its certificate:
+        its token alone, read on the wire or from its memory, is refused."""
         state = self.state
         with state.lock:
-            found = self.tokens.find(token)
-            if found is not None and found.user in state.users:
-                if found.expired(state.clock()):
-                    raise errors.unauthorized(f"this token ({found.name}, id {found.id}) has expired: ask an admin "
-                                              f"for a new one (`labq admin token create {found.user}`)")
+            agent = self._agent_with(certificate)
+            if not token and agent is None:
                 if vouched_for is not None:
-                    raise errors.forbidden("only a labq agent may vouch for a user (X-Labq-User); a user's token "
-                                           "speaks for its user alone")
-                return Principal("user", found.user, state.users[found.user].get("admin", False), found.id)
-            digest = token_hash(token)
-            for name, session in state.agents.items():
-                if same_secret(session.token_sha256, digest):
-                    return self._vouched(name, vouched_for) if vouched_for is not None else Principal("agent", name)
-            if self.join_hash is not None and same_secret(self.join_hash, digest):
-                return Principal("join", "join")
+                    raise errors.unauthorized("only a labq agent may vouch for a user (X-Labq-User), as itself")
+                raise errors.unauthorized("this request needs a token (Authorization: Bearer ...); "
+                                          "`labq admin user add NAME` makes one")
+            if token:
+                found = self.tokens.find(token)
+                if found is not None and found.user in state.users:
+                    if found.expired(state.clock()):
+                        raise errors.unauthorized(f"this token ({found.name}, id {found.id}) has expired: ask an "
+                                                  f"admin for a new one (`labq admin token create {found.user}`)")
+                    if vouched_for is not None:
+                        raise errors.forbidden("only a labq agent may vouch for a user (X-Labq-User); a user's "
+                                               "token speaks for its user alone")
+                    return Principal("user", found.user, state.users[found.user].get("admin", False), found.id)
+                agent = self._agent_token(token, agent)
+                if agent is None:
+                    return self._join(token)
+            return self._vouched(agent, vouched_for) if vouched_for is not None else Principal("agent", agent)
+
+    def _agent_with(self, certificate: str | None) -> str | None:
+        """The node whose agent's certificate has the SHA-256 ``certificate`` (the lock is held)."""
+        if certificate is None:
+            return None
+        return next((name for name, s in self.state.agents.items()
+                     if s.cert_sha256 is not None and same_secret(s.cert_sha256, certificate)), None)
+
+    def _agent_token(self, token: str, shown: str | None) -> str | None:
+        """The node whose agent's token ``token`` is, None for none; 401 when that agent holds a certificate and
+        this connection did not show it (the lock is held)."""
+        digest = token_hash(token)
+        for name, session in self.state.agents.items():
+            if same_secret(session.token_sha256, digest):
+                if session.cert_sha256 is not None and shown != name:
+                    raise errors.unauthorized(f"agent {name}'s token works only with its certificate, and this "
+                                              "connection did not show it")
+                return name
+        if shown is not None:
+            raise errors.unauthorized(f"agent {shown}'s certificate came with a token that is not its own")
+        return None
+
+    def _join(self, secret: str) -> Principal:
+        """The lab's join token, or a one-time one (``labq.leader.joins``); 401 for anything else."""
+        if self.join_hash is not None and same_secret(self.join_hash, token_hash(secret)):
+            return Principal("join", "lab")
+        once = self.joins.find(secret)
+        if once is not None:
+            return Principal("join", once.id)
         raise errors.unauthorized("unknown token: ask an admin for a new one (`labq admin user add NAME`)")
 
     def _vouched(self, node: str, user: str) -> Principal:
@@ -216,6 +251,38 @@ class Users:
             found = token.public(state.clock())
         state.events.interrupt()
         return found
+
+
+    # -- one-time join tokens ---------------------------------------------------------------
+
+    def create_join(self, who: Principal, node: str | None, expires_s: float) -> tuple[dict, str]:
+        """A join token for one agent (admins): (what ``join list`` shows of it, the token to hand over)."""
+        admin_only(who, "make join tokens")
+        state = self.state
+        with state.lock:
+            if node is not None and (s := state.agents.get(node)) is not None and s.cert_sha256 is not None:
+                raise errors.conflict(f"node {node} has joined already: `labq admin node forget {node}` first, if "
+                                      "that machine was reinstalled")
+            now = state.clock()
+            join, secret, changes = self.joins.make(cluster_id(self.ensure_join_token()), now, expires_s, who.name,
+                                                    node)
+            state.commit(changes)
+            self.joins.take(join)
+            return join.public(now), secret
+
+    def join_listing(self, who: Principal) -> list[dict]:
+        admin_only(who, "list join tokens")
+        with self.state.lock:
+            return self.joins.listing(self.state.clock())
+
+    def revoke_join(self, who: Principal, join_id: str) -> dict:
+        admin_only(who, "revoke join tokens")
+        state = self.state
+        with state.lock:
+            join, changes = self.joins.revoke(join_id)
+            state.commit(changes)
+            self.joins.drop(join)
+            return join.public(state.clock())
 
 
 def user_only(who: Principal) -> None:

@@ -38,10 +38,17 @@ class Registration:
     node: Node
     logs_url: str | None
     version: str
+    csr: str | None = None  #: the agent's certificate signing request (PEM), for a TLS lab's CA to sign
+
+
+MAX_CSR = 8192
 
 
 def encode_registration(reg: Registration) -> dict:
-    return {"node": encode_node(reg.node), "logs_url": reg.logs_url, "version": reg.version}
+    doc = {"node": encode_node(reg.node), "logs_url": reg.logs_url, "version": reg.version}
+    if reg.csr is not None:
+        doc["csr"] = reg.csr
+    return doc
 
 
 def parse_registration(body: object) -> Registration:
@@ -49,8 +56,13 @@ def parse_registration(body: object) -> Registration:
     node_doc = f.raw("node", required=True)
     logs_url = f.string("logs_url", max_len=512)
     version = f.string("version", required=True, max_len=64)
+    csr = f.raw("csr")
     f.done()
-    return Registration(parse_node(node_doc), logs_url, version)
+    if csr is not None and not (isinstance(csr, str) and len(csr) <= MAX_CSR and csr.isascii()
+                                and csr.lstrip().startswith("-----BEGIN CERTIFICATE REQUEST-----")):
+        raise bad_request(f"csr must be a PEM certificate signing request of at most {MAX_CSR} ASCII characters",
+                          "csr")
+    return Registration(parse_node(node_doc), logs_url, version, csr)
 
 
 def parse_node(doc: object) -> Node:

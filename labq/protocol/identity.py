@@ -36,5 +36,10 @@ def parse_join_token(text: str) -> tuple[str | None, str]:
 
 
 def lab_of(join_token: str) -> str:
-    """The cluster id of the lab a join token admits to."""
-    return cluster_id(token_hash(parse_join_token(join_token)[1]))
+    """The cluster id of the lab a join token admits to: a one-time token's secret starts with it
+    (``CLUSTER.RANDOM``, ``labq.leader.joins``), the lab's own token hashes to it."""
+    secret = parse_join_token(join_token)[1]
+    cluster, dot, _ = secret.partition(".")
+    if dot and len(cluster) == 12 and all(c in "0123456789abcdef" for c in cluster):
+        return cluster
+    return cluster_id(token_hash(secret))

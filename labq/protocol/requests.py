@@ -432,6 +432,23 @@ def parse_token(body: object) -> TokenRequest:
     return TokenRequest(user, name, expires)
 
 
+@dataclass(frozen=True)
+class JoinRequest:
+    node: str | None  #: the only node name that may join with it
+    expires_s: float
+
+
+DEFAULT_JOIN_S = 86400.0
+
+
+def parse_join(body: object) -> JoinRequest:
+    f = Fields(body, "a join token")
+    node = f.name("node", "node name")
+    expires = f.number("expires_s", low=60, high=MAX_TOKEN_S)
+    f.done()
+    return JoinRequest(node, expires or DEFAULT_JOIN_S)
+
+
 def require_int(value: str, what: str, *, low: int = 0, high: int = MAX_QUERY_INT) -> int:
     """A whole number from a query parameter or a path, written in ASCII digits, between ``low`` and ``high``."""
     if not isinstance(value, str) or not re.fullmatch(r"[0-9]{1,20}", value):

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 TLS_CONFIG = TEST_CONFIG.replace('listen = "127.0.0.1:0"\n', 'listen = "127.0.0.1:0"\ntls = "on"\n')
 ETH_P_ALL = 0x0003
 SECRET_ENV = "labq-capture-secret-8f2c1e"
+LOG_LINE = "labq-capture-log-line-3d9a"
 
 
 def credentials(lab: Lab) -> dict:
@@ -102,18 +103,20 @@ def test_a_job_runs_over_tls_and_no_token_or_environment_value_crosses_loopback_
         token = credentials(lab)["token"]
         capture = Capture()
         try:
-            job = lab.submit("sh", "-c", "test -n \"$SECRET\"", env=f"SECRET={SECRET_ENV}")
+            job = lab.submit("sh", "-c", f"test -n \"$SECRET\" && echo {LOG_LINE}", env=f"SECRET={SECRET_ENV}")
             assert lab.wait_state(job, "succeeded", "failed")["state"] == "succeeded"
             lab.labq("ls", "--all")
+            assert LOG_LINE in lab.labq("logs", str(job)).stdout  # the leader fetched it from the agent
         finally:
             seen = capture.stop()
         assert capture.to_port(seen, port) and len(seen) > 10_000, "the capture saw the leader's traffic"
-        leaked = [what for what, value in (("the token", token), ("the job's environment value", SECRET_ENV))
+        leaked = [what for what, value in (("the token", token), ("the job's environment value", SECRET_ENV),
+                                           ("the job's log", LOG_LINE), ("the logs token", "Bearer lql_"))
                   if value.encode() in seen]
         if tls:
             assert leaked == [], f"in clear on loopback: {leaked}"
         else:
-            assert leaked == ["the token", "the job's environment value"]
+            assert leaked == ["the token", "the job's environment value", "the job's log", "the logs token"]
 
 
 def test_clients_and_agents_pinned_to_the_lab_refuse_another_leader_naming_both_fingerprints(labs):

@@ -45,6 +45,7 @@ VALID = {
     "/v1/jobs/{}/actions": {"action": "prio", "priority": "high"},
     "/v1/users": {"name": "fuzzed", "admin": False},
     "/v1/tokens": {"user": "alice", "name": "fz", "expires_s": 3600},
+    "/v1/joins": {"node": "fzn", "expires_s": 3600},
     "/v1/reservations": {"gpus": 1, "start": 3e9, "end": 3e9 + 600, "name": "fzr", "users": ["bob"]},
     "/v1/agents/register": {"node": NODE, "logs_url": "http://127.0.0.1:9/", "version": "0"},
     "/v1/agents/{}/sync": {"attempts": [{"job_id": 1, "attempt": 1, "running": True}], "unmanaged_busy": [],

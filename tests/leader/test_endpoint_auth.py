@@ -109,6 +109,18 @@ class Lab:
         assert status == 201, doc
         return name
 
+    def fresh_node(self) -> str:
+        name = self.unique("gone")
+        status, _, doc = self.lb.request("POST", "/v1/agents/register", {"node": node(name), "version": "0"},
+                                         token=self.lb.join_token)
+        assert status == 200, doc
+        return name
+
+    def fresh_join(self) -> str:
+        status, _, doc = self.lb.request("POST", "/v1/joins", {"expires_s": 3600})
+        assert status == 201, doc
+        return doc["join"]["id"]
+
     def fresh_token_of_alice(self) -> str:
         status, _, doc = self.lb.request("POST", "/v1/tokens", {"user": "alice", "name": self.unique("spare")})
         assert status == 201, doc
@@ -193,6 +205,13 @@ TABLE: dict[tuple[str, str], list[Case]] = {
     ("DELETE", "/v1/reservations/{}"): [Case("cancel alice's booking", people(200, 403, 200),
                                              lambda lab: f"/v1/reservations/{lab.fresh_reservation()}")],
     ("GET", "/v1/nodes"): [Case("nodes", people(200, 200, 200), lambda lab: "/v1/nodes")],
+    ("DELETE", "/v1/nodes/{}"): [Case("forget a node (admins)", people(403, 403, 200),
+                                      lambda lab: f"/v1/nodes/{lab.fresh_node()}")],
+    ("GET", "/v1/joins"): [Case("join tokens (admins)", people(403, 403, 200), lambda lab: "/v1/joins")],
+    ("POST", "/v1/joins"): [Case("a join token (admins)", people(403, 403, 201), lambda lab: "/v1/joins",
+                                 lambda lab: {"expires_s": 3600})],
+    ("DELETE", "/v1/joins/{}"): [Case("revoke a join token (admins)", people(403, 403, 200),
+                                      lambda lab: f"/v1/joins/{lab.fresh_join()}")],
     ("GET", "/v1/users"): [Case("users (admins)", people(403, 403, 200), lambda lab: "/v1/users")],
     ("POST", "/v1/users"): [Case("add a user (admins)", people(403, 403, 201), lambda lab: "/v1/users",
                                  lambda lab: {"name": lab.unique("dave"), "admin": False})],

@@ -13,13 +13,17 @@ from contextlib import contextmanager
 
 import pytest
 from cryptography import x509
-from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from labq.agent.identity import AgentIdentity
 
 from labq.leader.certs import (CHECK_EVERY_S, RENEW_BEFORE_S, SERVING_DAYS, LabCA, ServingCertificate,
                                server_context, serving_files)
 from labq.leader.config import LeaderConfig
 from labq.leader.main import start_leader
-from labq.tls import client_context, fingerprint
+from labq.tls import agent_name, client_context, fingerprint
 
 NOW = datetime.datetime(2026, 11, 24, tzinfo=datetime.timezone.utc)
 
@@ -92,6 +96,34 @@ def test_a_client_of_the_lab_trusts_the_leaders_certificate_and_not_an_agents(tm
     with pytest.raises(ssl.SSLCertVerificationError):  # another lab's leader
         _connect(port, trusting)
     thread.join(10)
+
+
+def test_an_agents_certificate_serves_its_logs_under_its_name_and_poses_as_no_leader_and_no_other_agent(tmp_path):
+    """What the CA signs for an agent at join: for its own key (the request's), as ``NODE.agent.labq``."""
+    ca = LabCA.load_or_create(tmp_path, "lab")
+    identity = AgentIdentity(tmp_path / "ws1", "ws1")
+    identity.save(ca.sign_agent(identity.request(), "ws1"))
+    assert identity.files() == (identity.cert_path, identity.key_path) and not identity.due()
+    serving = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    serving.load_cert_chain(*identity.files())
+    for expect, trusted in ((agent_name("ws1"), True), (agent_name("ws2"), False), ("leader.labq", False)):
+        port, thread = _serve_once(serving)
+        if trusted:
+            assert _connect(port, client_context(ca.cert_pem, expect=expect)) == b"hello"
+        else:
+            with pytest.raises(ssl.SSLCertVerificationError):
+                _connect(port, client_context(ca.cert_pem, expect=expect))
+        thread.join(10)
+    other = AgentIdentity(tmp_path / "ws2", "ws2")  # a certificate for another name, or another key, is not kept
+    with pytest.raises(ValueError, match="not for 'ws2'"):
+        other.save(ca.sign_agent(identity.request(), "ws1"))
+    forged = (x509.CertificateSigningRequestBuilder()  # someone else's key, in ws1's name
+              .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ws1")]))
+              .sign(ec.generate_private_key(ec.SECP256R1()), hashes.SHA256()))
+    with pytest.raises(ValueError, match="another key"):
+        identity.save(ca.sign_agent(forged.public_bytes(serialization.Encoding.PEM).decode(), "ws1"))
+    with pytest.raises(ValueError, match="cannot be read"):
+        ca.sign_agent("-----BEGIN CERTIFICATE REQUEST-----\nnot base64\n-----END CERTIFICATE REQUEST-----", "ws1")
 
 
 def _serve_echo(context: ssl.SSLContext, connections: int) -> int:
