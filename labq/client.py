@@ -222,6 +222,14 @@ class Client:
     def revoke_token(self, token_id: str) -> dict:
         return self._json("DELETE", f"/v1/tokens/{quote(token_id, safe='')}")["token"]
 
+    def audit(self, *, user: str | None = None, job: int | None = None, action: str | None = None,
+              since: float | None = None, until: float | None = None, after: int | None = None,
+              limit: int = 100) -> list[dict]:
+        """The audit trail's entries that match, oldest first (``labq events``)."""
+        query = [(k, v) for k, v in (("user", user), ("job", job), ("action", action), ("since", since),
+                                     ("until", until), ("after", after), ("limit", limit)) if v is not None]
+        return self._json("GET", "/v1/audit", query)["events"]
+
     def joins(self) -> list[dict]:
         return self._json("GET", "/v1/joins")["joins"]
 

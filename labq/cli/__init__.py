@@ -1,7 +1,7 @@
 """The ``labq`` command. Thin: parse, call one function, print.
 
 One module per command family registers its commands on the parser: ``tools`` (topo, place, checkpoint),
-``jobs``, ``admin``, ``reserve``, ``tui``, ``daemons``, ``sim`` and ``store``. Each command runs under the one
+``jobs``, ``admin``, ``events``, ``reserve``, ``tui``, ``daemons``, ``sim`` and ``store``. Each command runs under the one
 guard of ``labq.cli.errors``. Imports stay lazy so that ``labq`` starts fast and never loads the TUI's
 libraries for a plain command.
 """
@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     from labq import __version__
-    from labq.cli import admin, daemons, jobs, reserve, sim, store, tools, tui
+    from labq.cli import admin, daemons, events, jobs, reserve, sim, store, tools, tui
 
     parser = argparse.ArgumentParser(
         prog="labq",
@@ -49,6 +49,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"labq {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for family in (tools, jobs, admin, reserve, tui, daemons, sim, store):  # the order of `labq --help`
+    for family in (tools, jobs, admin, events, reserve, tui, daemons, sim, store):  # the order of `labq --help`
         family.add_commands(sub)
     return parser

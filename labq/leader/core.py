@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from labq.leader.agents import Agents
+from labq.leader.audit import AuditLog
 from labq.leader.auth import Principal
 from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
@@ -41,6 +42,8 @@ class Leader:
         self.users.ensure_join_token()
         self.workers = Supervisor()
         self.auth_failures = AuthFailures(config.auth_failures_per_minute, 60.0, monotonic)
+        #: who did what, from where (``labq events``)
+        self.audit = AuditLog(config.data_dir, clock)
         #: the lab CA's certificate (PEM) and pin when the leader serves TLS (``labq.leader.certs``)
         self.tls_ca: str | None = None
         self.tls_pin: str | None = None
@@ -91,3 +94,4 @@ class Leader:
             state.changed.notify_all()
         state.events.close()
         self.workers.join(timeout=10)
+        self.audit.close()

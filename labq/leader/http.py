@@ -24,7 +24,7 @@ from labq.protocol import errors
 from labq.protocol.body import decode_body
 from labq.protocol.errors import ApiError
 from labq.protocol.names import check_user_name
-from labq.leader.routes import _NO_HEAD, PUBLIC, ROUTES
+from labq.leader.routes import _NO_HEAD, AUDITED, PUBLIC, ROUTES
 from labq.protocol.requests import MAX_BODY_BYTES
 
 log = logging.getLogger("labq.leader.http")
@@ -78,6 +78,9 @@ class _Handler(JsonHandler):
         self._keep_alive = not self.close_connection
         if self._unread:  # until the body is read in full, the connection cannot carry another request
             self.close_connection = True
+        handler = match = who = None
+        outcome: tuple[int, str | None] | None = None  #: the answer's status and refusal, for the audit trail
+        self.audited = {}  #: what the route learned for the audit trail: the job, its owner, the target
         try:
             routed = self._route(method)
             if routed is None:
@@ -91,18 +94,45 @@ class _Handler(JsonHandler):
             result = handler(*args, body) if method in ("POST", "PUT") else handler(*args)
             if result is not None:
                 status, doc = result
+                outcome = (status, None)
                 self.send_json(status, doc)
         except ApiError as err:
+            outcome = (err.status, err.message)
             self.send_json(err.status, err.to_json())
         except (ConnectionError, TimeoutError):
             self.close_connection = True
         except Exception as err:  # a bug: answer 500, keep serving
             log.exception("internal error on %s %s", method, self.path)
+            outcome = (500, "internal error")
             self.close_connection = True
             self.send_json(500, ApiError(500, "internal", f"internal error in the leader: {type(err).__name__}").to_json())
         finally:
+            if handler in AUDITED and outcome is not None:
+                self._audit(handler, match, who, *outcome)
             if self._unread:
                 self._drain()
+
+    def _audit(self, handler: Callable, match: re.Match, who, status: int, error: str | None) -> None:
+        """One line of the audit trail for this request: who, how, from where, what, the answer."""
+        action, about = AUDITED[handler]
+        entry: dict = {"action": self.audited.get("action", action), "status": status,
+                       "from": self.client_address[0]}
+        if who is not None:
+            entry.update(user=who.name, kind=who.kind)
+            if who.via:
+                entry["via"] = who.via
+            if who.token_id:
+                entry["token"] = who.token_id
+        first = match.group(1) if match.lastindex else None
+        if first is not None:
+            if about == "job":
+                entry["job"] = int(first)
+            else:
+                entry["target"] = urllib.parse.unquote(first)[:200]
+        entry.update({k: v for k, v in self.audited.items() if k != "action"})
+        if error:
+            entry["error"] = error[:300]
+        self.server.leader.audit.record(entry)
 
     def _certificate(self) -> str | None:
         """The SHA-256 of the certificate the client showed, which the lab's CA signed (an agent's); None for

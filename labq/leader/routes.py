@@ -13,6 +13,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from labq.leader.audit import MAX_ANSWER, AuditQuery
 from labq.leader.node_logs import fetch_log
 from labq.leader.users import user_only
 from labq.models.job import Job
@@ -33,15 +34,21 @@ Route = tuple[str, re.Pattern, Callable]
 ROUTES: list[Route] = []
 _NO_HEAD: set[Callable] = set()  #: GET routes that stream their answer: HEAD is refused there
 PUBLIC: set[Callable] = set()  #: routes anyone may call, without a token: what is public anyway
+#: routes whose every call goes into the audit trail (``labq.leader.audit``), with the action's name; the
+#: path's first part is its job (``job``) or its target (``target``)
+AUDITED: dict[Callable, tuple[str, str]] = {}
 
 
-def route(method: str, pattern: str, *, head: bool = True, public: bool = False):
+def route(method: str, pattern: str, *, head: bool = True, public: bool = False, audit: str | None = None,
+          about: str = "target"):
     def register(fn):
         ROUTES.append((method, re.compile(f"^{pattern}$"), fn))
         if not head:
             _NO_HEAD.add(fn)
         if public:
             PUBLIC.add(fn)
+        if audit is not None:
+            AUDITED[fn] = (audit, about)
         return fn
     return register
 
@@ -71,9 +78,10 @@ def _whoami(h: _Handler, who) -> tuple[int, dict]:
     return 200, doc
 
 
-@route("POST", "/v1/jobs")
+@route("POST", "/v1/jobs", audit="submit")
 def _submit(h: _Handler, who, body) -> tuple[int, dict]:
     job = h.server.leader.queue.submit(who, parse_submit(body))
+    h.audited.update(job=job.id, owner=job.user)
     return 201, {"job": encode_job(job)}
 
 
@@ -129,15 +137,20 @@ def _job(h: _Handler, who, job_id: str) -> tuple[int, dict]:
     return 200, {"job": encode_job(job), "pending": encode_pending(pending)}
 
 
-@route("POST", r"/v1/jobs/([0-9]+)/actions")
+@route("POST", r"/v1/jobs/([0-9]+)/actions", audit="act", about="job")
 def _action(h: _Handler, who, job_id: str, body) -> tuple[int, dict]:
     request, queue = parse_action(body), h.server.leader.queue
+    h.audited["action"] = request.action
     if request.action == "restart":  # a new job: its answer is the new job's
-        return 201, {"job": encode_job(queue.restart(who, _job_id(job_id)))}
-    return 200, {"job": encode_job(queue.act(who, _job_id(job_id), request))}
+        job = queue.restart(who, _job_id(job_id))
+        h.audited.update(owner=job.user, target=f"as job {job.id}")
+        return 201, {"job": encode_job(job)}
+    job = queue.act(who, _job_id(job_id), request)
+    h.audited["owner"] = job.user
+    return 200, {"job": encode_job(job)}
 
 
-@route("DELETE", "/v1/history")
+@route("DELETE", "/v1/history", audit="clean history")
 def _clean(h: _Handler, who) -> tuple[int, dict]:
     up_to, hidden = h.server.leader.queue.clean(who)
     return 200, {"cleaned_up_to": up_to, "hidden": hidden}
@@ -176,9 +189,11 @@ def _logs(h: _Handler, who, job_id: str) -> None:
     h.wfile.write(data)
 
 
-@route("POST", "/v1/reservations")
+@route("POST", "/v1/reservations", audit="book")
 def _reserve(h: _Handler, who, body) -> tuple[int, dict]:
     answer, booked, windows = h.server.leader.bookings.reserve(who, parse_reserve(body))
+    if booked:
+        h.audited["target"] = answer.reservation.name
     doc = encode_answer(answer, booked)
     if windows is not None:
         doc["deadline"] = encode_windows(windows)
@@ -191,7 +206,7 @@ def _reservations(h: _Handler, who) -> tuple[int, dict]:
     return 200, {"reservations": [encode_reservation(r) for r in found]}
 
 
-@route("DELETE", r"/v1/reservations/([^/]+)")
+@route("DELETE", r"/v1/reservations/([^/]+)", audit="cancel booking")
 def _cancel_reservation(h: _Handler, who, name: str) -> tuple[int, dict]:
     r = h.server.leader.bookings.cancel(who, check_name(urllib.parse.unquote(name), "reservation name"))
     return 200, {"reservation": encode_reservation(r)}
@@ -202,7 +217,7 @@ def _nodes(h: _Handler, who) -> tuple[int, dict]:
     return 200, {"nodes": h.server.leader.agents.view(who), "unadmitted": h.server.leader.agents.unadmitted()}
 
 
-@route("DELETE", r"/v1/nodes/([^/]+)")
+@route("DELETE", r"/v1/nodes/([^/]+)", audit="forget node")
 def _forget_node(h: _Handler, who, name: str) -> tuple[int, dict]:
     return 200, h.server.leader.agents.forget(who, check_name(urllib.parse.unquote(name), "node name"))
 
@@ -212,14 +227,15 @@ def _joins(h: _Handler, who) -> tuple[int, dict]:
     return 200, {"joins": h.server.leader.users.join_listing(who)}
 
 
-@route("POST", "/v1/joins")
+@route("POST", "/v1/joins", audit="create join token")
 def _create_join(h: _Handler, who, body) -> tuple[int, dict]:
     request = parse_join(body)
     join, secret = h.server.leader.users.create_join(who, request.node, request.expires_s)
+    h.audited["target"] = join["id"] + (f" for {request.node}" if request.node else "")
     return 201, {"join": join, "token": join_token(h.server.leader.tls_pin, secret)}
 
 
-@route("DELETE", r"/v1/joins/([^/]+)")
+@route("DELETE", r"/v1/joins/([^/]+)", audit="revoke join token")
 def _revoke_join(h: _Handler, who, join_id: str) -> tuple[int, dict]:
     return 200, {"join": h.server.leader.users.revoke_join(who, _hex_id(join_id, "a join token id"))}
 
@@ -229,13 +245,15 @@ def _users(h: _Handler, who) -> tuple[int, dict]:
     return 200, {"users": h.server.leader.users.listing(who)}
 
 
-@route("POST", "/v1/users")
+@route("POST", "/v1/users", audit="add user")
 def _add_user(h: _Handler, who, body) -> tuple[int, dict]:
-    user, token = h.server.leader.users.add(who, parse_user(body))
+    request = parse_user(body)
+    h.audited["target"] = request.name + (" (admin)" if request.admin else "")
+    user, token = h.server.leader.users.add(who, request)
     return 201, {"user": user, "token": token}
 
 
-@route("DELETE", r"/v1/users/([^/]+)")
+@route("DELETE", r"/v1/users/([^/]+)", audit="remove user")
 def _remove_user(h: _Handler, who, name: str) -> tuple[int, dict]:
     return 200, {"user": h.server.leader.users.remove(who, check_name(urllib.parse.unquote(name), "user name"))}
 
@@ -246,13 +264,16 @@ def _tokens(h: _Handler, who) -> tuple[int, dict]:
     return 200, {"tokens": h.server.leader.users.token_listing(who, check_user_name(user, "user") if user else None)}
 
 
-@route("POST", "/v1/tokens")
+@route("POST", "/v1/tokens", audit="create token")
 def _create_token(h: _Handler, who, body) -> tuple[int, dict]:
-    token, secret = h.server.leader.users.create_token(who, parse_token(body))
+    request = parse_token(body)
+    h.audited["target"] = f"for {request.user}"
+    token, secret = h.server.leader.users.create_token(who, request)
+    h.audited["target"] = f"{token['id']} ({token['name']}) for {request.user}"
     return 201, {"token": token, "secret": secret}
 
 
-@route("DELETE", r"/v1/tokens/([^/]+)")
+@route("DELETE", r"/v1/tokens/([^/]+)", audit="revoke token")
 def _revoke_token(h: _Handler, who, token_id: str) -> tuple[int, dict]:
     return 200, {"token": h.server.leader.users.revoke_token(who, _hex_id(token_id, "a token id"))}
 
@@ -262,6 +283,39 @@ def _hex_id(text: str, what: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{1,64}", text):
         raise errors.bad_request(f"{what} is hex digits (the list shows them), not {ascii(text)[:40]}")
     return text
+
+
+@route("GET", "/v1/audit")
+def _audit(h: _Handler, who) -> tuple[int, dict]:
+    user_only(who)
+    user = h.arg("user")
+    if user is not None:
+        check_user_name(user, "user")
+    if not who.admin and user not in (None, who.name):
+        raise errors.forbidden("only admins may read what other users did")
+
+    def number(name: str, high: float = 1e12) -> float | None:
+        text = h.arg(name)
+        if text is None:
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise errors.bad_request(f"{name} must be a number, not {ascii(text)[:40]}", name) from None
+        if not 0 <= value <= high:
+            raise errors.bad_request(f"{name} must be between 0 and {high:g}", name)
+        return value
+
+    job, after, limit = h.arg("job"), h.arg("after"), h.arg("limit")
+    query = AuditQuery(user=user, job=require_int(job, "job") if job else None, action=h.arg("action"),
+                       since=number("since"), until=number("until"),
+                       after=require_int(after, "after") if after else None,
+                       limit=require_int(limit, "limit", low=1, high=MAX_ANSWER) if limit else 100)
+    if query.action is not None and (len(query.action) > 64 or not query.action.isprintable()):
+        raise errors.bad_request("action must be a short printable name (submit, cancel, add user, ...)", "action")
+    mine = (lambda e: True) if who.admin else (lambda e: e.get("user") == who.name and e.get("kind") == "user"
+                                                or e.get("owner") == who.name)
+    return 200, {"events": h.server.leader.audit.find(query, mine)}
 
 
 @route("GET", "/v1/events", head=False)
@@ -293,9 +347,10 @@ def _events(h: _Handler, who) -> None:
 # -- agents ------------------------------------------------------------------------------
 
 
-@route("POST", "/v1/agents/register")
+@route("POST", "/v1/agents/register", audit="join")
 def _register(h: _Handler, who, body) -> tuple[int, dict]:
     registration = parse_registration(body)
+    h.audited["target"] = registration.node.name
     leader = h.server.leader
     token, certificate = leader.agents.register(who, registration, h.client_address[0])
     _, logs_token = leader.agents.logs_of(registration.node.name) or (None, None)

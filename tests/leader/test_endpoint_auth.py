@@ -160,6 +160,15 @@ def own_tokens_unless_admin(lab: Lab, caller: str, doc: dict) -> None:
     assert not any("secret" in t or "token_sha256" in t or "sha256" in t for t in doc["tokens"]), doc
 
 
+def own_events_unless_admin(lab: Lab, caller: str, doc: dict) -> None:
+    who = {e.get("user") for e in doc["events"]} | {e.get("owner") for e in doc["events"] if "owner" in e}
+    if caller == "admin":
+        assert {"root", "alice", "bob"} <= who, doc
+    else:
+        assert all(e.get("user") == lab.names[caller] or e.get("owner") == lab.names[caller]
+                   for e in doc["events"]) and doc["events"], doc
+
+
 def submitted_as_caller(lab: Lab, caller: str, doc: dict) -> None:
     assert doc["job"]["spec"]["user"] == lab.names[caller], doc
 
@@ -228,6 +237,11 @@ TABLE: dict[tuple[str, str], list[Case]] = {
     # another user's token is "not found" for a user (users.py revoke_token): no way to tell which ids exist
     ("DELETE", "/v1/tokens/{}"): [Case("revoke alice's spare token", people(200, 404, 200),
                                        lambda lab: f"/v1/tokens/{lab.fresh_token_of_alice()}")],
+    ("GET", "/v1/audit"): [
+        Case("the audit trail (users: their own part)", people(200, 200, 200), lambda lab: "/v1/audit",
+             ok=own_events_unless_admin),
+        Case("another user's part (admins)", people(200, 403, 200), lambda lab: "/v1/audit?user=alice"),
+    ],
     ("GET", "/v1/events"): [Case("event stream", people(200, 200, 200), lambda lab: "/v1/events", stream=True)],
     ("POST", "/v1/agents/register"): [
         Case("register a new node (join token)", people(403, 403, 403, agent=403, join=200),

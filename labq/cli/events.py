@@ -1,0 +1,86 @@
+"""``labq events``: the lab's audit trail, who did what to which job or thing, from where, and the answer."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from labq.cli.common import command, leader_client, leader_option
+from labq.terminal_text import escape_controls
+
+FOLLOW_EVERY_S = 2.0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = command(sub, "events", "the lab's audit trail: who did what, from where",
+                "Every request that changed something, or tried to: when, who, how they came (a token's id, or "
+                "the node whose agent vouched for them), from which address, the action, its job or target, and "
+                "the answer. Admins see everything; a user sees what they did and what was done to their jobs.",
+                "  labq events --since 1d\n  labq events --user alice --since 7d\n  labq events --job 12\n"
+                "  labq events --action cancel --json\n  labq events --follow", _events, [leader_option()])
+    p.add_argument("--user", help="what this user did, or what was done to their jobs")
+    p.add_argument("--job", type=int, metavar="ID", help="what was done to this job")
+    p.add_argument("--action", help="one action: submit, cancel, hold, prio, add user, revoke token, join, ...")
+    p.add_argument("--since", metavar="WHEN", help="from this long ago (1d, 2h) or this time (yesterday 9:00)")
+    p.add_argument("--until", metavar="WHEN", help="up to this time")
+    p.add_argument("-n", "--limit", type=int, default=100, metavar="N", help="the last N entries (default 100)")
+    p.add_argument("-f", "--follow", action="store_true", help="then print new entries as they come")
+    p.add_argument("--json", action="store_true", help="one JSON object a line")
+
+
+def _when(text: str | None, flag: str, now: float) -> float | None:
+    from labq.cli.errors import CliError
+    from labq.units import parse_duration
+    from labq.when import parse_when
+
+    if text is None:
+        return None
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        return parse_when(text, now)
+    except ValueError as err:
+        raise CliError(f"{flag}: {err} (or a duration back from now: 1d, 2h)") from None
+
+
+def _events(args: argparse.Namespace) -> int:
+    import json
+
+    from labq.cli.errors import CliError
+
+    if not 1 <= args.limit <= 1000:
+        raise CliError("--limit must be between 1 and 1000")
+    now = time.time()
+    since, until = _when(args.since, "--since", now), _when(args.until, "--until", now)
+    client = leader_client(args)
+    found = client.audit(user=args.user, job=args.job, action=args.action, since=since, until=until,
+                         limit=args.limit)
+    show = (lambda e: print(json.dumps(e), flush=True)) if args.json else (lambda e: print(line(e), flush=True))
+    if not found and not args.json and not args.follow:
+        print("no events")
+    for entry in found:
+        show(entry)
+    last = found[-1]["seq"] if found else None
+    while args.follow:
+        time.sleep(FOLLOW_EVERY_S)
+        for entry in client.audit(user=args.user, job=args.job, action=args.action, after=last, limit=1000,
+                                  since=since if last is None else None):
+            show(entry)
+            last = entry["seq"]
+    return 0
+
+
+def line(entry: dict) -> str:
+    """One entry for people: ``2026-11-26 10:14:03  alice via ws2  cancel job 12  ok``."""
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.get("at", 0)))
+    who = entry.get("user") or "?"
+    how = f" via {entry['via']}" if entry.get("via") else f" (token {entry['token']})" if entry.get("token") else ""
+    what = entry.get("action", "?")
+    target = f" job {entry['job']}" if entry.get("job") is not None else (
+        f" {entry['target']}" if entry.get("target") else "")
+    status = entry.get("status", 0)
+    result = "ok" if status < 400 else f"refused ({status}): {entry.get('error', '')}".rstrip(": ")
+    where = f" from {entry['from']}" if entry.get("from") else ""
+    return escape_controls(f"{at}  {who}{how}{where}  {what}{target}  {result}")
