@@ -196,10 +196,11 @@ class Client:
     def nodes(self) -> list[dict]:
         return self._json("GET", "/v1/nodes")["nodes"]
 
-    def nodes_report(self) -> tuple[list[dict], list[dict]]:
-        """The nodes, and the agents the leader sees over mDNS that have not joined."""
+    def nodes_report(self) -> tuple[list[dict], list[dict], bool]:
+        """The nodes, the agents the leader sees over mDNS that have not joined, and whether the leader serves
+        plain HTTP to the network (the admin's ``insecure = true``)."""
         answer = self._json("GET", "/v1/nodes")
-        return answer["nodes"], answer.get("unadmitted", [])
+        return answer["nodes"], answer.get("unadmitted", []), bool(answer.get("insecure"))
 
     def users(self) -> list[dict]:
         return self._json("GET", "/v1/users")["users"]

@@ -282,7 +282,10 @@ def _follow(client: Client, job_id: int, attempt: int | None, tail: Tail, wait: 
 def _nodes(args: argparse.Namespace) -> int:
     from labq.render import nodes_table
 
-    nodes, unadmitted = leader_client(args).nodes_report()
+    nodes, unadmitted, insecure = leader_client(args).nodes_report()
+    if insecure:
+        print("labq: warning: the leader serves plain HTTP to the network (insecure = true): tokens, job "
+              "environments and logs cross it in clear", file=sys.stderr)
     # agents seen over mDNS but not admitted are listed too, as nodes that have not joined
     nodes += [{"name": u["node"], "health": "not admitted", "gpus": [], "found": "mDNS",
                "address": ", ".join(u.get("addresses") or ()), "last_seen": None} for u in unadmitted]

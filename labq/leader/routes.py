@@ -214,7 +214,12 @@ def _cancel_reservation(h: _Handler, who, name: str) -> tuple[int, dict]:
 
 @route("GET", "/v1/nodes")
 def _nodes(h: _Handler, who) -> tuple[int, dict]:
-    return 200, {"nodes": h.server.leader.agents.view(who), "unadmitted": h.server.leader.agents.unadmitted()}
+    leader = h.server.leader
+    doc = {"nodes": leader.agents.view(who), "unadmitted": leader.agents.unadmitted()}
+    config = leader.config
+    if not config.uses_tls and not config.loopback_only:  # the admin's insecure = true
+        doc["insecure"] = True
+    return 200, doc
 
 
 @route("DELETE", r"/v1/nodes/([^/]+)", audit="forget node")

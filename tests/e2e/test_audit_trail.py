@@ -91,6 +91,9 @@ def test_who_did_what_to_which_job_from_where_and_how(lab):
 
     trail = (lab.data / "audit.jsonl").read_text()
     assert SECRET not in trail and bob not in trail and admin["token"] not in trail  # no body, no token
+    for daemon in ("leader.log", "agent-ws1.log"):  # nor do the daemons' logs
+        text = (lab.root / daemon).read_text()
+        assert SECRET not in text and bob not in text and admin["token"] not in text, daemon
 
 
 def test_what_a_caller_put_in_a_path_is_printed_escaped(lab):

@@ -158,6 +158,12 @@ def test_plain_http_off_loopback_needs_the_admins_word(labs, tmp_path):
     lab.start_leader()
     assert lab.url.startswith("http://")
     assert "warning: plain HTTP" in (lab.root / "leader.log").read_text()
+    nodes = lab.labq("nodes")
+    assert "warning: the leader serves plain HTTP to the network" in nodes.stderr  # every admin sees it
+    assert "warning" not in lab.labq("nodes", "--json").stdout
+    tls = labs("tls")
+    tls.start_leader()
+    assert "warning" not in tls.labq("nodes").stderr
 
 
 def test_the_ca_is_public_and_everything_else_still_needs_a_token(labs):
