@@ -1,7 +1,9 @@
-"""Benchmark of labq as people feel it: command start-up, submit-to-running, and API submit rate.
+"""Benchmark of labq as people feel it, over plain HTTP and TLS: command start-up, submit to running, submit rate.
 
 What it measures, against a real ``labq leader`` and one ``labq agent`` (``sim:ws-4x3090``,
-process runtime) started as processes in a temp folder with a temp HOME:
+process runtime) started as processes in a temp folder with a temp HOME, once for a plain lab
+and once for a TLS lab (``[leader] tls = "on"``: the credentials carry the lab's CA pin, the agent
+reads it from the join token), each in a fresh temp folder, one after the other:
   * Submit to running on an idle GPU: 1-GPU ``sleep 30`` jobs, one at a time, through the API
     client, timed from just before the submit call to the ``running`` event on ``/v1/events``;
     on the way: the submit's answer, the ``starting`` event (the leader placed it), the agent's
@@ -11,16 +13,49 @@ process runtime) started as processes in a temp folder with a temp HOME:
   * Wall time of ``labq submit -- true`` and ``labq ls`` as commands (2 warm-ups, then 20 runs
     each; median, p90), beside ``python -c pass`` and ``python -c "import labq.cli"`` with the
     same interpreter, so that interpreter start and labq's own cost are told apart. A 4-GPU
-    ``sleep`` job fills the node from here on, so the submitted jobs queue.
+    ``sleep`` job fills the node from here on, so the submitted jobs queue. The TLS lab adds, in
+    the same turns, ``labq ls`` with the kept CA removed first (a first call: it fetches the CA) and
+    ``python -c "import labq.cli, labq.tls"`` (the imports a call to an ``https://`` leader adds); and, in this process, the time to build the pinned client context and a TCP
+    connection with its TLS handshake alone (no request on it).
+  * TCP connections and TLS handshakes of one ``labq submit -- true`` and one ``labq ls`` (and, over
+    TLS, one first call), counted by running the CLI's ``main`` under a wrapper that counts
+    ``socket.create_connection`` and ``SSLSocket.do_handshake`` calls (not timed).
   * Submits per second through the API: 32 threads, each with its own ``Client``, 25 submits
     each; submits/s, per-request median and p99. Cancelled afterwards (not timed).
 
-Goals (from the issue): median ``labq submit`` and ``labq ls`` within 150 ms; submit to
-running p95 within 300 ms. Timings are reported, never asserted. Consistency is checked (every
-submit got an id, ids are unique, every benchmark job ends cancelled or succeeded): a violation
-is printed after the figures and exits with status 1. Progress goes to stderr.
+What a CLI call costs over TLS (``labq/tls.py``, ``labq/client.py``, ``labq/transport.py``,
+``labq/wire.py``): the process imports ``ssl`` (through ``labq.tls``; no ``http.client``: labq's own
+small HTTP reader runs on the TLS socket as on a plain one), builds an ``SSLContext`` and loads the
+lab's CA into it (``tls_context``), and makes its one request on a new TCP connection with a full TLS
+handshake (TLS 1.3: one round trip; the leader's key is EC P-256; the client checks the chain against
+the lab's CA and the name ``leader.labq``, not the address; ``tls_connect_and_handshake``). Every
+request is a connection of its own and no TLS session is resumed (a fresh context in each process), so
+``labq submit`` and ``labq ls``, one request each, make one connection and one full handshake each (the
+``*_tcp_connections`` and ``*_tls_handshakes`` rows count them). The first call on a machine has no CA
+yet: it first fetches it (``GET /v1/tls/ca`` on a connection that checks nothing: a second connection
+and handshake), checks its SHA-256 against the pin, and keeps it next to the credentials; later calls
+read it from there and make no extra request. The servers set ``TCP_NODELAY``: an answer written in two
+pieces (headers, then body) would otherwise wait for the client's delayed ACK (about 40 ms on Linux),
+which every TLS request paid before.
 
-Run:  .venv/bin/python bench/latency.py [--json] [--keep] [--gpus sim:ws-4x3090]
+The same turns time ``labq submit -- true`` and ``labq ls`` through the agent's local socket
+(``*_local_socket``: a person on the agent's machine with no credentials, ``LABQ_SOCKET``; the agent
+vouches for them and forwards to the leader, over TLS in the TLS lab), to be no slower than loopback
+HTTP to the leader (the plain lab's ``labq_submit`` and ``labq_ls``).
+
+Goals (from the issue): median ``labq submit`` and ``labq ls`` within 150 ms; submit to
+running p95 within 300 ms; TLS costs at most 20 ms per CLI call (median over TLS minus median over
+plain HTTP, both labs run by the same invocation). Timings are reported, never asserted; the two
+labs run one after the other on a noisy machine, so compare ``*_minus_python_pass_ms`` as well.
+Consistency is checked in each lab (every submit got an id, ids are unique, every benchmark job
+ends cancelled or succeeded, the counting wrapper saw each command's connection): a violation is
+printed after the figures and exits with status 1. Progress goes to stderr.
+
+``--json`` prints one object: with both transports ``{"transports", "plain": {...}, "tls": {...},
+"tls_minus_plain": {...}, "goals_met": {"plain", "tls", "tls_cost"}, "problems", ...}``; with one,
+its figures flat, as before, and ``"transport"``.
+
+Run:  .venv/bin/python bench/latency.py [--transport plain|tls|both] [--json] [--keep] [--gpus sim:ws-4x3090]
 """
 
 from __future__ import annotations
@@ -54,12 +89,36 @@ from labq.protocol.errors import ApiError
 NEXT_TO_PYTHON = Path(sys.executable).with_name("labq")
 LABQ = NEXT_TO_PYTHON if NEXT_TO_PYTHON.exists() else Path(__file__).resolve().parent.parent / ".venv/bin/labq"
 COMMAND_RUNS, WARMUPS, START_SAMPLES, SHORT_SAMPLES, THREADS, EACH = 20, 2, 30, 3, 32, 25
-COMMAND_GOAL_MS, START_P95_GOAL_MS = 150.0, 300.0
+COMMAND_GOAL_MS, START_P95_GOAL_MS, TLS_COST_GOAL_MS = 150.0, 300.0, 20.0
+TRANSPORTS = ("plain", "tls")
 #: how long a sample job runs before it is cancelled: the agent reports an exit at once only for
 #: attempts its 0.25 s exit watcher saw running; an earlier end waits for the 20 s long poll
 HOLD_S = 0.4
 # the benchmarked lab lets its users ask for high (by default classes above normal are the admin's to grant)
 CONFIG = '[leader]\nlisten = "127.0.0.1:0"\n[scheduling]\nmin_runtime = "0s"\nclass_grants = {high = ["*"]}\n[jobs]\ndefault_grace = "2s"\nallow_root = true\n'
+TLS_CONFIG = CONFIG.replace('listen = "127.0.0.1:0"\n', 'listen = "127.0.0.1:0"\ntls = "on"\n')
+#: runs the CLI's main as the ``labq`` script does, counting TCP connections and TLS handshakes (printed to
+#: stderr at exit after COUNT_MARK): ``labq.wire`` and ``http.client`` both connect with
+#: ``socket.create_connection``, looked up when they connect; ``ssl`` handshakes in ``SSLSocket.do_handshake``
+COUNT_MARK = "labq-bench-count:"
+COUNTING_MAIN = f"""
+import atexit, json, socket, ssl, sys
+seen = {{"tcp_connections": 0, "tls_handshakes": 0, "tls_resumed": 0, "tls_version": ""}}
+connect, handshake = socket.create_connection, ssl.SSLSocket.do_handshake
+def counted_connect(*args, **kwargs):
+    seen["tcp_connections"] += 1
+    return connect(*args, **kwargs)
+def counted_handshake(self, *args, **kwargs):
+    handshake(self, *args, **kwargs)
+    seen["tls_handshakes"] += 1
+    seen["tls_resumed"] += bool(self.session_reused)
+    seen["tls_version"] = self.version() or ""
+socket.create_connection, ssl.SSLSocket.do_handshake = counted_connect, counted_handshake
+atexit.register(lambda: print("{COUNT_MARK}", json.dumps(seen), file=sys.stderr, flush=True))
+from labq.cli import main
+sys.argv[0] = "labq"
+sys.exit(main())
+"""
 
 
 def ms(seconds: float) -> float:
@@ -88,15 +147,38 @@ def say(text: str) -> None:
 
 
 class Lab:
-    """A leader and one agent as processes under ``root``; ``close`` ends them and their jobs."""
+    """A leader and one agent as processes under ``root``; ``close`` ends them and their jobs.
 
-    def __init__(self, root: Path) -> None:
+    With ``tls`` the leader serves HTTPS (``tls = "on"``): ``pin`` is then the lab's CA pin from the first
+    admin's credentials, and clients keep the CA next to the credentials, in ``ca_cache``, as the CLI does."""
+
+    def __init__(self, root: Path, tls: bool = False) -> None:
         self.root, self.home, self.data = root, root / "home", root / "data"
         self.home.mkdir(parents=True)
-        (root / "leader.toml").write_text(CONFIG)
+        (root / "leader.toml").write_text(TLS_CONFIG if tls else CONFIG)
+        self.tls = tls
         self.procs: list[subprocess.Popen] = []
         self.url = ""
+        self.pin: str | None = None
+        self.ca_cache = self.home / ".config" / "labq"
         self.client: Client | None = None
+        self.socket = root / "agent.sock"  #: the agent's local socket: this machine's people need no token
+
+    def local_env(self) -> dict:
+        """A person on the agent's machine with no credentials: the CLI goes through the local socket."""
+        nobody = self.root / "socket-home"
+        nobody.mkdir(exist_ok=True)
+        return self.env() | {"HOME": str(nobody), "XDG_CONFIG_HOME": str(nobody / ".config"),
+                             "LABQ_SOCKET": str(self.socket)}
+
+    def new_client(self, token: str) -> Client:
+        """A client of this lab's leader with ``token`` (pinned to the lab's CA over TLS)."""
+        return Client(self.url, token, pin=self.pin, ca_cache=self.ca_cache if self.pin else None)
+
+    def forget_ca(self) -> None:
+        """Remove the CA kept next to the credentials, so that the next CLI call is a first call."""
+        for kept in self.ca_cache.glob("ca-*.pem"):
+            kept.unlink(missing_ok=True)
 
     def env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LABQ_")}
@@ -124,18 +206,24 @@ class Lab:
         """Starts the leader on ``leader.toml`` and returns a client with the first admin's token."""
         self.spawn("leader.log", "leader", "--no-mdns", "--config", str(self.root / "leader.toml"),
                    "--data-dir", str(self.data))
-        served = re.compile(r"serving (http://127\.0\.0\.1:\d+)")
+        served = re.compile(r"serving (https?://127\.0\.0\.1:\d+)")
         self.wait(lambda: served.search(self.log("leader.log")), "the leader to serve")
         self.url = served.search(self.log("leader.log"))[1]
-        creds = self.home / ".config" / "labq" / "credentials"
+        creds = self.ca_cache / "credentials"
         self.wait(lambda: creds.exists() and "token" in load_credentials(creds), "the first admin's token")
-        self.client = Client(self.url, load_credentials(creds)["token"])
+        saved = load_credentials(creds)
+        self.pin = saved.get("pin")
+        if self.url.startswith("https://") != bool(self.pin):
+            raise RuntimeError(f"the leader serves {self.url}, its credentials have pin {self.pin!r}")
+        if self.url.startswith("https://") != self.tls:
+            raise RuntimeError(f"asked for a {'TLS' if self.tls else 'plain'} lab, the leader serves {self.url}")
+        self.client = self.new_client(saved["token"])
         return self.client
 
     def start(self, gpus: str) -> Client:
         self.serve_leader()
         self.spawn("agent.log", "agent", "--leader", self.url, "--gpus", gpus, "--name", "ws1",
-                   "--data-dir", str(self.data))
+                   "--data-dir", str(self.data), "--local-socket", str(self.socket))
         self.wait(lambda: any(n["name"] == "ws1" and n["health"] == "up" for n in self.client.nodes()),
                   "the agent to join")
         say(f"leader {self.url} and agent ws1 ({gpus}) up in {self.root}")
@@ -234,18 +322,27 @@ def bench_commands(lab: Lab, ids: list[int]) -> dict:
     """The commands take turns, so that a change in the machine's load touches each alike."""
     commands = {"python_pass": [sys.executable, "-c", "pass"],
                 "python_import_labq_cli": [sys.executable, "-c", "import labq.cli"],
-                "labq_submit": [str(LABQ), "submit", "--", "true"], "labq_ls": [str(LABQ), "ls"]}
-    say(f"commands, {WARMUPS}+{COMMAND_RUNS} turns: python -c pass, python -c 'import labq.cli', "
-        "labq submit -- true, labq ls; then the same two API calls in this process")
+                "labq_submit": [str(LABQ), "submit", "--", "true"], "labq_ls": [str(LABQ), "ls"],
+                "labq_submit_local_socket": [str(LABQ), "submit", "--", "true"],
+                "labq_ls_local_socket": [str(LABQ), "ls"]}
+    if lab.pin:  # what TLS adds: its imports, and the first call's fetch of the CA
+        commands |= {"python_import_labq_cli_tls": [sys.executable, "-c", "import labq.cli, labq.tls"],
+                     "labq_ls_first_call": [str(LABQ), "ls"]}
+    tls_turns = ", python -c 'import labq.cli, labq.tls', labq ls with no CA kept" if lab.pin else ""
+    say(f"commands ({lab.url}), {WARMUPS}+{COMMAND_RUNS} turns: python -c pass, python -c 'import labq.cli', "
+        f"labq submit -- true, labq ls{tls_turns}; then the same two API calls in this process")
     times: dict[str, list[float]] = {key: [] for key in commands}
     for i in range(WARMUPS + COMMAND_RUNS):
         for key, argv in commands.items():
+            if key == "labq_ls_first_call":
+                lab.forget_ca()
             start = time.perf_counter()
-            out = subprocess.run(argv, env=lab.env(), cwd=lab.root, capture_output=True, text=True, timeout=60)
+            env = lab.local_env() if key.endswith("_local_socket") else lab.env()
+            out = subprocess.run(argv, env=env, cwd=lab.root, capture_output=True, text=True, timeout=60)
             elapsed = time.perf_counter() - start
             if out.returncode != 0:
                 raise RuntimeError(f"{' '.join(argv)} exited {out.returncode}: {out.stderr.strip()}")
-            if key == "labq_submit":
+            if key.startswith("labq_submit"):
                 ids.extend(int(n) for n in re.findall(r"submitted job (\d+)", out.stdout) or [0])
             if i >= WARMUPS:
                 times[key].append(elapsed)
@@ -262,6 +359,61 @@ def bench_commands(lab: Lab, ids: list[int]) -> dict:
     fig["ls_jobs_listed_at_end"] = len(lab.client.jobs())
     for key in ("labq_submit", "labq_ls"):
         fig[f"{key}_minus_python_pass_ms"] = fig[f"{key}_median_ms"] - fig["python_pass_median_ms"]
+    if lab.pin:  # in this process: a CLI call's new SSLContext with the kept CA loaded, and a bare handshake
+        fig |= bench_tls_parts(lab)
+    return fig
+
+
+def bench_tls_parts(lab: Lab) -> dict:
+    """What a CLI process spends on its context (a new ``SSLContext``, the kept CA loaded into it), and a TCP
+    connection with a full TLS handshake to the leader, closed before any request: the API calls above less
+    these is the request itself."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from labq.tls import client_context
+
+    pem = next(lab.ca_cache.glob("ca-*.pem")).read_text()
+    address = (urlsplit(lab.url).hostname, urlsplit(lab.url).port)
+    made, shaken = [], []
+    for _ in range(WARMUPS + COMMAND_RUNS):
+        start = time.perf_counter()
+        context = client_context(pem)
+        made.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        with socket.create_connection(address, timeout=10) as sock, context.wrap_socket(sock):  # handshakes here
+            shaken.append(time.perf_counter() - start)
+    fig = {}
+    for key, values in (("tls_context", made), ("tls_connect_and_handshake", shaken)):
+        fig |= {f"{key}_median_ms": ms(statistics.median(values[WARMUPS:])),
+                f"{key}_p90_ms": ms(pct(values[WARMUPS:], 0.9))}
+    return fig
+
+
+def count_connections(lab: Lab, ids: list[int], problems: list[str]) -> dict:
+    """TCP connections and TLS handshakes of one ``labq submit -- true`` and one ``labq ls`` (and, over TLS, one
+    ``labq ls`` with no CA kept). Reported, not judged; none counted at all is a problem (of the counting)."""
+    runs = [("labq_submit", ["submit", "--", "true"]), ("labq_ls", ["ls"])]
+    runs += [("labq_ls_first_call", ["ls"])] if lab.pin else []
+    fig: dict = {}
+    for key, args in runs:
+        if key == "labq_ls_first_call":
+            lab.forget_ca()
+        out = subprocess.run([sys.executable, "-c", COUNTING_MAIN, *args], env=lab.env(), cwd=lab.root,
+                             capture_output=True, text=True, timeout=60)
+        if key == "labq_submit":
+            ids.extend(int(n) for n in re.findall(r"submitted job (\d+)", out.stdout) or [0])
+        counted = [line.split(COUNT_MARK, 1)[1] for line in out.stderr.splitlines() if COUNT_MARK in line]
+        if out.returncode != 0 or not counted:
+            raise RuntimeError(f"labq {' '.join(args)} (counted) exited {out.returncode}: {out.stderr.strip()}")
+        seen = json.loads(counted[-1])
+        fig |= {f"{key}_tcp_connections": seen["tcp_connections"], f"{key}_tls_handshakes": seen["tls_handshakes"],
+                f"{key}_tls_resumed": seen["tls_resumed"]}
+        if seen["tls_version"]:
+            fig["tls_version"] = seen["tls_version"]
+        if not seen["tcp_connections"] or bool(lab.pin) != bool(seen["tls_handshakes"]):
+            problems.append(f"counting labq {' '.join(args)}: {seen['tcp_connections']} connections and "
+                            f"{seen['tls_handshakes']} TLS handshakes seen (the counting wrapper missed them?)")
     return fig
 
 
@@ -279,7 +431,7 @@ def bench_throughput(lab: Lab, ids: list[int], problems: list[str]) -> dict:
     gate, lock = threading.Barrier(THREADS + 1), threading.Lock()
 
     def submitter(n: int) -> None:
-        client, mine, my_ids, my_errors = Client(lab.url, lab.client.token), [], [], []
+        client, mine, my_ids, my_errors = lab.new_client(lab.client.token), [], [], []
         gate.wait()
         for _ in range(EACH):
             t0 = time.perf_counter()
@@ -343,56 +495,159 @@ def goals() -> list[tuple[str, str, float]]:
             ("labq_ls_median_ms", f"<= {COMMAND_GOAL_MS:g} ms", COMMAND_GOAL_MS)]
 
 
+#: the local socket is no slower than loopback HTTP: its median within this ratio of plain HTTP's (noise)
+LOCAL_SOCKET_SLACK = 1.05
+#: what TLS may add to a CLI call: the median over TLS minus the median over plain HTTP
+TLS_COST_GOALS = ("labq_submit_median_ms", "labq_ls_median_ms")
+#: rows only the TLS lab has, and the plain row their difference is taken from
+TLS_ONLY_BESIDE = {"labq_ls_first_call": "labq_ls", "python_import_labq_cli_tls": "python_import_labq_cli"}
+SECTIONS = {"commands": "CLI commands: wall time of the process; API calls and the TLS context in this process",
+            "connections": "one command's TCP connections and TLS handshakes (counted, not timed)",
+            "start": "submit to running (API client, one job at a time)",
+            "api": f"API submits: {THREADS} threads x {EACH}"}
+
+
+def run_lab(transport: str, gpus: str, keep: bool) -> tuple[dict[str, dict], list[str]]:
+    """One lab in a fresh temp folder, measured and closed: its figures by section, and its problems."""
+    began = time.perf_counter()
+    root = Path(tempfile.mkdtemp(prefix=f"labq-bench-latency-{transport}-"))
+    ids: list[int] = []
+    problems: list[str] = []
+    lab = Lab(root, tls=transport == "tls")
+    sections: dict[str, dict] = {}
+    try:
+        client = lab.start(gpus)
+        events = Events(client)
+        events.wait(None, "any", 10.0)  # the stream is connected
+        say(f"{transport}: submit to running: {WARMUPS}+{START_SAMPLES} jobs, one at a time")
+        sections["start"] = bench_start(lab, client, events, ids)
+        blocker = client.submit({"command": ["sleep", "3600"], "gpus": len(client.nodes()[0]["gpus"]),
+                                 "workdir": str(root)})
+        ids.append(blocker["id"])
+        events.wait(blocker["id"], "running", 30.0)
+        sections["commands"] = bench_commands(lab, ids)
+        sections["connections"] = count_connections(lab, ids, problems)
+        say(f"{transport}: API submits: {THREADS} threads x {EACH}")
+        sections["api"] = bench_throughput(lab, ids, problems)
+        say(f"{transport}: cancelling the benchmark's {len(ids)} jobs")
+        finish_all(client, ids, problems)
+    finally:
+        lab.close()
+        if keep:
+            say(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    sections["api"]["lab_wall_s"] = time.perf_counter() - began
+    return sections, [f"{transport}: {problem}" for problem in problems]
+
+
+def flat(sections: dict[str, dict]) -> dict:
+    """One lab's figures in one dict, in the order the single-lab table has always shown them."""
+    return {k: v for name in ("start", "commands", "connections", "api") for k, v in sections.get(name, {}).items()}
+
+
+def tls_minus_plain(plain: dict, tls: dict) -> dict:
+    """Each numeric figure of both labs, TLS minus plain (the TLS-only rows against their plain neighbours)."""
+    diff = {}
+    for key, value in tls.items():
+        beside = key
+        for only, other in TLS_ONLY_BESIDE.items():
+            if key.startswith(only + "_") and key not in plain:
+                beside = other + key[len(only):]
+        other_value = plain.get(beside)
+        if isinstance(value, (int, float)) and isinstance(other_value, (int, float)) and not isinstance(value, bool):
+            diff[key] = value - other_value
+    return diff
+
+
 def print_table(fig: dict, imports: list[str]) -> None:
     targets = {name: (shown, fig[name] <= limit) for name, shown, limit in goals()}
-    print_figures(f"labq latency benchmark (Python {fig['python']}, {fig['cpus']} CPUs, agent {fig['gpus']}, "
-                  f"{fig['wall_s']:.0f} s)", fig, targets,
-                  skip=("python", "cpus", "gpus", "goals_met", "wall_s", "problems"), digits=1)
+    print_figures(f"labq latency benchmark over {fig['transport']} (Python {fig['python']}, {fig['cpus']} CPUs, "
+                  f"agent {fig['gpus']}, {fig['wall_s']:.0f} s)", fig, targets,
+                  skip=("python", "cpus", "gpus", "goals_met", "wall_s", "problems", "transport"), digits=1)
+    print("\nslowest imports of labq.cli.jobs (cumulative, one run; a diagnostic):\n  " + "\n  ".join(imports))
+
+
+def print_side_by_side(head: dict, labs: dict[str, dict[str, dict]], diff: dict, imports: list[str]) -> None:
+    plain, tls = flat(labs["plain"]), flat(labs["tls"])
+    names = [k for name in SECTIONS for sec in (labs["tls"], labs["plain"]) for k in sec.get(name, {})]
+    width = max(map(len, names)) + 2
+
+    def cell(value, signed: bool = False) -> str:
+        if value is None:
+            return f"{'-':>10}"
+        if isinstance(value, float):
+            return f"{value:+10.1f}" if signed else f"{value:10.1f}"
+        return f"{value:+10d}" if signed and isinstance(value, int) else f"{value!s:>10}"
+
+    print(f"labq latency benchmark, plain HTTP vs TLS (Python {head['python']}, {head['cpus']} CPUs, agent "
+          f"{head['gpus']}, labs run one after the other, {head['wall_s']:.0f} s in all)")
+    starred = False
+    for name, title in SECTIONS.items():
+        keys = list(dict.fromkeys(k for sec in (labs["tls"], labs["plain"]) for k in sec.get(name, {})))
+        print(f"\n{title}\n{'figure':<{width}}  {'plain':>10}  {'tls':>10}  {'tls-plain':>10}")
+        for key in keys:
+            star = "*" if key not in plain and key in diff else ""
+            starred |= bool(star)
+            print(f"{key + star:<{width}}  {cell(plain.get(key))}  {cell(tls.get(key))}  "
+                  f"{cell(diff.get(key), signed=True)}".rstrip())
+    if starred:
+        print("\n* TLS lab only; tls-plain is against the plain lab's "
+              + ", ".join(f"{other} (for {only})" for only, other in TLS_ONLY_BESIDE.items()))
+    print("\ngoals")
+    rows = [(f"{key} {shown}", f"plain {plain[key]:.1f}: {'met' if plain[key] <= limit else 'MISSED'}; "
+             f"tls {tls[key]:.1f}: {'met' if tls[key] <= limit else 'MISSED'}") for key, shown, limit in goals()]
+    rows += [(f"{key} tls-plain <= {TLS_COST_GOAL_MS:g} ms", f"{diff[key]:+.1f}: "
+              f"{'met' if diff[key] <= TLS_COST_GOAL_MS else 'MISSED'} (less python_pass: "
+              f"{diff[key] - diff['python_pass_median_ms']:+.1f})") for key in TLS_COST_GOALS]
+    for key in ("labq_submit_median_ms", "labq_ls_median_ms"):  # no slower than loopback HTTP (plain lab)
+        local = plain[key.replace("_median_ms", "_local_socket_median_ms")]
+        rows.append((f"{key.replace('_median_ms', '')} local socket vs loopback HTTP",
+                     f"{local:.1f} vs {plain[key]:.1f} ms ({local / plain[key]:.2f}x): "
+                     f"{'met' if local <= plain[key] * LOCAL_SOCKET_SLACK else 'MISSED'}"))
+    goal_width = max(len(r[0]) for r in rows)
+    for what, verdict in rows:
+        print(f"  {what:<{goal_width}}  {verdict}")
     print("\nslowest imports of labq.cli.jobs (cumulative, one run; a diagnostic):\n  " + "\n  ".join(imports))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--transport", choices=("plain", "tls", "both"), default="both",
+                        help="measure a plain-HTTP lab, a TLS lab, or both one after the other (default both)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
-    parser.add_argument("--keep", action="store_true", help="leave the temp folder (logs, data) in place")
+    parser.add_argument("--keep", action="store_true", help="leave the temp folders (logs, data) in place")
     parser.add_argument("--gpus", default="sim:ws-4x3090", help="the agent's simulated GPUs (default sim:ws-4x3090)")
     args = parser.parse_args(argv)
     began = time.perf_counter()
-    root = Path(tempfile.mkdtemp(prefix="labq-bench-latency-"))
-    fig: dict = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "gpus": args.gpus}
-    ids: list[int] = []
+    head: dict = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "gpus": args.gpus}
+    transports = TRANSPORTS if args.transport == "both" else (args.transport,)
+    labs: dict[str, dict[str, dict]] = {}
     problems: list[str] = []
-    lab = Lab(root)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("latency benchmark: stopped by SIGTERM"))  # run the finally
-    try:
-        client = lab.start(args.gpus)
-        events = Events(client)
-        events.wait(None, "any", 10.0)  # the stream is connected
-        say(f"submit to running: {WARMUPS}+{START_SAMPLES} jobs, one at a time")
-        fig |= bench_start(lab, client, events, ids)
-        blocker = client.submit({"command": ["sleep", "3600"], "gpus": len(client.nodes()[0]["gpus"]),
-                                 "workdir": str(root)})
-        ids.append(blocker["id"])
-        events.wait(blocker["id"], "running", 30.0)
-        fig |= bench_commands(lab, ids)
-        say(f"API submits: {THREADS} threads x {EACH}")
-        fig |= bench_throughput(lab, ids, problems)
-        say(f"cancelling the benchmark's {len(ids)} jobs")
-        finish_all(client, ids, problems)
-        imports = import_profile()
-    finally:
-        lab.close()
-        if args.keep:
-            say(f"kept {root}")
+    for transport in transports:  # one after the other: each lab has the machine to itself
+        labs[transport], found = run_lab(transport, args.gpus, args.keep)
+        problems += found
+    imports = import_profile()
+    head["wall_s"] = time.perf_counter() - began
+    if len(transports) == 1:
+        fig = head | {"transport": transports[0]} | flat(labs[transports[0]])
+        fig["goals_met"] = {name: fig[name] <= limit for name, _, limit in goals()}
+        fig["problems"] = problems
+        if args.json:
+            print(json.dumps(fig))
         else:
-            shutil.rmtree(root, ignore_errors=True)
-    fig["wall_s"] = time.perf_counter() - began
-    fig["goals_met"] = {name: fig[name] <= limit for name, _, limit in goals()}
-    fig["problems"] = problems
-    if args.json:
-        print(json.dumps(fig))
+            print_table(fig, imports)
     else:
-        print_table(fig, imports)
+        plain, tls = flat(labs["plain"]), flat(labs["tls"])
+        diff = tls_minus_plain(plain, tls)
+        met = {t: {name: f[name] <= limit for name, _, limit in goals()} for t, f in (("plain", plain), ("tls", tls))}
+        met["tls_cost"] = {f"{key}_tls_minus_plain": diff[key] <= TLS_COST_GOAL_MS for key in TLS_COST_GOALS}
+        if args.json:
+            print(json.dumps(head | {"transports": list(transports), "plain": plain, "tls": tls,
+                                     "tls_minus_plain": diff, "goals_met": met, "problems": problems}))
+        else:
+            print_side_by_side(head, labs, diff, imports)
     if problems:  # after the figures, which help to find the cause
         say("latency benchmark: inconsistent:\n  " + "\n  ".join(problems))
         return 1
