@@ -196,14 +196,19 @@ def test_cancel_asks_first(lab):
         await on_queue(pilot)
         assert lab.job(waiting)["state"] == "queued"
 
-        await pilot.press("c", "y")
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, Confirm), "the question")  # "y" goes to it, not the table
+        await pilot.press("y")
         await until(pilot, lambda: app.rows[waiting].state == "cancelled", "the job to be cancelled", lambda: app.rows)
         assert lab.job(waiting)["state"] == "cancelled"
         assert text(screen, "#status") == f"cancel: job {waiting} cancelled"
 
         # a running job is asked to stop, and ends
         await point_at(pilot, block)
-        await pilot.press("c", "y")
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, Confirm), "the question")
+        assert app.screen.question == f"Cancel job {block}?"
+        await pilot.press("y")
         await until(pilot, lambda: app.rows[block].state == "cancelled", "the running job to end", lambda: app.rows)
         assert lab.job(block)["state"] == "cancelled"
 
