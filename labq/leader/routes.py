@@ -20,7 +20,7 @@ from labq.models.job import Job
 from labq.protocol import errors
 from labq.protocol.agents import encode_reply, parse_registration, parse_sync
 from labq.protocol.bookings import encode_answer, encode_windows, parse_reserve
-from labq.protocol.codec import encode_job, encode_pending, encode_reservation
+from labq.protocol.codec import encode_job, encode_pending, encode_reservation, hide_env
 from labq.protocol.names import check_name, check_user_name
 from labq.protocol.identity import join_token
 from labq.protocol.requests import parse_action, parse_join, parse_submit, parse_token, parse_user, require_int
@@ -88,26 +88,33 @@ def _submit(h: _Handler, who, body) -> tuple[int, dict]:
 class _JobTexts:
     """Each unfinished job's JSON, made once per version of the job: jobs are immutable and replaced
     on every change, so the object itself says whether the text is current. A listing of 10,000 jobs
-    is then a join of strings instead of 10,000 encodings (most of its cost)."""
+    is then a join of strings instead of 10,000 encodings (most of its cost). Two texts a job: whole, for
+    its owner and the admins, and with its environment's values hidden, for everyone else."""
 
     def __init__(self) -> None:
-        self._texts: dict[int, tuple[Job, str]] = {}
+        self._texts: dict[int, tuple[Job, str, str | None]] = {}
 
-    def listing(self, jobs: list[Job], live: dict[int, Job]) -> str:
+    def listing(self, jobs: list[Job], live: dict[int, Job], whole: Callable[[Job], bool] = lambda job: True) -> str:
         texts, parts = self._texts, []
         for job in jobs:
+            shows = whole(job)
             cached = texts.get(job.id)
-            if cached is not None and cached[0] is job:
-                parts.append(cached[1])
-                continue
-            text = json.dumps(encode_job(job), separators=(",", ":"))
+            if cached is None or cached[0] is not job:
+                cached = (job, json.dumps(encode_job(job), separators=(",", ":")), None)
+            if not shows and cached[2] is None:
+                cached = (job, cached[1], json.dumps(hide_env(encode_job(job)), separators=(",", ":")))
             if live.get(job.id) is job:
-                texts[job.id] = (job, text)
-            parts.append(text)
+                texts[job.id] = cached
+            parts.append(cached[1] if shows else cached[2])
         if len(texts) > 2 * len(live) + 1000:  # finished jobs linger until the cache is twice the queue
             for job_id in [i for i in list(texts) if i not in live]:
                 texts.pop(job_id, None)
         return "[" + ",".join(parts) + "]"
+
+
+def _whole_for(who) -> Callable[[Job], bool]:
+    """Whether ``who`` sees a job's environment values: its owner and the admins do (secrets live there)."""
+    return lambda job: who.admin or job.user == who.name
 
 
 _JOB_TEXTS = _JobTexts()
@@ -124,7 +131,7 @@ def _jobs(h: _Handler, who) -> tuple[int, bytes]:
         who, user=h.arg("user"), states=tuple(h.query.get("state", ())), everyone=h.arg("all") == "1" or bool(ids),
         history=h.arg("history") == "1", limit=require_int(limit, "limit") if limit else None, ids=ids,
         finished=h.arg("finished") == "1")
-    text = '{"jobs":' + _JOB_TEXTS.listing(jobs, live)
+    text = '{"jobs":' + _JOB_TEXTS.listing(jobs, live, _whole_for(who))
     if h.arg("pending") == "1":
         pending = {str(i): encode_pending(p) for i, p in queue.pending_of(j.id for j in jobs).items()}
         text += ',"pending":' + json.dumps(pending, separators=(",", ":"))
@@ -134,7 +141,8 @@ def _jobs(h: _Handler, who) -> tuple[int, bytes]:
 @route("GET", r"/v1/jobs/([0-9]+)")
 def _job(h: _Handler, who, job_id: str) -> tuple[int, dict]:
     job, pending = h.server.leader.queue.job(who, _job_id(job_id))
-    return 200, {"job": encode_job(job), "pending": encode_pending(pending)}
+    doc = encode_job(job)
+    return 200, {"job": doc if _whole_for(who)(job) else hide_env(doc), "pending": encode_pending(pending)}
 
 
 @route("POST", r"/v1/jobs/([0-9]+)/actions", audit="act", about="job")

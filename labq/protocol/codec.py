@@ -86,6 +86,15 @@ def encode_job(job: Job) -> dict:
     return doc
 
 
+HIDDEN = "(hidden)"  #: an environment value shown to someone who is not the job's owner or an admin
+
+
+def hide_env(doc: dict) -> dict:
+    """An encoded job with its environment's values hidden (the names stay): secrets live there."""
+    spec = doc["spec"]
+    return {**doc, "spec": {**spec, "env": dict.fromkeys(spec.get("env") or {}, HIDDEN)}}
+
+
 def decode_job(doc: dict) -> Job:
     return Job(id=doc["id"], spec=decode_spec(doc["spec"]), state=JobState(doc["state"]),
                placement=decode_placement(doc.get("placement")),
