@@ -120,7 +120,7 @@ class _Handler(JsonHandler):
                 user = self.server.identify(self.uid)
             except LookupError as err:
                 raise ApiError(401, "unauthorized", f"this machine's agent cannot vouch for you: {err}") from None
-            request = Request(self.command, "http://localhost" + self.path, self._headers(), self._body(), 60.0)
+            request = Request(self.command, "http://localhost" + self.path, self._headers(), self.read_body(MAX_BODY), 60.0)
             answer = self.server.forward(user, request)
         except ApiError as err:
             self.send_json(err.status, err.to_json())
@@ -132,16 +132,6 @@ class _Handler(JsonHandler):
 
     def _headers(self) -> dict[str, str]:
         return {k: v for k, v in self.headers.items() if k.lower() in FORWARDED}
-
-    def _body(self) -> bytes | None:
-        if "Transfer-Encoding" in self.headers:
-            raise ApiError(411, "length_required", "send the body with a Content-Length (no Transfer-Encoding)")
-        text = self.headers.get("Content-Length", "").strip()
-        if not text:
-            return None
-        if not text.isdigit() or int(text) > MAX_BODY:
-            raise ApiError(413, "too_large", f"Content-Length must be a number of bytes up to {MAX_BODY}")
-        return self.rfile.read(int(text))
 
     def _answer(self, answer: Response) -> None:
         self.send_response(answer.status)

@@ -169,6 +169,19 @@ class JsonHandler(BaseHTTPRequestHandler):
         text = message or explain or phrase
         self.send_json(code, ApiError(code, STDLIB_CODES.get(code, "bad_request"), text).to_json())
 
+    def read_body(self, limit: int) -> bytes | None:
+        """A small request body, whole (None for none); ``ApiError`` for one sent without a Content-Length
+        or announced over ``limit``."""
+        if "Transfer-Encoding" in self.headers:
+            raise ApiError(411, "length_required", "send the body with a Content-Length (no Transfer-Encoding)")
+        text = self.headers.get("Content-Length", "").strip()
+        if not text:
+            return None
+        if not text.isdigit() or int(text) > limit:
+            raise ApiError(413 if text.isdigit() else 400, "too_large" if text.isdigit() else "bad_request",
+                           f"Content-Length must be a number of bytes up to {limit}, not {ascii(text)[:40]}")
+        return self.rfile.read(int(text))
+
     def bearer_token(self) -> str | None:
         return bearer_token(self.headers.get("Authorization", ""))
 
@@ -220,15 +233,7 @@ class AppHandler(JsonHandler):
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _serve
 
     def _body(self) -> bytes | None:
-        if "Transfer-Encoding" in self.headers:
-            raise ApiError(411, "length_required", "send the body with a Content-Length (no Transfer-Encoding)")
-        text = self.headers.get("Content-Length", "").strip()
-        if not text:
-            return None
-        if not text.isdigit() or int(text) > APP_MAX_BODY:
-            raise ApiError(413 if text.isdigit() else 400, "too_large" if text.isdigit() else "bad_request",
-                           f"Content-Length must be a number of bytes up to {APP_MAX_BODY}, not {ascii(text)[:40]}")
-        return self.rfile.read(int(text))
+        return self.read_body(APP_MAX_BODY)
 
 
 class AppServer(Server):

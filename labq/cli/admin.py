@@ -8,7 +8,7 @@ import os
 import shlex
 import sys
 
-from labq.cli.common import command, emit, leader_client, leader_option
+from labq.cli.common import command, command_group, emit, leader_client, leader_option
 from labq.cli.tokens import add_join_commands, add_token_commands
 from labq.protocol.errors import ApiError
 from labq.terminal_text import escape_controls
@@ -26,15 +26,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     login.add_argument("--pin", metavar="sha256:HEX", help="the lab CA's fingerprint (needed for https://)")
     login.add_argument("--token", metavar="TOKEN", required=True, help="your token (lqu_...)")
     c = [leader_option()]
-    admin = command(sub, "admin", "manage users and tokens (admins)", "Commands for labq admins.",
-                    "  labq admin user add alice\n  labq admin user ls\n"
-                    "  labq admin token create alice --name laptop --expires 30d", None, [])
-    admin_sub = admin.add_subparsers(title="admin commands", metavar="COMMAND")
-    users = command(admin_sub, "user", "add, list and remove users", "Manage who may use the queue.",
-                    "  labq admin user add alice\n  labq admin user rm alice", None, [])
-    users_sub = users.add_subparsers(title="user commands", metavar="COMMAND")
-    admin.set_defaults(run=lambda args: (admin.print_help(), 0)[1])
-    users.set_defaults(run=lambda args: (users.print_help(), 0)[1])
+    admin_sub = command_group(sub, "admin", "manage users, tokens and nodes (admins)", "Commands for labq admins.",
+                              "  labq admin user add alice\n  labq admin user ls\n"
+                              "  labq admin token create alice --name laptop --expires 30d")
+    users_sub = command_group(admin_sub, "user", "add, list and remove users", "Manage who may use the queue.",
+                              "  labq admin user add alice\n  labq admin user rm alice")
     p = command(users_sub, "add", "add a user, or give one a new token",
                 "Make a token for NAME (replacing any old one). If NAME is you, it is saved to your credentials "
                 "file; run as root, it is saved into NAME's home; otherwise it is printed for you to pass on.",
@@ -50,10 +46,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", metavar="NAME")
     add_token_commands(admin_sub, c)
     add_join_commands(admin_sub, c)
-    nodes = command(admin_sub, "node", "forget a node", "Commands for the lab's nodes.",
-                    "  labq admin node forget ws3", None, [])
-    nodes_sub = nodes.add_subparsers(title="node commands", metavar="COMMAND")
-    nodes.set_defaults(run=lambda args: (nodes.print_help(), 0)[1])
+    nodes_sub = command_group(admin_sub, "node", "forget a node", "Commands for the lab's nodes.",
+                              "  labq admin node forget ws3")
     p = command(nodes_sub, "forget", "forget a node: a reinstalled or retired machine",
                 "The node leaves `labq nodes`, its certificate and token stop working, and a join token may take "
                 "its name again (a reinstalled machine joins as before). Refused while jobs hold its GPUs.",

@@ -55,6 +55,15 @@ def command(sub: argparse._SubParsersAction, name: str, summary: str, descriptio
 
 # -- talking and printing -------------------------------------------------------------------------
 
+def command_group(sub: argparse._SubParsersAction, name: str, summary: str, description: str,
+                  examples: str) -> argparse._SubParsersAction:
+    """A command of commands (``labq admin token ...``): alone, it prints its help; returns where its own
+    commands go."""
+    group = command(sub, name, summary, description, examples, None, [])
+    group.set_defaults(run=lambda args: (group.print_help(), 0)[1])
+    return group.add_subparsers(title=f"{name} commands", metavar="COMMAND")
+
+
 def leader_client(args: argparse.Namespace) -> Client:
     from labq.client import Client
 

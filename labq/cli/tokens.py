@@ -7,19 +7,17 @@ from __future__ import annotations
 import argparse
 import time
 
-from labq.cli.common import command, emit, leader_client
+from labq.cli.common import command, command_group, emit, leader_client
 from labq.terminal_text import escape_controls
 
 
 def add_token_commands(admin_sub: argparse._SubParsersAction, parents: list) -> None:
-    tokens = command(admin_sub, "token", "create, list and revoke tokens",
-                     "Tokens let a person use the queue from a machine that is not one of the lab's (on a lab "
-                     "workstation the local agent vouches for them and no token is needed). The leader keeps only "
-                     "each token's hash: a token is shown once, when it is made.",
-                     "  labq admin token create alice --name laptop --expires 30d\n"
-                     "  labq admin token list\n  labq admin token revoke 3f9a2b1c0d4e", None, [])
-    tokens_sub = tokens.add_subparsers(title="token commands", metavar="COMMAND")
-    tokens.set_defaults(run=lambda args: (tokens.print_help(), 0)[1])
+    tokens_sub = command_group(admin_sub, "token", "create, list and revoke tokens",
+                               "Tokens let a person use the queue from a machine that is not one of the lab's (on a "
+                               "lab workstation the local agent vouches for them and no token is needed). The leader "
+                               "keeps only each token's hash: a token is shown once, when it is made.",
+                               "  labq admin token create alice --name laptop --expires 30d\n"
+                               "  labq admin token list\n  labq admin token revoke 3f9a2b1c0d4e")
     p = command(tokens_sub, "create", "make a token for a user (admins)",
                 "Make a new token for USER and print it once, with the `labq login` line that saves it with the "
                 "lab's CA pin. The user's other tokens keep working.",
@@ -43,14 +41,13 @@ def add_token_commands(admin_sub: argparse._SubParsersAction, parents: list) -> 
 
 
 def add_join_commands(admin_sub: argparse._SubParsersAction, parents: list) -> None:
-    joins = command(admin_sub, "join", "join tokens for one workstation each",
-                    "A join token made here admits one agent: the first node that joins with it (or the one named "
-                    "with --node) holds it, and any other is refused, so a copy that leaks afterwards admits "
-                    "nobody. After its join a node speaks with its own certificate and needs no token again.",
-                    "  labq admin join create --node ws5\n  labq admin join list\n"
-                    "  labq admin join revoke 3f9a2b1c0d4e", None, [])
-    joins_sub = joins.add_subparsers(title="join commands", metavar="COMMAND")
-    joins.set_defaults(run=lambda args: (joins.print_help(), 0)[1])
+    joins_sub = command_group(admin_sub, "join", "join tokens for one workstation each",
+                              "A join token made here admits one agent: the first node that joins with it (or the "
+                              "one named with --node) holds it, and any other is refused, so a copy that leaks "
+                              "afterwards admits nobody. After its join a node speaks with its own certificate and "
+                              "needs no token again.",
+                              "  labq admin join create --node ws5\n  labq admin join list\n"
+                              "  labq admin join revoke 3f9a2b1c0d4e")
     p = command(joins_sub, "create", "make a join token for one agent (admins)",
                 "Print a join token for one new workstation, and the line that starts its agent with it.",
                 "  labq admin join create --node ws5 --expires 2h", _join_create, parents)

@@ -6,9 +6,9 @@ is left or a name or address is missing (agents and clients trust the CA, so not
 are 0600, written whole or not at all (``labq.paths.write_secret``). The serving certificate alone may serve (``serverAuth``); the
 certificates the CA signs for agents are for clients only, so an agent cannot pose as its leader.
 
-A leader runs for months, so the renewal also happens while it runs (``ServingCertificate``): the new
-chain is loaded into the server's one ``SSLContext``, which only new handshakes read, and connections
-already open keep the certificate they were shown.
+A leader runs for months, so the renewal also happens while it runs (``ServingCertificate``): a new
+context with the new chain takes the old one's place for new handshakes, and connections already open
+keep the certificate they were shown.
 """
 
 from __future__ import annotations
@@ -201,12 +201,13 @@ def server_context(ca: LabCA, cert_path: Path, key_path: Path) -> ssl.SSLContext
 
 
 class ServingCertificate:
-    """The leader's serving certificate while it runs: the one server context, renewed in place.
+    """The leader's serving certificate while it runs, renewed in place.
 
-    The server wraps every accepted connection with ``context``; ``load_cert_chain`` on that same context
-    changes what new handshakes present and nothing else, so a renewal needs no restart and cuts off no
-    open connection (an agent's long poll goes on with the certificate it was shown). Agents and clients
-    pin the CA, not this certificate, so they take the new one without a word.
+    The server wraps every accepted connection with this object (``wrap_socket``), which hands it to its
+    current context; a renewal makes a new context and puts it in place in one assignment, so new
+    handshakes present the new certificate, none ever sees a context half loaded, no restart is needed,
+    and no open connection is cut off (an agent's long poll goes on with the certificate it was shown).
+    Agents and clients pin the CA, not this certificate, so they take the new one without a word.
     """
 
     def __init__(self, ca: LabCA, host: str, now: datetime.datetime | None = None) -> None:
@@ -221,8 +222,8 @@ class ServingCertificate:
         """Make a new certificate when ``serving_files`` would (less than ``RENEW_BEFORE_S`` left, a name or
         address missing, another issuer) and serve it from the next handshake on; True when it did.
 
-        The certificate on disk is also served when it is not the one in the context (a load that failed
-        after the files were written is taken up at the next check rather than never).
+        The certificate on disk is also served when it is not the one served now (a load that failed after
+        the files were written is taken up at the next check rather than never).
         """
         now = now or datetime.datetime.now(datetime.timezone.utc)
         with self._lock:
@@ -233,13 +234,15 @@ class ServingCertificate:
             on_disk = x509.load_pem_x509_certificate(self.cert_path.read_bytes())
             if on_disk == self.serving:
                 return False
-            # a pair that does not load would leave the live context without a usable key: try it aside first
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.cert_path, self.key_path)
-            self.context.load_cert_chain(self.cert_path, self.key_path)
+            self.context = server_context(self.ca, self.cert_path, self.key_path)  # whole, then in place
             self.serving = on_disk
         log.info("renewed the leader's TLS certificate (%s): serial %x, valid until %s; the lab CA is unchanged",
                  why or "a new one was on disk", on_disk.serial_number, on_disk.not_valid_after_utc.isoformat())
         return True
+
+    def wrap_socket(self, sock, server_side: bool = True, **options):
+        """A connection the server accepted, over TLS with the certificate served now."""
+        return self.context.wrap_socket(sock, server_side=server_side, **options)
 
     def keep_renewed(self, stopping: threading.Event, every_s: float = CHECK_EVERY_S) -> None:
         """The renewal thread's body: a look every ``every_s`` until ``stopping``; a failed look (a full

@@ -77,7 +77,7 @@ def start_leader(config: LeaderConfig, *, first_admin: str | None = None) -> tup
         created = leader.ensure_admin(first_admin)
         serving = _serving_certificate(leader) if config.uses_tls else None
         try:
-            server = serve(leader, config.host, config.port, serving.context if serving else None)
+            server = serve(leader, config.host, config.port, serving)
         except OSError as err:
             raise StartError(f"cannot listen on {config.host}:{config.port}: {err.strerror}"
                              + (" (another leader running? choose another port with --listen)"

@@ -170,20 +170,19 @@ def test_a_running_leader_renews_its_certificate_in_place_and_open_connections_k
     issued = now - datetime.timedelta(days=SERVING_DAYS - 20)  # twenty days left: due
     ca = LabCA.load_or_create(tmp_path, "lab", issued)
     serving = ServingCertificate(ca, "127.0.0.1", issued)
-    old, context = serving.serving, serving.context
+    old = serving.serving
     assert (old.not_valid_after_utc - now).total_seconds() < RENEW_BEFORE_S
     trusting = client_context(ca.cert_pem)  # what agents and clients hold: the lab CA, pinned
-    port = _serve_echo(context, connections=2)
+    port = _serve_echo(serving, connections=2)  # the server wraps with it, as the leader's does
     with _open(port, trusting) as before:
         assert _talks(before) and _shown(before) == old
         with caplog.at_level(logging.INFO, logger="labq.leader"):
             assert serving.renew_if_due(now)
-        new = serving.serving
-        assert serving.context is context  # the server's own context: no restart
+        new = serving.serving  # the same server, not restarted, wraps the next connection
         assert new.not_valid_after_utc > old.not_valid_after_utc and new.serial_number != old.serial_number
         assert new.issuer == old.issuer == ca.cert.subject
         assert x509.load_pem_x509_certificate(serving.cert_path.read_bytes()) == new
-        with _open(port, trusting) as after:  # a new handshake on the same context: the new certificate
+        with _open(port, trusting) as after:  # a new handshake on the same server: the new certificate
             assert _talks(after) and _shown(after) == new
         assert _talks(before)  # the connection opened before the renewal goes on
     said = [r for r in caplog.records if r.name == "labq.leader"]
