@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
