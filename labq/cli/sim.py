@@ -59,6 +59,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grace", default="60s", metavar="DURATION", help="the checkpoint grace (default 60s)")
     p.add_argument("--min-runtime", default="5m", metavar="DURATION",
                    help="the admin's minimum runtime before a preemption (default 5m)")
+    p.add_argument("--aging", default="0", metavar="DURATION",
+                   help="serve jobs that waited longer than this higher, as the leader's [scheduling] aging "
+                   "does (its default is 24h; default here 0: no aging, to compare against)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-plot", action="store_true", help="leave out the terminal plot")
     p.add_argument("--png", metavar="FILE", help="also draw the queue length and utilization into a PNG")
@@ -77,7 +80,8 @@ def _sim(args: argparse.Namespace) -> int:
         nodes = parse_cluster(args.cluster)
         options = SimOptions(checkpoint_every_s=parse_duration(args.checkpoint_every, bare_seconds=True),
                              grace_s=parse_duration(args.grace, bare_seconds=True),
-                             min_runtime_s=parse_duration(args.min_runtime, bare_seconds=True))
+                             min_runtime_s=parse_duration(args.min_runtime, bare_seconds=True),
+                             aging_s=parse_duration(args.aging, bare_seconds=True) or None)
     except ValueError as err:
         raise CliError(str(err)) from None
     workload, notes, meta = _workload(args, sum(n.gpu_count for n in nodes))

@@ -31,6 +31,8 @@ max_preemptions_per_day = 0      # a job preempted this often in 24 h is left al
 non_preemptible_users = []       # who besides admins may submit --no-preempt jobs; ["*"]: everyone
 fair_share_half_life = "7d"      # how fast past GPU-hours stop counting against a user
 hold_depth = 16                  # blocked jobs that hold GPUs for themselves (backfill respects them)
+aging = "24h"                    # a job waiting longer rises a class more every 24h (a low job passes normal
+                                 # jobs submitted 24h after it), never to high or urgent; "0": no aging
 user_max_priority = "normal"     # the highest class users may use, unless granted more below
 # [scheduling.class_grants]      # who besides admins may use a class above user_max_priority
 # high = ["alice", "@nlp"]       # users, @groups from [groups], or ["*"] for everyone
@@ -92,6 +94,7 @@ class LeaderConfig:
     #: a class above user_max_priority, and who may use it besides admins (user names, ``@group``, ``*``)
     class_grants: dict[int, tuple[str, ...]] = field(default_factory=dict)
     max_preemptions_per_day: int | None = None
+    aging_s: float | None = 86400.0  #: None: no aging (``labq.scheduler.policy.served_priority``)
     non_preemptible_users: tuple[str, ...] = ()
     may_preempt: dict[int, frozenset[int]] | None = None
     max_gpus_per_user: int | None = None
@@ -196,6 +199,7 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         "hold_depth": lambda v: values.update(hold_depth=int(v)),
         "user_max_priority": lambda v: values.update(user_max_priority=parse_priority(v)),
         "max_preemptions_per_day": lambda v: values.update(max_preemptions_per_day=_count(v) or None),
+        "aging": lambda v: values.update(aging_s=parse_duration(v, bare_seconds=True) or None),
         "non_preemptible_users": lambda v: values.update(non_preemptible_users=_names(v)),
         "may_preempt": lambda v: values.update(may_preempt=_class_rules(v)),
         "class_grants": lambda v: values.update(class_grants=_class_grants(v))})

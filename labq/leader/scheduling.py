@@ -69,7 +69,8 @@ class Scheduling:
         c = self.state.config
         return Policy(max_gpus_per_user=c.max_gpus_per_user, user_gpu_quota=c.user_gpu_quota,
                       preemption=c.preemption, min_runtime_s=c.min_runtime_s, hold_depth=c.hold_depth,
-                      may_preempt=c.may_preempt, max_preemptions_per_day=c.max_preemptions_per_day)
+                      may_preempt=c.may_preempt, max_preemptions_per_day=c.max_preemptions_per_day,
+                      aging_s=c.aging_s)
 
     def _usage(self, now: float) -> dict[str, float]:
         """Finished work, decayed; plus what running attempts have used so far."""

@@ -33,7 +33,7 @@ from labq.models.reservation import Reservation
 from labq.scheduler.fit import why_kept_off, why_never_fits
 from labq.scheduler.lab_view import Hold, LabView, OnGpus
 from labq.scheduler.placement import SetChoice, best_set, indices_to_mask, mask_to_indices
-from labq.scheduler.policy import Policy, order_queue
+from labq.scheduler.policy import Policy, order_queue, served_priority, waiting_since
 from labq.scheduler.preemption import NodePlan, Victim, plan_on_node
 
 
@@ -68,7 +68,8 @@ class _Pass(LabView):
     # -- the pass -------------------------------------------------------------------
 
     def run(self) -> Decisions:
-        queue = order_queue(self.queued, self.usage)
+        aging = self.policy.aging_s
+        queue = order_queue(self.queued, self.usage, self.now, aging)
         if self.reservation_list:
             self._drain_reservations()
             queue = self._serve_reservations_first(queue)
@@ -81,7 +82,8 @@ class _Pass(LabView):
             # jobs that can fit the lab and name no reservation settle a verdict (_blocked),
             # and only for jobs that the same nodes keep off (their users' accounts, see barred_nodes).
             spec = job.spec
-            verdict = settled.get((spec.resource_shape, barred_nodes(job) if barring else no_node, spec.priority))
+            rank = spec.priority if aging is None else served_priority(job, self.now, aging)
+            verdict = settled.get((spec.resource_shape, barred_nodes(job) if barring else no_node, rank))
             if (verdict is not None and not spec.depends_on and job.id not in inflight
                     and (not quotas or self._plain(job))):
                 pending.append(make_pending(Pending, (job.id, *verdict)))
@@ -316,13 +318,18 @@ class _Pass(LabView):
 
     def _blocked(self, job: Job, shape: tuple, seen: int) -> None:
         reason, detail, waiting_for = self._why_blocked(job, shape)
+        aging = self.policy.aging_s
+        rank = job.priority if aging is None else served_priority(job, self.now, aging)
+        if rank != job.priority:  # aged: `labq why` says so
+            detail += (f"; it has waited {_span(self.now - waiting_since(job))}, so it is served as "
+                       f"{rank} (aging after {_span(aging)})")
         if reason in (PendingReason.RESOURCES, PendingReason.PRIORITY) and self.holds_made < self.policy.hold_depth:
             estimate = self._hold_future(job)
             if estimate is not None or self.memo.version != seen:
                 self._wait(job, reason, detail, waiting_for, estimate)
                 return
         if self._plain(job) and self.memo.version == seen:
-            self.memo.settled[job.spec.resource_shape, shape[2], job.priority] = (reason, detail, waiting_for, None)
+            self.memo.settled[job.spec.resource_shape, shape[2], rank] = (reason, detail, waiting_for, None)
         self._wait(job, reason, detail, waiting_for)
 
     def _why_blocked(self, job: Job, shape: tuple) -> tuple[PendingReason, str, int | None]:

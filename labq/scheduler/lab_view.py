@@ -103,7 +103,8 @@ class LabView:
         if self.inflight:
             queued = {j.id: j for j in self.queued}
             self.inflight = {i: where for i, where in self.inflight.items() if i in queued}
-            for preemptor in order_queue((queued[i] for i in self.inflight), self.usage):
+            for preemptor in order_queue((queued[i] for i in self.inflight), self.usage, self.now,
+                                         self.policy.aging_s):
                 self._hold_inflight_target(preemptor)
 
     def _occupy(self, job: Job) -> None:

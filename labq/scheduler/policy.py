@@ -8,7 +8,7 @@ from operator import attrgetter
 from collections.abc import Iterable, Mapping
 
 from labq.models.job import Job
-from labq.models.priority import class_of
+from labq.models.priority import PriorityClass, class_of
 
 DAY_S = 86400.0
 
@@ -29,6 +29,8 @@ class Policy:
     may_preempt: Mapping[int, frozenset[int]] | None = None
     #: a job preempted this often in the last 24 hours is not preempted again (None: no cap)
     max_preemptions_per_day: int | None = None
+    #: a job that has waited this long starts to be served higher (``served_priority``); None: no aging
+    aging_s: float | None = None
 
     def can_preempt(self, preemptor: int, victim: int) -> bool:
         """Whether a job of priority ``preemptor`` may preempt one of ``victim`` (strictly lower, and the rules)."""
@@ -47,8 +49,36 @@ class Policy:
         return self.user_gpu_quota.get(user, self.max_gpus_per_user)
 
 
-def order_queue(jobs: Iterable[Job], usage: Mapping[str, float]) -> list[Job]:
-    """Priority first, then fair share (less decayed GPU-hours first), then submit time.
+#: aging never lifts a job to high or above: high and urgent stay the admins' classes' intent
+AGING_CAP = int(PriorityClass.HIGH) - 1
+CLASS_STEP = 100  #: the distance between two classes
+
+
+def waiting_since(job: Job) -> float:
+    """When the job last joined the queue: its submit, or the end of its last attempt (a requeue)."""
+    return job.history[-1].ended_at if job.history else job.submitted_at
+
+
+def served_priority(job: Job, now: float, aging_s: float | None) -> int:
+    """The priority the queue serves a waiting job at, Slurm's age factor with a start: its own until it has
+    waited ``aging_s``, then one more for every ``aging_s / 100`` it waits on (a class more every
+    ``aging_s``), never reaching ``high`` (``AGING_CAP``). So a ``low`` job passes every ``normal`` job
+    submitted more than ``aging_s`` after it, fair share orders jobs as before while none has waited long, and
+    only the order changes: what a job may preempt stays its own priority's. Whole numbers, so that jobs of
+    one shape and one served priority still share one verdict in a pass (``labq.scheduler.memo``)."""
+    priority = job.spec.priority
+    if aging_s is None or priority >= AGING_CAP:
+        return priority
+    late = now - waiting_since(job) - aging_s
+    if late <= 0:
+        return priority
+    return min(priority + int(CLASS_STEP * late / aging_s), AGING_CAP)
+
+
+def order_queue(jobs: Iterable[Job], usage: Mapping[str, float], now: float = 0.0,
+                aging_s: float | None = None) -> list[Job]:
+    """Priority first (as served: ``served_priority``, with ``aging_s``), then fair share (less decayed
+    GPU-hours first), then submit time.
 
     Stable sorts on scalar keys from the last criterion to the first, and
     priorities (a handful of distinct values) by bucketing: a pass over a long
@@ -61,7 +91,8 @@ def order_queue(jobs: Iterable[Job], usage: Mapping[str, float]) -> list[Job]:
         queue.sort(key=lambda j: usage.get(j.spec.user, 0.0))
     by_priority: dict[int, list[Job]] = {}
     for job in queue:
-        by_priority.setdefault(job.spec.priority, []).append(job)
+        rank = job.spec.priority if aging_s is None else served_priority(job, now, aging_s)
+        by_priority.setdefault(rank, []).append(job)
     return [job for priority in sorted(by_priority, reverse=True) for job in by_priority[priority]]
 
 

@@ -42,6 +42,7 @@ class SimOptions:
     stop_s: float = 10.0  #: how long a job takes to stop after its signal (at most its grace)
     min_runtime_s: float = 300.0  #: the admin's minimum runtime before a preemption
     retry_s: float = 60.0  #: while a job could preempt but may not yet, look again this often
+    aging_s: float | None = None  #: the admin's aging (``labq.scheduler.policy.served_priority``); None: none
 
 
 class _Clock:
@@ -157,6 +158,9 @@ class _Simulation:
             if not self.clock.heap and self.queued and self.retry_at == inf and self.busy == 0:
                 break  # nothing runs and nothing will arrive: what waits now waits for ever
 
+    def _policy(self) -> Policy:
+        return Policy(min_runtime_s=self.options.min_runtime_s, aging_s=self.options.aging_s)
+
     def why_waiting(self) -> dict[str, int]:
         """For jobs still waiting when nothing more can happen: the scheduler's reasons, counted."""
         if self.reference is not None:
@@ -165,7 +169,7 @@ class _Simulation:
             return {}
         end = max([self.clock_now, *(r.end for r in self.reservations)])
         decisions = schedule(list(self.jobs.values()), self.nodes, now=end, reservations=self.reservations,
-                             usage={}, policy=Policy(min_runtime_s=self.options.min_runtime_s))
+                             usage={}, policy=self._policy())
         reasons: dict[str, int] = {}
         for p in decisions.pending:
             key = p.reason.value if p.reason.value != "Resources" else f"Resources ({p.detail.split(';')[0]})"
@@ -259,7 +263,7 @@ class _Simulation:
         usage = self._usage_now(now)
         reservations = [r for r in self.reservations if r.end > now]
         decisions = schedule(list(self.jobs.values()), self.nodes, now=now, reservations=reservations, usage=usage,
-                             policy=Policy(min_runtime_s=self.options.min_runtime_s))
+                             policy=self._policy())
         for p in decisions.preemptions:
             self._preempt(now, p.job_id, p.for_job, p.reservation)
         for s in decisions.starts:
