@@ -41,7 +41,7 @@ from labq.protocol.agents import (
 )
 from labq.protocol.errors import ApiError
 from labq.http_server import bearer_token, same_secret, serve_app
-from labq.protocol.identity import lab_of, parse_join_token
+from labq.protocol.identity import USER_HEADER, lab_of, parse_join_token
 from labq.transport import Request, Response, Transport, socket_transport
 from labq.workers import Backoff, RetryLog, Supervisor
 
@@ -161,8 +161,6 @@ class Agent:
 
     def forward_for(self, user: str, request: Request) -> Response:
         """A request from ``user`` on this machine, sent to the leader as this agent, vouching for them."""
-        from labq.agent.local_socket import USER_HEADER
-
         token = self.token
         if token is None:
             raise ApiError(503, "unavailable", "this machine's labq agent has not joined its leader yet; try again "

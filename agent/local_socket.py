@@ -4,9 +4,9 @@ The agent serves the leader's API on a Unix socket (``/run/labq/agent.sock`` by 
 kernel tells who connected (``SO_PEERCRED``: the caller's uid, as it was at ``connect``, which no process
 can choose), the agent maps that account to the lab user (``Accounts.lab_user_of``: by name, or by the
 admin's user map), and forwards the request to the leader under its own identity with the user it vouches
-for (``X-Labq-User``). Whatever the caller sent as credentials is dropped: on this socket a request is
-always its caller's, never the agent's own. The answer comes back as the leader gave it, an event stream
-line by line.
+for (``labq.protocol.identity.USER_HEADER``). Whatever the caller sent as credentials is dropped: on this
+socket a request is always its caller's, never the agent's own. The answer comes back as the leader gave
+it, an event stream line by line.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from labq.transport import Request, Response
 log = logging.getLogger("labq.agent")
 
 DEFAULT_PATH = Path("/run/labq/agent.sock")
-USER_HEADER = "X-Labq-User"  #: the lab user the agent vouches for, to the leader
 MAX_BODY = (1 << 20) + 4096  #: the leader's limit on a request body, and a little more
 #: what a caller's request keeps when forwarded; credentials and labq's own headers never pass
 FORWARDED = ("content-type", "accept", "content-length")
@@ -146,6 +145,9 @@ class _Handler(JsonHandler):
             self.wfile.write(answer.read())
             return
         self.request.settimeout(None)  # a stream: as long as the leader sends
-        while line := answer.readline():  # an event stream, passed on as it comes
-            self.wfile.write(line)
-            self.wfile.flush()
+        try:
+            while line := answer.readline():  # an event stream, passed on as it comes
+                self.wfile.write(line)
+                self.wfile.flush()
+        except OSError as err:  # the leader or the caller went away: this stream ends, the socket serves on
+            log.debug("a stream through the local socket ended: %s", err)

@@ -121,27 +121,54 @@ class AuditLog:
         """Every entry kept, oldest first (a damaged line is skipped)."""
         for path in self._files():
             try:
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    for line in f:
-                        try:
-                            entry = json.loads(line)
-                        except ValueError:
-                            continue
-                        if isinstance(entry, dict) and isinstance(entry.get("seq"), int):
-                            yield entry
+                with open(path, "rb") as f:
+                    yield from filter(None, map(_entry, f))
+            except OSError:
+                continue
+
+    def newest_first(self) -> Iterator[dict]:
+        """Every entry kept, newest first, reading the files from their ends: a question about the last few
+        entries (``labq events``, ``--follow``) reads only the tail of the trail."""
+        for path in self._files(newest_first=True):
+            try:
+                with open(path, "rb") as f:
+                    yield from filter(None, map(_entry, _lines_backwards(f)))
             except OSError:
                 continue
 
     def find(self, query: AuditQuery, visible: Callable[[dict], bool]) -> list[dict]:
-        """The last ``query.limit`` entries that match and ``visible`` allows, oldest first."""
+        """The last ``query.limit`` entries that match and ``visible`` allows, oldest first. Seqs only grow, so
+        the reading stops at ``query.after``."""
         found: list[dict] = []
-        for entry in self.entries():
-            if not visible(entry) or not _matches(entry, query):
-                continue
-            found.append(entry)
-            if len(found) > query.limit:
-                del found[0]
-        return found
+        for entry in self.newest_first():
+            if query.after is not None and entry["seq"] <= query.after:
+                break
+            if visible(entry) and _matches(entry, query):
+                found.append(entry)
+                if len(found) >= query.limit:
+                    break
+        return found[::-1]
+
+
+def _entry(line: bytes) -> dict | None:
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    return entry if isinstance(entry, dict) and isinstance(entry.get("seq"), int) else None
+
+
+def _lines_backwards(f, block: int = 1 << 16) -> Iterator[bytes]:
+    """The lines of a binary file, last first."""
+    f.seek(0, os.SEEK_END)
+    end, rest = f.tell(), b""
+    while end > 0:
+        start = max(0, end - block)
+        f.seek(start)
+        lines = (f.read(end - start) + rest).split(b"\n")
+        end, rest = start, lines[0]
+        yield from reversed(lines[1:])
+    yield rest
 
 
 def _matches(entry: dict, q: AuditQuery) -> bool:

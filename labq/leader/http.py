@@ -23,6 +23,7 @@ from labq.leader.core import Leader
 from labq.protocol import errors
 from labq.protocol.body import decode_body
 from labq.protocol.errors import ApiError
+from labq.protocol.identity import USER_HEADER
 from labq.protocol.names import check_user_name
 from labq.leader.routes import _NO_HEAD, AUDITED, PUBLIC, ROUTES
 from labq.protocol.requests import MAX_BODY_BYTES
@@ -31,7 +32,6 @@ log = logging.getLogger("labq.leader.http")
 DRAIN_LIMIT = 64 << 20  #: an oversized body up to this is read and dropped after the 413, so its sender reads it
 DRAIN_S = 30.0  #: and for at most this long
 MAX_QUERY_FIELDS = 2000
-USER_HEADER = "X-Labq-User"  #: the user an agent vouches for (``labq.agent.local_socket``)
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 
 

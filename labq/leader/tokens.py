@@ -91,7 +91,8 @@ class Tokens:
         self._add(token)
 
     def removal(self, tokens: list[Token], users: dict[str, dict]) -> list[Change]:
-        """The changes that revoke ``tokens``; ``drop`` them once committed."""
+        """The changes that revoke ``tokens``; ``drop`` them once committed. An old-form token is revoked by
+        rewriting its user's record from ``users``; pass ``{}`` where the caller rewrites or deletes it."""
         changes: list[Change] = []
         for token in tokens:
             if token.in_user_record and token.user in users:

@@ -144,9 +144,9 @@ class Users:
         record["admin"] = admin
         old = [t for t in self.tokens.of(name) if t.name == LOGIN]
         token, secret, changes = self.tokens.make(name, LOGIN, now, None, by or name)
-        state.commit([PutRecord("users", name, record), *changes,
-                      *(c for c in self.tokens.removal(old, state.users) if not isinstance(c, PutRecord))])
-        self.tokens.drop(old, state.users)
+        # the new record holds no old hash: only the old tokens kept apart are deleted
+        state.commit([PutRecord("users", name, record), *changes, *self.tokens.removal(old, {})])
+        self.tokens.drop(old, {})
         state.users[name] = record
         self.tokens.take(token)
         if old:
@@ -192,7 +192,7 @@ class Users:
                 raise errors.conflict("you cannot remove yourself; ask another admin")
             tokens = self.tokens.of(name)
             self.state.commit([DeleteRecord("users", name),
-                               *(c for c in self.tokens.removal(tokens, {}) if isinstance(c, DeleteRecord))])
+                               *self.tokens.removal(tokens, {})])
             self.tokens.drop(tokens, {})
             user = self.state.users.pop(name)
             self._tell_agents()

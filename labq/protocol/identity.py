@@ -16,6 +16,10 @@ def cluster_id(join_token_sha256: str) -> str:
     return hashlib.sha256(join_token_sha256.encode()).hexdigest()[:12]
 
 
+#: the header in which an agent names the lab user it vouches for (its machine's local socket; the leader
+#: takes it from an agent alone)
+USER_HEADER = "X-Labq-User"
+
 JOIN_PREFIX = "labq-join:v1:"
 
 

@@ -219,7 +219,6 @@ def test_an_admin_adds_a_user_who_logs_in_with_one_line_that_pins_the_lab(labs):
 
 def test_a_token_made_for_a_laptop_logs_in_with_the_pin_and_revoking_it_ends_its_watch(labs):
     import shlex
-    import time
 
     lab = labs("lab")
     lab.start_leader()
@@ -244,12 +243,21 @@ def test_a_token_made_for_a_laptop_logs_in_with_the_pin_and_revoking_it_ends_its
     assert secret not in lab.labq("admin", "token", "list").stdout
     watch = subprocess.Popen([sys.executable, "-m", "labq.cli", "ls", "--watch"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=env)
+    shown: list[str] = []
+    reader = threading.Thread(target=lambda: shown.extend(iter(lambda: watch.stdout.read(1), "")), daemon=True)
+    reader.start()
+
+    def frames() -> int:  # into a pipe, the watch writes each frame whole, after a clear-screen
+        return "".join(shown).count("\x1b[2J")
+
     try:
-        time.sleep(2)  # the watch is open on its event stream
-        assert watch.poll() is None
+        lab.wait(lambda: frames() >= 1, "the watch's first frame")
+        lab.submit("true")  # an event: the watch redraws once its event stream is open
+        lab.wait(lambda: frames() >= 2, "the watch to redraw on an event", detail=lambda: watch.poll())
         revoked = lab.labq("admin", "token", "revoke", laptops[0]["id"]).stdout
         assert "no longer works" in revoked
-        _, err = watch.communicate(timeout=30)
+        watch.wait(timeout=30)
+        err = watch.stderr.read()
     finally:
         watch.kill()
     assert watch.returncode == 3, err  # a refused token: the credentials' exit status

@@ -55,3 +55,17 @@ def test_a_damaged_line_is_skipped_and_the_next_seq_follows_the_last_good_one(tm
     assert [e["seq"] for e in trail.entries()] == [7]
     trail.record({"action": "cancel"})
     assert [e["seq"] for e in trail.entries()] == [7, 8]
+
+
+def test_the_trail_read_from_its_end_is_the_trail_reversed_across_rotations_and_blocks(tmp_path, monkeypatch):
+    import io
+
+    monkeypatch.setattr(audit, "ROTATE_BYTES", 1500)
+    trail = AuditLog(tmp_path, FakeClock(0.0))
+    for i in range(60):
+        trail.record({"user": "u" * (i % 7), "action": "submit", "job": i})
+    assert [e["seq"] for e in trail.newest_first()] == [e["seq"] for e in trail.entries()][::-1]
+    lines = b"a\nbb\n\nccc\nd"
+    for block in (1, 2, 3, 64):
+        assert list(audit._lines_backwards(io.BytesIO(lines), block)) == [b"d", b"ccc", b"", b"bb", b"a"]
+    assert [e["seq"] for e in trail.find(AuditQuery(after=55), lambda e: True)] == [56, 57, 58, 59, 60]
