@@ -34,7 +34,9 @@ from textual.widgets._footer import FooterKey
 from labq.client import Client
 from labq.protocol.errors import ApiError
 from labq.terminal_text import escape_controls
-from labq.tui.feed import Connection, JobEvent, JobsChanged, LabLoaded, LeaderFeed, NodesChanged, ReservationsChanged
+from labq.tui.feed import (
+    FINISHED, Connection, JobEvent, JobsChanged, LabLoaded, LeaderFeed, NodesChanged, ReservationsChanged,
+)
 from labq.tui.query import Row, make_row
 
 EVENTS_KEPT = 50  #: per job, for the detail screen
@@ -142,6 +144,8 @@ class LabqApp(App):
         now = self.clock()
         changed = []
         for job in message.jobs:
+            if job["id"] in self.finished_at and job.get("state") not in FINISHED:
+                continue  # fetched before it ended: the end the app has seen is the newer news
             self.jobs[job["id"]] = job
             if job["id"] in message.pending:
                 self.pending[job["id"]] = message.pending[job["id"]]

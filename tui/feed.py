@@ -91,6 +91,8 @@ class LeaderFeed:
         self._nodes_dirty = False
         self._nodes_sent: list[dict] | None = None
         self._lock = threading.Lock()
+        #: one flush at a time: a flush's answer posted after a later flush's would show a job as it was before
+        self._flushing = threading.Lock()
 
     def close(self) -> None:
         """Stop following: ends the blocked read of the event stream, so the thread ends now."""
@@ -165,6 +167,10 @@ class LeaderFeed:
                 return
 
     def _flush(self) -> None:
+        with self._flushing:
+            self._flush_now()
+
+    def _flush_now(self) -> None:
         with self._lock:
             ids, self._dirty = sorted(self._dirty), set()
             finished, self._finished = self._finished, {}
