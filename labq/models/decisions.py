@@ -18,6 +18,8 @@ class PendingReason(str, Enum):
     HELD = "Held"  #: held by its user or an admin
     PREEMPTING = "Preempting"  #: lower jobs are checkpointing to make room for it
     USER = "User"  #: no node that could run it has an account for its user
+    QUEUE = "Queue"  #: its queue is at its cap, or at its guarantee and does not borrow
+    BORROWED = "Borrowed"  #: beyond its queue's guarantee, and the lab may not lend it the GPUs
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,8 @@ class JobSpec:
     checkpoint_signal: str | None = None
     grace_s: float = 60.0
     reservation: str | None = None
+    #: the lab queue (team) it is served in (``labq.models.queues``); None: outside every queue
+    queue: str | None = None
     #: when the reservation ends (or is cancelled) before the job started: queue normally or cancel
     after_reservation: AfterReservation = AfterReservation.QUEUE
     depends_on: tuple[int, ...] = ()

@@ -17,7 +17,7 @@ from labq.models.topology import PcieLevel, Topology
 
 _SPEC_SCALARS = ("user", "gpus", "name", "image", "workdir", "nodes", "min_gpu_memory_mib", "gpu_model", "node",
                  "cpus", "memory_mib", "priority", "preemptible", "time_limit_s", "checkpoint_signal", "grace_s",
-                 "reservation", "shm_size_mib", "requeue_on_timeout", "after_any")
+                 "reservation", "shm_size_mib", "requeue_on_timeout", "after_any", "queue")
 
 
 def encode_spec(spec: JobSpec) -> dict:

@@ -35,6 +35,11 @@ from labq.scheduler.lab_view import Hold, LabView, OnGpus
 from labq.scheduler.placement import SetChoice, best_set, indices_to_mask, mask_to_indices
 from labq.scheduler.policy import Policy, order_queue, served_priority, waiting_since
 from labq.scheduler.preemption import NodePlan, Victim, plan_on_node
+from labq.scheduler.queues import borrow_problem
+
+#: what a job within its queue's guarantee waits for when it waits for GPUs: its queue's idle guarantee is not lent
+_WANTING = frozenset({PendingReason.RESOURCES, PendingReason.PRIORITY, PendingReason.PREEMPTING,
+                      PendingReason.BORROWED})
 
 
 def schedule(
@@ -73,9 +78,23 @@ class _Pass(LabView):
         if self.reservation_list:
             self._drain_reservations()
             queue = self._serve_reservations_first(queue)
-        settled, pending, inflight, quotas = self.memo.settled, self.pending, self.inflight, self._quotas
+        if self.book is None:
+            self._serve_in_order(queue)
+        else:
+            self._serve_queues(queue)
+        for job in sorted(self.held, key=lambda j: j.id):
+            self._wait(job, PendingReason.HELD, f"held; `labq release {job.id}` puts it back in the queue")
+        return Decisions(tuple(self.starts), tuple(self.preemptions), tuple(self.pending))
+
+    def _serve_in_order(self, queue: list[Job], first: bool = False) -> list[Job]:
+        """Serve ``queue`` in order. With ``first`` (a lab with queues), only the jobs of queues below
+        their guarantee; the others are returned, in order, for later."""
+        aging, book = self.policy.aging_s, self.book
+        settled, pending, inflight = self.memo.settled, self.pending, self.inflight
+        personal = self._quotas or book is not None
         make_pending = tuple.__new__  # skips NamedTuple's Python-level __new__
         barring, barred_nodes, no_node = self.barring, self.barred_nodes, frozenset()
+        later = []
         for job in queue:
             # The fast path: most of a long queue waits for the same reasons as a job
             # of the same shape and priority before it, while nothing has changed. Only
@@ -83,15 +102,40 @@ class _Pass(LabView):
             # and only for jobs that the same nodes keep off (their users' accounts, see barred_nodes).
             spec = job.spec
             rank = spec.priority if aging is None else served_priority(job, self.now, aging)
+            if book is not None:
+                q = book.queue_of(job)
+                under = book.under(q)
+                if first and not under:
+                    later.append(job)
+                    continue
+                rank = (rank, q, under)  # jobs of one queue, in one standing, share verdicts
             verdict = settled.get((spec.resource_shape, barred_nodes(job) if barring else no_node, rank))
             if (verdict is not None and not spec.depends_on and job.id not in inflight
-                    and (not quotas or self._plain(job))):
+                    and (not personal or self._plain(job))):
                 pending.append(make_pending(Pending, (job.id, *verdict)))
                 continue
             self._serve(job)
-        for job in sorted(self.held, key=lambda j: j.id):
-            self._wait(job, PendingReason.HELD, f"held; `labq release {job.id}` puts it back in the queue")
-        return Decisions(tuple(self.starts), tuple(self.preemptions), tuple(self.pending))
+            if first:
+                self._note_wanted(job, q)
+        return later
+
+    def _serve_queues(self, queue: list[Job]) -> None:
+        """Queues below their guarantee first; then the rest, higher priority first and, within a priority,
+        the queues that hold least of their guarantee first (each in the queue's order)."""
+        book, aging = self.book, self.policy.aging_s
+        later = self._serve_in_order(queue, first=True)
+        share = {q: book.share(q) for q in book.use}
+        later.sort(key=lambda j: (-(j.spec.priority if aging is None else served_priority(j, self.now, aging)),
+                                  share[book.queue_of(j)]))
+        self._serve_in_order(later)
+
+    def _note_wanted(self, job: Job, q: str) -> None:
+        """A job within its queue's guarantee that waits for GPUs: its queue's idle guarantee is lent to no one."""
+        book = self.book
+        if (q and q not in book.wanted and self.pending and self.pending[-1].job_id == job.id
+                and self.pending[-1].reason in _WANTING and book.use[q] + job.spec.gpus <= book.guarantee[q]):
+            book.wanted.add(q)
+            self.memo.settled.clear()  # verdicts of borrowers counted on those GPUs
 
     def _serve(self, job: Job) -> None:
         spec = job.spec
@@ -110,15 +154,72 @@ class _Pass(LabView):
             return
         if self._quotas and not self._within_quota(job):
             return
+        book = self.book
+        problem = None
+        if book is not None:
+            problem = book.gate(job, self.now, self.policy.min_runtime_s, self.policy.reclaim_grace_s,
+                                self.policy.preemption)
+            if problem is not None and not self._may_make_room(job):
+                self._wait(job, *problem)
+                return
         shape = self._shape(job)
         seen = self.memo.version
         placement = self._place(job, shape)
-        if placement is not None:
+        if placement is not None and (book is None or self._queue_allows(job, job.spec.gpus, 0)):
             self._start(job, placement)
             return
         if self._preempt_for(job, shape):
             return
+        if book is not None:
+            if problem is None and placement is not None:  # GPUs are free, but not to be lent to it
+                problem = PendingReason.BORROWED, book.no_loan(job, job.spec.gpus, self._free_total())
+            if problem is not None:
+                self._wait(job, *problem)
+                return
         self._blocked(job, shape, seen)
+
+    # -- queues -----------------------------------------------------------------------
+
+    def _free_total(self) -> int:
+        current = self.memo.current
+        total = current.get("free total")
+        if total is None:
+            total = current["free total"] = sum(self.free[n.name].bit_count() for n in self.up)
+        return total
+
+    def _queue_allows(self, job: Job, free_used: int, own_freed: int) -> bool:
+        """Whether its queue lets ``job`` start taking ``free_used`` free GPUs, its own queue's jobs giving back
+        ``own_freed``: within its cap, beyond its guarantee only as a loan it may take, and no free GPU that is
+        another queue's idle guarantee which that queue wants or does not lend."""
+        book, spec = self.book, job.spec
+        q = book.queue_of(job)
+        net = book.use[q] - own_freed + spec.gpus
+        queue = book.specs.get(q)
+        if queue is not None and queue.cap is not None and net > queue.cap:
+            return False
+        if net > book.guarantee[q] and not book.may_borrow(job, self.now, self.policy.min_runtime_s,
+                                                          self.policy.reclaim_grace_s, self.policy.preemption):
+            return False
+        return free_used <= self._free_total() - book.kept_from(q)
+
+    def _may_make_room(self, job: Job) -> bool:
+        """Whether preemption might make room for ``job`` within its queue's rules (its own queue's lower jobs,
+        or, once it waited past its queue's maximum wait, what stands in its way)."""
+        return self.policy.preemption and (job.priority > self.lowest_victim or self._overdue(job))
+
+    def _overdue(self, job: Job) -> bool:
+        return self.book is not None and self.book.overdue(job, self.now - waiting_since(job))
+
+    def _queue_mode(self, job: Job) -> tuple:
+        """What a job's preemption plan depends on in a lab with queues: its queue, whether it reclaims (it stays
+        within its guarantee), its priority if overdue, and every queue's surplus over its guarantee."""
+        book = self.book
+        q = book.queue_of(job)
+        reclaims = book.use[q] + job.spec.gpus <= book.guarantee[q]
+        aging = self.policy.aging_s
+        overdue = ((job.spec.priority if aging is None else served_priority(job, self.now, aging))
+                   if self._overdue(job) else None)
+        return (q, reclaims, overdue, tuple(book.use[n] - book.guarantee[n] for n in book.use))
 
     def _wait(self, job: Job, reason: PendingReason, detail: str, waiting_for: int | None = None,
               estimated_start: float | None = None) -> None:
@@ -152,6 +253,8 @@ class _Pass(LabView):
                         or entry.end <= r.start or self.now < r.start - job.spec.grace_s):
                     continue
                 self.victims.add(job.id)
+                if self.book is not None:
+                    self.book.leave(job, job.spec.gpus)
                 entry.candidate = False
                 self.preemptions.append(Preempt(job.id, None, r.node, mask_to_indices(entry.mask),
                                                 job.work_at_risk(self.now), r.name))
@@ -226,6 +329,8 @@ class _Pass(LabView):
             self.free[alloc.node] &= ~mask
             self.on_gpus[alloc.node].append(OnGpus(job, mask, self._end_of(job), False))
         self.in_use[job.user] = self.in_use.get(job.user, 0) + job.spec.gpus
+        if self.book is not None and job.id not in self.promised:
+            self.book.take(job, job.spec.gpus)
         self.most_free = self._count_most_free()
         self.starts.append(Start(job.id, placement))
         self._changed(placement.nodes)
@@ -236,15 +341,18 @@ class _Pass(LabView):
         """Plan preemption for ``job`` (or keep waiting on one in flight); True if it now waits for that."""
         if not self.policy.preemption and job.id not in self.inflight:
             return False
-        if job.priority <= self.lowest_victim and job.id not in self.inflight and job.spec.reservation is None:
-            return False  # no victim anywhere, no reservation to reclaim: no node has a plan
-        key = ("preempt", shape, job.priority)
+        book = self.book
+        mode = () if book is None else self._queue_mode(job)
+        if (job.priority <= self.lowest_victim and job.id not in self.inflight and job.spec.reservation is None
+                and not (mode and (mode[1] or mode[2] is not None))):
+            return False  # no victim anywhere, no reservation or guarantee to reclaim: no node has a plan
+        key = ("preempt", shape, job.priority, mode)
         if self.memo.current.get(key) is False:
             return False
-        plans = self._on_each_node("plan", job, shape, lambda n: self._plan_on(job, n), job.priority)
+        plans = self._on_each_node("plan", job, shape, lambda n: self._plan_on(job, n, mode), job.priority, mode)
         plans = [plan for plan in plans.values() if plan is not None]
         plans.sort(key=lambda p: p.cost)
-        if len(plans) < job.spec.nodes:
+        if len(plans) < job.spec.nodes or (book is not None and not self._plans_allowed(job, plans[: job.spec.nodes])):
             if job.id not in self.inflight:
                 self.memo.current[key] = False
             return False
@@ -257,6 +365,8 @@ class _Pass(LabView):
                 if v.job.id in self.victims:
                     continue
                 self.victims.add(v.job.id)
+                if book is not None:
+                    book.leave(v.job, v.job.spec.gpus)
                 for entry in self.on_gpus[plan.node]:
                     if entry.job.id == v.job.id:
                         entry.candidate = False
@@ -266,6 +376,9 @@ class _Pass(LabView):
                 self.preemptions.append(Preempt(v.job.id, job.id, plan.node, mask_to_indices(v.freeable),
                                                 v.work_at_risk_s))
             self.holds[plan.node].append(Hold(job.id, job.priority, plan.target.mask, None))
+        if book is not None and job.id not in self.promised:
+            self.promised.add(job.id)
+            book.take(job, job.spec.gpus)
         self.holds_made += 1
         self._changed(touched & self.nodes.keys())
         waiting = sorted(fresh | {victim for _, _, victim in self.inflight.get(job.id, [])})
@@ -276,7 +389,15 @@ class _Pass(LabView):
                    self.now + grace if fresh else None)
         return True
 
-    def _plan_on(self, job: Job, node: Node) -> NodePlan | None:
+    def _plans_allowed(self, job: Job, plans: list[NodePlan]) -> bool:
+        """Whether its queue lets ``job`` start as ``plans`` would have it (``_queue_allows``)."""
+        q = self.book.queue_of(job)
+        free_used = sum((p.target.mask & self.free[p.node]).bit_count() for p in plans)
+        own = sum(v.job.spec.gpus for p in plans for v in p.victims
+                  if v.job.id not in self.victims and self.book.queue_of(v.job) == q)
+        return self._queue_allows(job, free_used, own)
+
+    def _plan_on(self, job: Job, node: Node, mode: tuple = ()) -> NodePlan | None:
         """The cheapest preemption on ``node`` that gives ``job`` its GPUs, or None.
 
         Jobs with no preemption in flight and no reservation of their own get the same plan
@@ -288,15 +409,15 @@ class _Pass(LabView):
         if self.reservation_list:
             blocked |= self._reserved_against(job, node.name, end, borrow=False)
         if job.id in self.inflight or job.spec.reservation:
-            return self._plan_against(job, node, blocked)
+            return self._plan_against(job, node, blocked, mode)
         known = self.memo.on_node(node.name)
-        key = ("plan", blocked, job.spec.gpus_per_node, job.priority)
+        key = ("plan", blocked, job.spec.gpus_per_node, job.priority, mode)
         plan = known.get(key, _UNKNOWN)
         if plan is _UNKNOWN:
-            plan = known[key] = self._plan_against(job, node, blocked)
+            plan = known[key] = self._plan_against(job, node, blocked, mode)
         return plan
 
-    def _plan_against(self, job: Job, node: Node, blocked: int) -> NodePlan | None:
+    def _plan_against(self, job: Job, node: Node, blocked: int, mode: tuple = ()) -> NodePlan | None:
         available = self.free[node.name] & ~blocked
         for where, mask, _ in self.inflight.get(job.id, []):
             if where == node.name:
@@ -308,11 +429,29 @@ class _Pass(LabView):
             Victim(e.job, e.mask & ~blocked, e.job.work_at_risk(self.now))
             for e in self.on_gpus[node.name]
             if e.job.id not in self.victims and e.mask & ~blocked and (
-                (e.candidate and may(job.priority, e.job.priority)) or (reclaim and self._borrower(e, own)))
+                (e.candidate and (self._may_take(job, e.job, mode) if mode else may(job.priority, e.job.priority)))
+                or (reclaim and self._borrower(e, own)) or (mode and self._reclaims(e, mode)))
         ]
         if not candidates and job.id not in self.inflight:
             return None
         return plan_on_node(node.name, node.topology, available, job.spec.gpus_per_node, candidates)
+
+    def _may_take(self, job: Job, victim: Job, mode: tuple) -> bool:
+        """Whom ``job`` may preempt by priority in a lab with queues: its own queue's lower jobs, other queues'
+        only where they hold borrowed GPUs; once past its queue's maximum wait, jobs of its served priority too."""
+        q, _, overdue, _ = mode
+        book = self.book
+        return ((self.policy.can_preempt(job.priority, victim.priority)
+                 or (overdue is not None and victim.priority <= overdue))
+                and (book.queue_of(victim) == q or book.reclaimable(victim)))
+
+    def _reclaims(self, entry: OnGpus, mode: tuple) -> bool:
+        """A reclaim: a job staying within its queue's guarantee may preempt another queue's borrowed work,
+        whatever its priority and however short it has run."""
+        q, reclaims, _, _ = mode
+        victim = entry.job
+        return (reclaims and victim.state is JobState.RUNNING and victim.spec.preemptible
+                and self.book.queue_of(victim) != q and self.book.reclaimable(victim))
 
     # -- waiting ----------------------------------------------------------------------
 
@@ -329,6 +468,9 @@ class _Pass(LabView):
                 self._wait(job, reason, detail, waiting_for, estimate)
                 return
         if self._plain(job) and self.memo.version == seen:
+            if self.book is not None:
+                q = self.book.queue_of(job)
+                rank = (rank, q, self.book.under(q))
             self.memo.settled[job.spec.resource_shape, shape[2], rank] = (reason, detail, waiting_for, None)
         self._wait(job, reason, detail, waiting_for)
 
@@ -432,6 +574,8 @@ class _Pass(LabView):
         """Nothing personal decides this job's fate: no reservation, no preemption in flight, no quota."""
         if job.spec.reservation is not None or job.id in self.inflight:
             return False
+        if self.book is not None and (job.history or self._overdue(job)):
+            return False  # a job preempted lately borrows later; an overdue one preempts more
         if self._quotas:
             quota = self.policy.quota_for(job.user)
             return quota is None or self.in_use.get(job.user, 0) + job.spec.gpus <= quota

@@ -23,6 +23,7 @@ from labq.scheduler.fit import eligible_mask
 from labq.scheduler.memo import NodeMemo
 from labq.scheduler.placement import best_set, indices_to_mask
 from labq.scheduler.policy import Policy, order_queue
+from labq.scheduler.queues import QueueBook
 
 _QUEUED, _HELD, _RUNNING, _PREEMPTING = JobState.QUEUED, JobState.HELD, JobState.RUNNING, JobState.PREEMPTING
 _ON_GPUS = frozenset(state for state in JobState if state.holds_gpus)
@@ -86,6 +87,11 @@ class LabView:
         self._quotas = self.policy.max_gpus_per_user is not None or bool(self.policy.user_gpu_quota)
         #: no job of this priority or lower finds a victim on any node (candidates only drop out in a pass)
         self.lowest_victim: float = inf
+        #: the lab's queues (teams): None in a lab without them
+        self.book = QueueBook.of(self.policy.queues, sum(n.gpu_count - len(n.unmanaged_busy) for n in self.up))
+        self._up_names = frozenset(n.name for n in self.up)
+        #: preemptors whose GPUs their queue already counts (``_hold_inflight_target``)
+        self.promised: set[int] = set()
         self.queued: list[Job] = []
         self.held: list[Job] = []
         for job in self.jobs:
@@ -116,11 +122,14 @@ class LabView:
             self.victims.add(job.id)
         end = job.expected_end() or inf
         candidate = self._preemptible(job)
+        book = self.book
         for alloc in job.placement.allocations:
             name = alloc.node
             if name not in self.nodes:
                 continue
             mask = indices_to_mask(alloc.gpu_indices)
+            if book is not None and not preempting and name in self._up_names:
+                book.take(job, len(alloc.gpu_indices))  # a job being preempted no longer counts for its queue
             self.free[name] &= ~mask
             self.on_gpus[name].append(OnGpus(job, mask, end, candidate))
             if candidate and spec.priority < self.lowest_victim:
@@ -144,6 +153,9 @@ class LabView:
             usable = self._available(job, node) if node.schedulable and name not in self.barred_nodes(job) else 0
             target = best_set(node.topology, usable | freeing, job.spec.gpus_per_node)
             self.holds[name].append(Hold(job.id, job.priority, target.mask if target else freeing, None))
+        if self.book is not None and job.id not in self.promised:  # so its queue reclaims no more for it
+            self.promised.add(job.id)
+            self.book.take(job, job.spec.gpus)
 
     def _count_most_free(self) -> int:
         """The most free GPUs on one node that is up: no job needing more per node fits anywhere.

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 
 from labq.models.job import Job
 from labq.models.priority import PriorityClass, class_of
+from labq.models.queues import QueueSpec
 
 DAY_S = 86400.0
 
@@ -31,6 +32,10 @@ class Policy:
     max_preemptions_per_day: int | None = None
     #: a job that has waited this long starts to be served higher (``served_priority``); None: no aging
     aging_s: float | None = None
+    #: the lab's queues (teams) and their guarantees; empty: one lab, no queues
+    queues: tuple[QueueSpec, ...] = ()
+    #: only jobs whose grace is at most this borrow another queue's GPUs, so that a reclaim ends within it
+    reclaim_grace_s: float | None = None
 
     def can_preempt(self, preemptor: int, victim: int) -> bool:
         """Whether a job of priority ``preemptor`` may preempt one of ``victim`` (strictly lower, and the rules)."""

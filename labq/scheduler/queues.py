@@ -1,0 +1,156 @@
+"""The lab's queues as one scheduling pass sees them: guarantees, what each holds, what may be lent.
+
+Each queue is guaranteed a number of GPUs (``QueueSpec.guarantee``). A pass serves the
+jobs of queues below their guarantee first. GPUs idle beyond what queues below their
+guarantee still want are lent: a preemptible job (with a grace within the lab's reclaim
+bound) may take its queue over its guarantee with them. When a queue that lent wants
+its GPUs back, a job of it that stays within its guarantee may preempt borrowed work of
+any priority (a *reclaim*), never taking the lender of that work below its own guarantee.
+
+Counts, not GPU sets: a guarantee is a number of GPUs anywhere in the lab, so a queue
+gets its share wherever its jobs fit best. ``QueueBook`` keeps the counts of one pass
+and answers the questions ``labq.scheduler.cycle`` asks; it changes as the pass starts
+and preempts jobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from labq.models.decisions import PendingReason
+from labq.models.job import Job, StopReason
+from labq.models.queues import QueueSpec
+
+#: the queue of jobs outside every queue: no guarantee, so everything they hold is borrowed
+OUTSIDE = ""
+
+
+@dataclass
+class QueueBook:
+    specs: dict[str, QueueSpec]
+    guarantee: dict[str, int]
+    #: GPUs each queue's jobs hold on nodes that are up, less those being preempted
+    use: dict[str, int] = field(default_factory=dict)
+    #: queues with a job waiting for GPUs within its guarantee: their idle guarantee is lent to no one
+    wanted: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, queues: Iterable[QueueSpec], lab_gpus: int) -> QueueBook | None:
+        specs = {q.name: q for q in queues}
+        if not specs:
+            return None
+        guarantee = {name: q.guarantee(lab_gpus) for name, q in specs.items()}
+        guarantee[OUTSIDE] = 0
+        return cls(specs, guarantee, {name: 0 for name in guarantee})
+
+    # -- counts -------------------------------------------------------------------------
+
+    def queue_of(self, job: Job) -> str:
+        """Its queue; a job of a queue the admin removed is outside every queue."""
+        name = job.spec.queue
+        return name if name in self.specs else OUTSIDE
+
+    def take(self, job: Job, gpus: int) -> None:
+        q = self.queue_of(job)
+        self.use[q] += gpus
+
+    def leave(self, job: Job, gpus: int) -> None:
+        """A job is being preempted: its GPUs no longer count for its queue."""
+        q = self.queue_of(job)
+        self.use[q] -= gpus
+
+    def under(self, q: str) -> bool:
+        """The queue holds less than its guarantee: its jobs are served first."""
+        return self.use[q] < self.guarantee[q]
+
+    def idle_guarantee(self, q: str) -> int:
+        return max(0, self.guarantee[q] - self.use[q])
+
+    def kept_from(self, q: str) -> int:
+        """Free GPUs a job of ``q`` may not take: other queues' idle guarantee that they want or do not lend."""
+        kept = 0
+        for other, spec in self.specs.items():
+            if other != q and (other in self.wanted or not spec.lends):
+                kept += self.idle_guarantee(other)
+        return kept
+
+    def borrowing(self, job: Job, gpus: int, freed_by_own: int = 0) -> int:
+        """GPUs beyond its queue's guarantee that ``job`` would hold, if it took ``gpus`` and its own queue's
+        jobs gave back ``freed_by_own``."""
+        q = self.queue_of(job)
+        return max(0, self.use[q] - freed_by_own + gpus - self.guarantee[q])
+
+    def reclaimable(self, victim: Job) -> bool:
+        """Preempting ``victim`` leaves its queue at or above its guarantee: what it holds is borrowed."""
+        q = self.queue_of(victim)
+        return self.use[q] - victim.spec.gpus >= self.guarantee[q]
+
+    def overdue(self, job: Job, waited_s: float) -> bool:
+        """The job has waited past its queue's maximum wait."""
+        spec = self.specs.get(self.queue_of(job))
+        return spec is not None and spec.max_wait_s is not None and waited_s >= spec.max_wait_s
+
+    def share(self, q: str) -> float:
+        """How much of its guarantee a queue holds: queues that hold less borrow first."""
+        g = self.guarantee[q]
+        return self.use[q] / g if g else float(self.use[q] + 1) * 1e6
+
+    # -- rules --------------------------------------------------------------------------
+
+    def gate(self, job: Job, now: float, min_runtime_s: float, reclaim_grace_s: float | None,
+             preemption: bool) -> tuple[PendingReason, str] | None:
+        """Why ``job`` may not start now whatever the GPUs: its queue's cap, or a loan it may not take."""
+        q = self.queue_of(job)
+        gpus = job.spec.gpus
+        use = self.use[q]
+        spec = self.specs.get(q)
+        label = f"queue {q}" if q else "a job outside every queue"
+        if spec is not None and spec.cap is not None and use + gpus > spec.cap:
+            return (PendingReason.QUEUE, f"queue {q} is at its cap of {spec.cap} GPUs (holds {use}); "
+                                         f"this job needs {gpus}")
+        if use + gpus <= self.guarantee[q]:
+            return None
+        holds = f"{label} holds {use} of its guarantee of {self.guarantee[q]} GPUs" if q else \
+            f"{label} has no guarantee"
+        if spec is not None and not spec.borrows:
+            return PendingReason.QUEUE, f"{holds} and does not borrow beyond it; this job needs {gpus}"
+        why = borrow_problem(job, now, min_runtime_s, reclaim_grace_s, preemption)
+        return None if why is None else (PendingReason.BORROWED, f"{holds}; {why}")
+
+    def may_borrow(self, job: Job, now: float, min_runtime_s: float, reclaim_grace_s: float | None,
+                   preemption: bool) -> bool:
+        spec = self.specs.get(self.queue_of(job))
+        return (spec is None or spec.borrows) and \
+            borrow_problem(job, now, min_runtime_s, reclaim_grace_s, preemption) is None
+
+    def no_loan(self, job: Job, gpus: int, free: int) -> str:
+        """Why the free GPUs are not lent to ``job``: for ``labq why``."""
+        q = self.queue_of(job)
+        keepers = sorted(other for other, spec in self.specs.items()
+                         if other != q and self.idle_guarantee(other) and (other in self.wanted or not spec.lends))
+        why = "; ".join(f"queue {o} {'wants' if o in self.wanted else 'does not lend'} its idle guarantee of "
+                        f"{self.idle_guarantee(o)}" for o in keepers)
+        label = f"queue {q} holds {self.use[q]} of its guarantee of {self.guarantee[q]} GPUs" if q else \
+            "a job outside every queue borrows all it holds"
+        return (f"{label}; of {free} free GPUs, {max(0, free - self.kept_from(q))} may be lent and this job needs "
+                f"{gpus} ({why})")
+
+
+def borrow_problem(job: Job, now: float, min_runtime_s: float, reclaim_grace_s: float | None,
+                   preemption: bool) -> str | None:
+    """Why ``job`` may not borrow another queue's GPUs, if so. Borrowed GPUs must come back on demand, within
+    the lab's bound, and a job just reclaimed does not borrow again before its minimum runtime would pass."""
+    spec = job.spec
+    if not preemption:
+        return "with preemption off, nothing borrows beyond its guarantee"
+    if not spec.preemptible:
+        return "only preemptible jobs borrow beyond it"
+    if reclaim_grace_s is not None and spec.grace_s > reclaim_grace_s:
+        return (f"its grace of {spec.grace_s:g}s is longer than the lab's reclaim bound of {reclaim_grace_s:g}s, "
+                "so it may not borrow (a shorter --grace lets it)")
+    last = job.history[-1] if job.history else None
+    if last is not None and last.stop_reason is StopReason.PREEMPTED and now - last.ended_at < min_runtime_s:
+        return (f"it was preempted {now - last.ended_at:.0f}s ago and borrows again after the minimum runtime "
+                f"({min_runtime_s:g}s), so that it is not reclaimed again at once")
+    return None
