@@ -202,6 +202,10 @@ class Client:
         answer = self._json("GET", "/v1/nodes")
         return answer["nodes"], answer.get("unadmitted", []), bool(answer.get("insecure"))
 
+    def queues(self) -> list[dict]:
+        """The lab's queues: guarantee, use, borrowed and lent GPUs, waiting work, members' fair share."""
+        return self._json("GET", "/v1/queues")["queues"]
+
     def users(self) -> list[dict]:
         return self._json("GET", "/v1/users")["users"]
 

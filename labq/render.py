@@ -344,6 +344,32 @@ def nodes_table(nodes: Sequence[Mapping], now: float, color: bool = False) -> st
     return text
 
 
+def queues_table(queues: Sequence[Mapping]) -> str:
+    """``labq queues``: one line per queue, then each queue's members by fair share (served first first)."""
+    if not queues:
+        return "no queues: the lab is one queue for everyone ([queues] in the leader's settings makes teams)"
+    rows = []
+    for q in queues:
+        asked = q.get("guarantee_asked")
+        guarantee = f"{q['guarantee']}" + (f" ({asked})" if asked and asked.endswith("%") else "")
+        flags = [w for w, on in (("default", q.get("default")), ("no lend", not q.get("lends", True) and q["name"]),
+                                 ("no borrow", not q.get("borrows", True))) if on]
+        if q.get("max_wait_s"):
+            flags.append(f"max wait {format_duration(q['max_wait_s'])}")
+        rows.append([q["name"] or "(no queue)", guarantee, "-" if q.get("cap") is None else str(q["cap"]),
+                     str(q["use"]), str(q["borrowed"]), str(q["lent"]),
+                     f"{q['waiting_jobs']} ({q['waiting_gpus']} GPUs)" if q["waiting_jobs"] else "0",
+                     ", ".join(flags) or "-"])
+    text = table(("QUEUE", "GUARANTEE", "CAP", "USE", "BORROWED", "LENT", "WAITING", "RULES"), rows)
+    lines = [escape_controls(f"  {q['name'] or '(no queue)'}: " + ", ".join(
+        f"{m['user']} {m['gpu_hours']:.1f} GPU-h" + (f", holds {m['holds']}" if m["holds"] else "")
+        + (f", {m['waiting']} waiting" if m["waiting"] else "") for m in q["fair_share"]))
+        for q in queues if q.get("fair_share")]
+    if lines:
+        text += "\n\nfair share within each queue (decayed GPU-hours; the least is served first):\n" + "\n".join(lines)
+    return text
+
+
 def gpu_rows(nodes: Sequence[Mapping], users: Mapping[int, str]) -> list[dict]:
     """One dict per GPU of every node, with the job on it and that job's user where known."""
     out = []

@@ -81,6 +81,7 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
         env=parse_env(args.env, os.environ if environ is None else environ) if args.env else None,
         depends_on=_dependencies(args), after_any=bool(args.after_any),
         nodes=_node_count(args), node=args.node or None, reservation=args.reservation or None,
+        queue=args.queue or None,
         after_reservation=_after_reservation(args),
         image=args.image or None,
         mounts=[parse_mount(m, cwd) for m in _container_only(args, "mount")],
@@ -201,6 +202,8 @@ def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
                    help="start after these jobs have ended, however they ended")
     p.add_argument("--nodes", type=int, metavar="N", help="spread the GPUs evenly over N nodes")
     p.add_argument("--node", metavar="NAME", help="run only on this node")
+    p.add_argument("--queue", metavar="NAME", help="the lab queue (team) to serve it in (default: your only "
+                   "queue, or the lab's default; `labq queues` lists them)")
     p.add_argument("--reservation", metavar="NAME", help="run on a reservation's GPUs (you must be one of its "
                    "users); waits for its start")
     p.add_argument("--after-reservation", choices=("queue", "cancel"),

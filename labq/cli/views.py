@@ -292,6 +292,13 @@ def _nodes(args: argparse.Namespace) -> int:
     return emit(args, nodes, lambda: nodes_table(nodes, time.time(), use_color()))
 
 
+def _queues(args: argparse.Namespace) -> int:
+    from labq.render import queues_table
+
+    queues = leader_client(args).queues()
+    return emit(args, queues, lambda: queues_table(queues))
+
+
 def _gpus(args: argparse.Namespace) -> int:
     from labq.render import gpu_rows, gpus_table
 
@@ -367,6 +374,13 @@ def add_lab(sub: argparse._SubParsersAction, c: list) -> None:
     p = command(sub, "nodes", "list the workstations",
                 "List the nodes: health, free GPUs, GPU models and when each last reported.",
                 "  labq nodes\n  labq nodes --json", _nodes, c)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command(sub, "queues", "the lab's queues (teams) and their shares",
+                "List the lab's queues: each one's guaranteed GPUs, what its jobs hold (USE), how much of that is "
+                "beyond its guarantee (BORROWED: given back by checkpoint when the lender needs it), how much of "
+                "its idle guarantee other queues use (LENT), its waiting jobs, and its members by fair share. "
+                "The admin defines queues in the leader's [queues] settings; `labq submit --queue NAME` picks one.",
+                "  labq queues\n  labq queues --json | jq '.[] | {name, use, guarantee}'", _queues, c)
     p.add_argument("--json", action="store_true", help="print JSON")
     p = command(sub, "gpus", "list every GPU and who uses it",
                 "One line per GPU of the lab: its model and memory and the job on it, or busy outside labq.",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labq.models.priority import PriorityClass, parse_priority
+from labq.models.queues import QueueSpec, queues_of
 from labq.paths import default_data_dir
 from labq.protocol.agents import FENCE_LOOK_EVERY_S, KILL_AFTER_TERM_S
 from labq.protocol.names import name_problem
@@ -61,8 +62,20 @@ max_lead_time = "30d"            # how far ahead a booking may start
 max_duration = "7d"              # how long one booking may last
 at_end = "stop"                  # jobs still running in it at its end: "stop" (like a time limit) or "keep"
 
-# [groups]                       # for labq reserve --group NAME
+# [groups]                       # for labq reserve --group NAME, queue members and class grants
 # nlp = ["alice", "bob"]
+
+# [queues]                       # teams that share the lab, each with a guaranteed share; none: one lab
+# default = "shared"             # the queue of users in no queue; unset: their jobs use what queues leave idle
+# reclaim_grace = "2m"           # only jobs with at most this grace borrow (default: jobs.max_grace), so a
+#                                # queue gets borrowed GPUs back within it
+# [queues.nlp]
+# members = ["alice", "@nlp"]    # users and @groups; a user in several queues picks one with --queue
+# guarantee = 4                  # GPUs, or "50%" of the lab's GPUs up
+# cap = 8                        # the most GPUs its jobs hold at once, borrowed included; omitted: no cap
+# lend = true                    # other queues' preemptible jobs may use its idle guarantee until it needs it
+# borrow = true                  # its preemptible jobs may use other queues' idle GPUs
+# max_wait = "48h"               # a job waiting longer preempts what stands in its way; omitted: no bound
 
 [agents]
 lease = "30s"                    # an agent silent this long is marked lost
@@ -111,6 +124,9 @@ class LeaderConfig:
     max_reservation_s: float | None = 7 * 86400.0
     reservation_at_end: str = "stop"
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    queues: tuple[QueueSpec, ...] = ()
+    default_queue: str | None = None
+    reclaim_grace_s: float | None = None  #: None: jobs.max_grace
     lease_s: float = 30.0
     fence_after_s: float = 600.0
     requeue_after_s: float = 900.0
@@ -127,6 +143,17 @@ class LeaderConfig:
                 f"{KILL_AFTER_TERM_S:g} s and {2 * FENCE_LOOK_EVERY_S:g} s of looks after the node's last sync")
         if self.request_timeout_s <= 0 or self.max_connections_per_address < 1:
             raise ConfigError("leader.request_timeout and leader.max_connections_per_address must be positive")
+        names = [q.name for q in self.queues]
+        if self.default_queue is not None and self.default_queue not in names:
+            raise ConfigError(f"queues.default = {self.default_queue!r} names no queue; queues: "
+                              f"{', '.join(names) or 'none'}")
+        percent = sum(q.guarantee_percent or 0 for q in self.queues)
+        if percent > 100:
+            raise ConfigError(f"the queues' guarantees add up to {percent:g}% of the lab, more than all of it")
+        for q in self.queues:
+            for m in q.members:
+                if m.startswith("@") and m[1:] not in self.groups:
+                    raise ConfigError(f"queues.{q.name}.members names @{m[1:]}, which is not in [groups]")
         if not self.uses_tls and not self.loopback_only and not self.insecure:
             raise ConfigError(f"leader.tls = \"off\" on {self.host}:{self.port} would send every token and job "
                               "in clear over the network: keep tls = \"auto\", listen on 127.0.0.1, or, on a "
@@ -141,6 +168,32 @@ class LeaderConfig:
                                     for n in names):
                 best = klass
         return best
+
+    def queue_for(self, user: str, asked: str | None, admin: bool = False) -> str | None:
+        """The queue a job of ``user`` is served in: the one asked for (a member's, or any for an admin), else the
+        user's only queue, else the default. ValueError says why not; None: the lab has no queues, or the user is
+        in none and there is no default (the job uses what queues leave idle)."""
+        if not self.queues:
+            if asked is not None:
+                raise ValueError("this lab has no queues ([queues] in the leader's settings); leave out --queue")
+            return None
+        names = [q.name for q in self.queues]
+        mine = queues_of(user, self.queues, self.groups)
+        if asked is not None:
+            if asked not in names:
+                raise LookupError(f"there is no queue {asked!r}; queues: {', '.join(names)}")
+            if asked not in mine and asked != self.default_queue and not admin:
+                also = f" (and the default, {self.default_queue})" if self.default_queue else ""
+                raise PermissionError(f"{user} is not a member of queue {asked}; {user}'s queues: "
+                                      f"{', '.join(mine) or 'none'}{also}")
+            return asked
+        if len(mine) == 1:
+            return mine[0]
+        if len(mine) > 1:
+            if self.default_queue in mine:
+                return self.default_queue
+            raise ValueError(f"{user} is in queues {', '.join(mine)}: say which with --queue")
+        return self.default_queue
 
     @property
     def last_stop_after_s(self) -> float:
@@ -182,7 +235,7 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
             raise ConfigError(f"{path} is not valid TOML: {err}") from None
     values: dict = {}
     where = str(path or "defaults")
-    sections = {"leader", "scheduling", "quotas", "jobs", "reservations", "groups", "agents"}
+    sections = {"leader", "scheduling", "quotas", "jobs", "reservations", "groups", "queues", "agents"}
     for name in doc:
         if name not in sections:
             raise ConfigError(f"{where}: unknown section [{name}]; sections: {', '.join(sorted(sections))}")
@@ -225,6 +278,7 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
     _take(groups, where, "groups", values, {
         name: (lambda v, name=name: values.setdefault("groups", {}).update({_name(name, "group name"): _names(v)}))
         for name in groups})
+    _queues(doc.get("queues", {}), where, values)
     _take(doc.get("agents", {}), where, "agents", values, {
         "lease": lambda v: values.update(lease_s=parse_duration(v, bare_seconds=True)),
         "fence_after": lambda v: values.update(fence_after_s=parse_duration(v, bare_seconds=True)),
@@ -232,6 +286,57 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         "auto_requeue": lambda v: values.update(auto_requeue=_bool(v))})
     values.update({k: v for k, v in overrides.items() if v is not None})
     return LeaderConfig(**values)
+
+
+def _queues(section, where: str, values: dict) -> None:
+    """``[queues]``: its settings, and one table per queue."""
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where}: [queues] must be a table")
+    settings = {k: v for k, v in section.items() if not isinstance(v, dict)}
+    _take(settings, where, "queues", values, {
+        "default": lambda v: values.update(default_queue=_name(v, "queue name")),
+        "reclaim_grace": lambda v: values.update(reclaim_grace_s=parse_duration(v, bare_seconds=True))})
+    queues = []
+    for name, table in section.items():
+        if not isinstance(table, dict):
+            continue
+        try:
+            _name(name, "queue name")
+        except ValueError as err:
+            raise ConfigError(f"{where}: [queues.{name}]: {err}") from None
+        spec: dict = {"name": name}
+        _take(table, where, f"queues.{name}", spec, {
+            "members": lambda v: spec.update(members=_members(v)),
+            "guarantee": lambda v: spec.update(_guarantee(v)),
+            "cap": lambda v: spec.update(cap=_count(v)),
+            "lend": lambda v: spec.update(lends=_bool(v)),
+            "borrow": lambda v: spec.update(borrows=_bool(v)),
+            "max_wait": lambda v: spec.update(max_wait_s=parse_duration(v, bare_seconds=True) or None)})
+        queues.append(QueueSpec(**spec))
+    if queues:
+        values["queues"] = tuple(queues)
+
+
+def _members(value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError('must list users and @groups, e.g. ["alice", "@nlp"], or ["*"] for everyone')
+    return tuple(v if v == "*" else ("@" + _name(v[1:], "group name") if v.startswith("@") else _name(v, "user name"))
+                 for v in value)
+
+
+def _guarantee(value) -> dict:
+    """``4`` (GPUs) or ``"50%"`` (of the lab's GPUs up)."""
+    if isinstance(value, str) and value.endswith("%"):
+        try:
+            percent = float(value[:-1])
+        except ValueError:
+            percent = -1.0
+        if not 0 <= percent <= 100:
+            raise ValueError('a percentage must be between "0%" and "100%"')
+        return {"guarantee_percent": percent}
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError('must be a number of GPUs (4) or a share of the lab ("50%")')
+    return {"guarantee_gpus": value}
 
 
 def _take(section: dict, where: str, name: str, values: dict, setters: dict) -> None:

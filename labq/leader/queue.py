@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from labq.leader.auth import Principal
 from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
@@ -49,6 +51,7 @@ class Queue:
         """Checked, then committed outside the lock, so that concurrent submits share the store's group commit."""
         state = self.state
         _check_spec(spec, who, state.config)
+        spec = _in_queue(spec, who, state.config, restart=bool(note))
         with state.lock:
             self._check_lab(spec)
             job = Job(state.next_job_id, spec, submitted_at=state.clock(), note=note)
@@ -176,6 +179,25 @@ def _check_spec(spec: JobSpec, who: Principal, config: LeaderConfig) -> None:
         raise errors.bad_request(f"jobs here need a time limit of at most {limit:g} s (--time)", "time_limit_s")
     if spec.runtime is Runtime.DOCKER:
         _check_container(spec, config)
+
+
+def _in_queue(spec: JobSpec, who: Principal, config: LeaderConfig, restart: bool) -> JobSpec:
+    """The spec with the queue it is served in (``LeaderConfig.queue_for``); a restart keeps its queue while
+    its user may still use it, else goes where a new submit would."""
+    try:
+        try:
+            queue = config.queue_for(spec.user, spec.queue, admin=who.admin)
+        except (LookupError, ValueError, PermissionError):
+            if not restart:
+                raise
+            queue = config.queue_for(spec.user, None, admin=who.admin)
+    except PermissionError as err:
+        raise errors.forbidden(str(err)) from None
+    except LookupError as err:
+        raise errors.unprocessable(str(err), "queue") from None
+    except ValueError as err:
+        raise errors.bad_request(str(err), "queue") from None
+    return spec if queue == spec.queue else replace(spec, queue=queue)
 
 
 def _check_dependencies(spec: JobSpec, state: LabState) -> None:

@@ -230,6 +230,11 @@ def _nodes(h: _Handler, who) -> tuple[int, dict]:
     return 200, doc
 
 
+@route("GET", "/v1/queues")
+def _queues(h: _Handler, who) -> tuple[int, dict]:
+    return 200, {"queues": h.server.leader.scheduling.queues(who)}
+
+
 @route("DELETE", r"/v1/nodes/([^/]+)", audit="forget node")
 def _forget_node(h: _Handler, who, name: str) -> tuple[int, dict]:
     return 200, h.server.leader.agents.forget(who, check_name(urllib.parse.unquote(name), "node name"))

@@ -18,7 +18,10 @@ from labq.models import transitions as t
 from labq.models.actions import timeout_grace
 from labq.models.job import Job, JobState
 from labq.models.node import NodeHealth
+from labq.leader.auth import Principal
+from labq.leader.users import user_only
 from labq.scheduler import Policy, decay_usage, schedule
+from labq.scheduler.queues import standing
 
 log = logging.getLogger("labq.leader")
 
@@ -70,7 +73,8 @@ class Scheduling:
         return Policy(max_gpus_per_user=c.max_gpus_per_user, user_gpu_quota=c.user_gpu_quota,
                       preemption=c.preemption, min_runtime_s=c.min_runtime_s, hold_depth=c.hold_depth,
                       may_preempt=c.may_preempt, max_preemptions_per_day=c.max_preemptions_per_day,
-                      aging_s=c.aging_s)
+                      aging_s=c.aging_s, queues=c.queues,
+                      reclaim_grace_s=c.reclaim_grace_s if c.reclaim_grace_s is not None else c.max_grace_s)
 
     def _usage(self, now: float) -> dict[str, float]:
         """Finished work, decayed; plus what running attempts have used so far."""
@@ -79,6 +83,48 @@ class Scheduling:
             if job.started_at is not None:
                 usage[job.user] = usage.get(job.user, 0.0) + t.gpu_hours(job, now)
         return usage
+
+    def queues(self, who: Principal) -> list[dict]:
+        """Each queue's guarantee, use, borrowed and lent GPUs, waiting work, and its members' fair-share
+        standing (decayed GPU-hours, least first: whom the queue serves next), for ``labq queues``."""
+        user_only(who)
+        state, config = self.state, self.state.config
+        with state.lock:
+            now = state.clock()
+            self._decay_usage(now)
+            usage = self._usage(now)
+            jobs = list(state.jobs.values())
+            up = [n for n in state.nodes() if n.schedulable and n.gpus]
+        lab = sum(n.gpu_count - len(n.unmanaged_busy) for n in up)
+        specs = {q.name: q for q in config.queues}
+        rows = []
+        for s in standing(config.queues, jobs, lab, frozenset(n.name for n in up)):
+            q = specs.get(s.name)
+            members = set()
+            for m in q.members if q is not None else ():
+                members.update(config.groups.get(m[1:], ()) if m.startswith("@") else () if m == "*" else (m,))
+            holds: dict[str, int] = {}
+            waits: dict[str, int] = {}
+            for job in jobs:
+                if (job.spec.queue if job.spec.queue in specs else "") != s.name:
+                    continue
+                members.add(job.user)
+                if job.state.holds_gpus:
+                    holds[job.user] = holds.get(job.user, 0) + job.spec.gpus
+                elif not job.state.finished:
+                    waits[job.user] = waits.get(job.user, 0) + 1
+            rows.append({
+                "name": s.name or None, "guarantee": s.guarantee, "use": s.use, "borrowed": s.borrowed, "lent": s.lent,
+                "waiting_jobs": s.waiting_jobs, "waiting_gpus": s.waiting_gpus,
+                **({"guarantee_asked": q.guarantee_text, "members": list(q.members), "cap": q.cap, "lends": q.lends,
+                    "borrows": q.borrows, "max_wait_s": q.max_wait_s, "default": q.name == config.default_queue}
+                   if q is not None else {"members": [], "cap": None, "lends": False, "borrows": True,
+                                          "max_wait_s": None, "default": False}),
+                "fair_share": [{"user": u, "gpu_hours": round(usage.get(u, 0.0), 3), "holds": holds.get(u, 0),
+                                "waiting": waits.get(u, 0)}
+                               for u in sorted(members, key=lambda u: (usage.get(u, 0.0), u))],
+            })
+        return rows
 
     def tick(self) -> None:
         """Timers: agents that went silent, reservations, and jobs past their time limit."""

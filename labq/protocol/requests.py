@@ -241,7 +241,8 @@ def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: 
                    checkpoint_signal: str | None = None, env: Mapping[str, str] | None = None,
                    depends_on: Sequence[int] | None = None, after_any: bool = False, nodes: int | None = None,
                    node: str | None = None, reservation: str | None = None, after_reservation: str | None = None,
-                   image: str | None = None, mounts: Sequence[Mount] = (), shm_size_mib: int | None = None) -> dict:
+                   image: str | None = None, mounts: Sequence[Mount] = (), shm_size_mib: int | None = None,
+                   queue: str | None = None) -> dict:
     """The ``POST /v1/jobs`` body that ``parse_submit`` reads back: only what differs from the defaults.
 
     Plain values: seconds, MiB, absolute paths. An ``image`` makes it a container job (``runtime`` docker).
@@ -252,7 +253,8 @@ def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: 
                 "time_limit_s": _seconds(time_limit_s), "requeue_on_timeout": requeue_on_timeout or None,
                 "grace_s": _seconds(grace_s), "checkpoint_signal": checkpoint_signal,
                 "env": dict(env) if env else None, "depends_on": list(depends_on) if depends_on else None,
-                "after_any": after_any or None, "nodes": nodes, "node": node, "reservation": reservation, "after_reservation": after_reservation}
+                "after_any": after_any or None, "nodes": nodes, "node": node, "reservation": reservation, "after_reservation": after_reservation,
+                "queue": queue}
     body.update((key, value) for key, value in optional.items() if value is not None)
     if image is not None:
         body["runtime"], body["image"] = "docker", image
@@ -292,6 +294,7 @@ def parse_submit(body: object) -> SubmitRequest:
     out["workdir"] = workdir
     out.update(_runtime(f))
     out["reservation"] = f.name("reservation", "reservation name")
+    out["queue"] = f.name("queue", "queue name")
     out["after_reservation"] = _after_reservation(f.string("after_reservation", max_len=16), out["reservation"])
     after = f.raw("depends_on")
     if after is not None:

@@ -154,3 +154,41 @@ def borrow_problem(job: Job, now: float, min_runtime_s: float, reclaim_grace_s: 
         return (f"it was preempted {now - last.ended_at:.0f}s ago and borrows again after the minimum runtime "
                 f"({min_runtime_s:g}s), so that it is not reclaimed again at once")
     return None
+
+
+@dataclass(frozen=True)
+class QueueStanding:
+    """One queue as ``labq queues`` shows it."""
+
+    name: str  #: ``OUTSIDE`` ("") for the jobs outside every queue
+    guarantee: int  #: GPUs, in the lab as it is up now
+    use: int  #: GPUs its jobs hold
+    borrowed: int  #: of those, beyond its guarantee
+    lent: int  #: of its idle guarantee, GPUs other queues' jobs use
+    waiting_jobs: int
+    waiting_gpus: int
+
+
+def standing(queues: Iterable[QueueSpec], jobs: Iterable[Job], lab_gpus: int, up: frozenset[str]) -> list[QueueStanding]:
+    """Each queue's guarantee, use, borrowed and lent GPUs and waiting work, in a lab of ``lab_gpus`` GPUs on the
+    nodes ``up``. Guarantees are counts, so what is lent is shared out over the idle guarantees it came from:
+    borrowed GPUs come first from GPUs no queue is guaranteed."""
+    book = QueueBook.of(queues, lab_gpus)
+    if book is None:
+        return []
+    waiting: dict[str, list[int]] = {q: [0, 0] for q in book.use}
+    for job in jobs:
+        q = book.queue_of(job)
+        if job.state.holds_gpus and job.placement is not None:
+            book.take(job, sum(len(a.gpu_indices) for a in job.placement.allocations if a.node in up))
+        elif not job.state.finished and job.placement is None:
+            waiting[q][0] += 1
+            waiting[q][1] += job.spec.gpus
+    borrowed = {q: max(0, book.use[q] - book.guarantee[q]) for q in book.use}
+    unguaranteed = max(0, lab_gpus - sum(book.guarantee.values()))
+    from_lenders = max(0, sum(borrowed.values()) - unguaranteed)
+    idle = {q: book.idle_guarantee(q) for q in book.specs}
+    all_idle = sum(idle.values())
+    lent = {q: min(idle[q], from_lenders * idle[q] // all_idle) if all_idle else 0 for q in idle}
+    names = [*book.specs, *([OUTSIDE] if book.use[OUTSIDE] or waiting[OUTSIDE][0] else [])]
+    return [QueueStanding(q, book.guarantee[q], book.use[q], borrowed[q], lent.get(q, 0), *waiting[q]) for q in names]

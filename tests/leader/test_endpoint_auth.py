@@ -214,6 +214,7 @@ TABLE: dict[tuple[str, str], list[Case]] = {
     ("DELETE", "/v1/reservations/{}"): [Case("cancel alice's booking", people(200, 403, 200),
                                              lambda lab: f"/v1/reservations/{lab.fresh_reservation()}")],
     ("GET", "/v1/nodes"): [Case("nodes", people(200, 200, 200), lambda lab: "/v1/nodes")],
+    ("GET", "/v1/queues"): [Case("queues", people(200, 200, 200), lambda lab: "/v1/queues")],
     ("DELETE", "/v1/nodes/{}"): [Case("forget a node (admins)", people(403, 403, 200),
                                       lambda lab: f"/v1/nodes/{lab.fresh_node()}")],
     ("GET", "/v1/joins"): [Case("join tokens (admins)", people(403, 403, 200), lambda lab: "/v1/joins")],
