@@ -62,6 +62,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--aging", default="0", metavar="DURATION",
                    help="serve jobs that waited longer than this higher, as the leader's [scheduling] aging "
                    "does (its default is 24h; default here 0: no aging, to compare against)")
+    p.add_argument("--queues", metavar="FILE", help="the lab's queues: a leader settings file whose [queues] (and "
+                   "[groups]) to try; users go to their queues as at submit")
+    p.add_argument("--queue", dest="queue_rules", action="append", default=[], metavar="USER=NAME",
+                   help="serve USER's jobs in queue NAME (* means everyone else; vc:NAME=QUEUE maps a Philly virtual "
+                   "cluster); queues not in --queues get equal shares of the lab, lend and borrow")
+    p.add_argument("--reclaim-grace", metavar="DURATION",
+                   help="with queues: only jobs whose grace is at most this borrow (default: any)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-plot", action="store_true", help="leave out the terminal plot")
     p.add_argument("--png", metavar="FILE", help="also draw the queue length and utilization into a PNG")
@@ -88,6 +95,13 @@ def _sim(args: argparse.Namespace) -> int:
     if args.classes:
         workload = _reclassed(workload, args.classes)
         meta["classes"] = ", ".join(args.classes)
+    if args.queues or args.queue_rules:
+        from dataclasses import replace
+
+        workload, queues = _queued(workload, args.queues, args.queue_rules)
+        grace = parse_duration(args.reclaim_grace, bare_seconds=True) if args.reclaim_grace else None
+        options = replace(options, queues=queues, reclaim_grace_s=grace)
+        meta["queues"] = ", ".join(f"{q.name} {q.guarantee_text}" for q in queues)
     if args.save_workload:
         from labq.sim.workload import write_jsonl
 
@@ -164,6 +178,57 @@ def _reclassed(workload, rules: list[str]):
         return classes.get(job.user, classes.get("*", job.priority))
 
     return replace(workload, jobs=tuple(replace(j, priority=priority(j)) for j in workload.jobs))
+
+
+def _queued(workload, settings: str | None, rules: list[str]):
+    """Each job's queue: ``--queue USER=NAME`` (``vc:VC=NAME`` by virtual cluster, ``*=NAME`` for the rest), else
+    the queue a submit of its user would get under ``--queues FILE``. Returns the workload and the queues."""
+    from dataclasses import replace
+
+    from labq.models.queues import QueueSpec
+
+    config = None
+    if settings:
+        from labq.leader.config import ConfigError, load_config
+
+        try:
+            config = load_config(Path(settings))
+        except ConfigError as err:
+            raise CliError(str(err)) from None
+        if not config.queues:
+            raise CliError(f"{settings} defines no [queues.NAME]")
+    by_user: dict[str, str] = {}
+    by_vc: dict[str, str] = {}
+    for rule in rules:
+        who, sep, name = rule.partition("=")
+        who, name = who.strip(), name.strip()
+        if not sep or not who or not name:
+            raise CliError(f"--queue {rule!r}: write USER=NAME, e.g. ana=nlp, '*=shared' or vc:6214e9=nlp")
+        if who.startswith("vc:"):
+            by_vc[who[3:]] = name
+        else:
+            by_user[who] = name
+    queues = list(config.queues) if config else []
+    named = {q.name for q in queues}
+    extra = sorted({*by_user.values(), *by_vc.values()} - named)
+    if extra and queues:
+        raise CliError(f"--queue names {', '.join(extra)}, which {settings} does not define; its queues: "
+                       f"{', '.join(sorted(named))}")
+    queues += [QueueSpec(name, guarantee_percent=100.0 / len(extra)) for name in extra]
+
+    def queue(job) -> str | None:
+        if job.vc in by_vc:
+            return by_vc[job.vc]
+        if job.user in by_user or "*" in by_user:
+            return by_user.get(job.user, by_user.get("*"))
+        if config is not None:
+            try:
+                return config.queue_for(job.user, None)
+            except ValueError:
+                return None
+        return None
+
+    return replace(workload, jobs=tuple(replace(j, queue=queue(j)) for j in workload.jobs)), tuple(queues)
 
 
 def _progress(policy: str, epoch: float):

@@ -25,6 +25,7 @@ from math import ceil, inf
 from labq.models import transitions as t
 from labq.models.job import Job, JobSpec, JobState
 from labq.models.node import Node
+from labq.models.queues import QueueSpec
 from labq.models.reservation import Reservation
 from labq.scheduler import Policy, decay_usage, schedule, why_never_fits
 from labq.scheduler.booking import book
@@ -43,6 +44,9 @@ class SimOptions:
     min_runtime_s: float = 300.0  #: the admin's minimum runtime before a preemption
     retry_s: float = 60.0  #: while a job could preempt but may not yet, look again this often
     aging_s: float | None = None  #: the admin's aging (``labq.scheduler.policy.served_priority``); None: none
+    #: the lab's queues (teams; ``labq.models.queues``): a job's is its trace job's ``queue``
+    queues: tuple[QueueSpec, ...] = ()
+    reclaim_grace_s: float | None = None  #: only jobs with at most this grace borrow; None: any
 
 
 class _Clock:
@@ -83,7 +87,8 @@ def simulate(workload: Workload, nodes: list[Node], policy: str, *, cluster: str
     if sim.refused:
         meta["refused_reservations"] = [f"{r.name}: {'; '.join(why)}" for r, why in sim.refused]
     return SimResult(policy, cluster, sum(n.gpu_count for n in nodes), tuple(sim.outcomes()), tuple(sim.skipped),
-                     tuple(sim.samples), sim.busy_gpu_s, time.perf_counter() - began, sim.passes, workload.epoch, meta)
+                     tuple(sim.samples), sim.busy_gpu_s, time.perf_counter() - began, sim.passes, workload.epoch, meta,
+                     tuple(sim.runs))
 
 
 def job_spec(job: TraceJob, node_size: int, grace_s: float) -> JobSpec:
@@ -94,7 +99,7 @@ def job_spec(job: TraceJob, node_size: int, grace_s: float) -> JobSpec:
                       if job.gpus % n == 0 and job.gpus // n <= node_size)
     return JobSpec(user=job.user, command=("sim",), gpus=job.gpus, nodes=spread, priority=job.priority,
                    preemptible=job.preemptible, time_limit_s=job.time_limit_s, grace_s=grace_s,
-                   reservation=job.reservation)
+                   reservation=job.reservation, queue=job.queue)
 
 
 class _Simulation:
@@ -117,6 +122,7 @@ class _Simulation:
         self.skipped: list[tuple[TraceJob, str]] = []
         self.samples: list[Sample] = []
         self.busy_gpu_s = 0.0
+        self.runs: list[tuple[int, float, float, int]] = []  #: (job id, start, end, GPUs) of each attempt that ended
         self.passes = 0
         self.queued = self.running = self.busy = 0
         self.dirty = False
@@ -159,7 +165,9 @@ class _Simulation:
                 break  # nothing runs and nothing will arrive: what waits now waits for ever
 
     def _policy(self) -> Policy:
-        return Policy(min_runtime_s=self.options.min_runtime_s, aging_s=self.options.aging_s)
+        o = self.options
+        return Policy(min_runtime_s=o.min_runtime_s, aging_s=o.aging_s, queues=o.queues,
+                      reclaim_grace_s=o.reclaim_grace_s)
 
     def why_waiting(self) -> dict[str, int]:
         """For jobs still waiting when nothing more can happen: the scheduler's reasons, counted."""
@@ -208,6 +216,7 @@ class _Simulation:
             gpus = job.spec.gpus
             self._count_usage(job, now)
         self.busy_gpu_s += gpus * (now - self.started[job_id])
+        self.runs.append((job_id, self.started[job_id], now, gpus))
         self.ended[job_id] = now
         self.running -= 1
         self.busy -= gpus
@@ -216,6 +225,7 @@ class _Simulation:
     def _on_exit(self, now: float, job_id: int, attempt: int) -> None:
         job = self.jobs[job_id]
         self.busy_gpu_s += job.spec.gpus * (now - self.started[job_id])
+        self.runs.append((job_id, self.started[job_id], now, job.spec.gpus))
         self._count_usage(job, now)
         self.jobs[job_id] = t.exited(job, 0, now)  # requeued as the next attempt
         self.running -= 1
@@ -284,6 +294,8 @@ class _Simulation:
         waiting = [j for j in self.jobs.values() if j.state is JobState.QUEUED]
         if any(j.spec.gpus <= free for j in waiting):
             return True
+        if self.options.queues:  # a queue below its guarantee reclaims borrowed work of any priority
+            return any(j.state is JobState.RUNNING and j.spec.preemptible for j in self.jobs.values())
         top = max(j.priority for j in waiting)
         return any(j.state is JobState.RUNNING and j.spec.preemptible and j.priority < top
                    for j in self.jobs.values())
@@ -295,8 +307,25 @@ class _Simulation:
         soon = [j.started_at + self.options.min_runtime_s for j in self.jobs.values()
                 if j.state is JobState.RUNNING and j.spec.preemptible and j.priority < top
                 and j.started_at + self.options.min_runtime_s > now]
+        if self.options.queues:  # a reclaimed job borrows again, an overdue job preempts: at their times
+            soon += self._queue_times(now)
         if soon:
             self.retry_at = min(self.retry_at, max(min(soon), now + 1.0))
+
+    def _queue_times(self, now: float) -> list[float]:
+        from labq.scheduler.policy import waiting_since
+
+        o, times = self.options, []
+        waits = {q.name: q.max_wait_s for q in o.queues if q.max_wait_s is not None}
+        for j in self.jobs.values():
+            if j.state is not JobState.QUEUED:
+                continue
+            if j.history and j.history[-1].ended_at + o.min_runtime_s > now:
+                times.append(j.history[-1].ended_at + o.min_runtime_s)
+            wait = waits.get(j.spec.queue)
+            if wait is not None and waiting_since(j) + wait > now:
+                times.append(waiting_since(j) + wait)
+        return times
 
     def _start(self, now: float, job_id: int) -> None:
         job = self.trace[job_id]

@@ -21,6 +21,7 @@ class TraceJob:
     preemptible: bool = True
     time_limit_s: float | None = None
     reservation: str | None = None  #: the name of the reservation it runs in
+    queue: str | None = None  #: the lab queue (team) it is served in
 
 
 @dataclass(frozen=True)
@@ -76,3 +77,5 @@ class SimResult:
     passes: int = 0  #: scheduling passes run
     epoch: float = 0.0
     meta: dict = field(default_factory=dict)  #: seed, window, virtual cluster, ...
+    #: every attempt that ended: (job id, start, end, GPUs), for shares of GPU-time over any window
+    runs: tuple[tuple[int, float, float, int], ...] = ()

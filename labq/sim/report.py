@@ -95,6 +95,9 @@ class Report:
     gpu_hours_lost: float  #: work redone because of preemptions
     by_class: dict[str, Breakdown]  #: priority class name -> figures, highest class first
     by_user: dict[str, Breakdown]  #: user -> figures, most jobs first
+    #: queue -> figures, with its share of the GPU-hours used; empty in a lab without queues
+    by_queue: dict[str, Breakdown] = field(default_factory=dict)
+    gpu_hours_by_queue: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     passes: int = 0
     meta: dict = field(default_factory=dict)
@@ -135,6 +138,23 @@ def _by_user(outcomes: Sequence[JobOutcome]) -> dict[str, Breakdown]:
     return {user: _breakdown(groups[user]) for user in order}
 
 
+def _by_queue(outcomes: Sequence[JobOutcome]) -> dict[str, Breakdown]:
+    groups: dict[str, list[JobOutcome]] = defaultdict(list)
+    for o in outcomes:
+        if o.job.queue is not None:
+            groups[o.job.queue].append(o)
+    return {q: _breakdown(groups[q]) for q in sorted(groups)}
+
+
+def _gpu_hours_by_queue(result: SimResult) -> dict[str, float]:
+    queue = {o.job.id: o.job.queue for o in result.outcomes}
+    hours: dict[str, float] = defaultdict(float)
+    for job_id, start, end, gpus in result.runs:
+        if queue.get(job_id) is not None:
+            hours[queue[job_id]] += gpus * (end - start) / 3600
+    return {q: round(h, 3) for q, h in sorted(hours.items())}
+
+
 def _makespan(outcomes: Sequence[JobOutcome]) -> float:
     ends = [o.end for o in outcomes if o.end is not None]
     if not ends:
@@ -160,7 +180,8 @@ def make_report(result: SimResult) -> Report:
         utilization=min(1.0, result.busy_gpu_s / capacity) if capacity > 0 else 0.0,
         preemptions=sum(o.preemptions for o in outcomes),
         gpu_hours_lost=math.fsum(o.lost_gpu_s for o in outcomes) / 3600,
-        by_class=_by_class(outcomes), by_user=_by_user(outcomes),
+        by_class=_by_class(outcomes), by_user=_by_user(outcomes), by_queue=_by_queue(outcomes),
+        gpu_hours_by_queue=_gpu_hours_by_queue(result),
         wall_s=result.wall_s, passes=result.passes, meta=dict(result.meta),
     )
 
@@ -204,6 +225,8 @@ def report_json(report: Report) -> dict[str, Any]:
         "preemptions": report.preemptions, "gpu_hours_lost": round(report.gpu_hours_lost, 3),
         "by_class": {name: _breakdown_json(b) for name, b in report.by_class.items()},
         "by_user": {name: _breakdown_json(b) for name, b in report.by_user.items()},
+        **({"by_queue": {name: {**_breakdown_json(b), "gpu_hours": report.gpu_hours_by_queue.get(name, 0.0)}
+                         for name, b in report.by_queue.items()}} if report.by_queue else {}),
         "wall_s": _seconds(report.wall_s), "passes": report.passes, "meta": _plain(report.meta),
     }
 
@@ -337,9 +360,11 @@ def report_table(report: Report, *, title: str | None = None) -> Group:
     """The summary, then per class and per user (the top ``TOP_USERS`` by jobs), for a console."""
     from rich.console import Group
 
-    return Group(summary_table(report, title=title),
-                 breakdown_table(report.by_class, what="class"),
-                 breakdown_table(report.by_user, what="user", top=TOP_USERS))
+    parts = [summary_table(report, title=title), breakdown_table(report.by_class, what="class")]
+    if report.by_queue:
+        parts.append(breakdown_table(report.by_queue, what="queue"))
+    parts.append(breakdown_table(report.by_user, what="user", top=TOP_USERS))
+    return Group(*parts)
 
 
 @dataclass(frozen=True)
