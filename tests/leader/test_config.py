@@ -33,6 +33,33 @@ def test_reservation_limits_and_groups_are_read(tmp_path):
     assert config.groups == {"nlp": ("alice", "bob")}
 
 
+def test_queues_are_read_and_a_submit_finds_its_queue(tmp_path):
+    path = tmp_path / "leader.toml"
+    path.write_text('[groups]\nnlp = ["bob", "cy"]\n[queues]\ndefault = "shared"\nreclaim_grace = "2m"\n'
+                    '[queues.nlp]\nmembers = ["ann", "@nlp"]\nguarantee = "50%"\ncap = 6\nmax_wait = "2d"\n'
+                    '[queues.cv]\nmembers = ["ann", "dee"]\nguarantee = 2\nlend = false\nborrow = false\n'
+                    '[queues.shared]\nguarantee = 0\n')
+    config = load_config(path)
+    nlp, cv, shared = config.queues
+    assert (nlp.name, nlp.members, nlp.guarantee(8), nlp.cap, nlp.max_wait_s) == ("nlp", ("ann", "@nlp"), 4, 6, 172800)
+    assert (cv.guarantee(8), cv.lends, cv.borrows) == (2, False, False)
+    assert (config.default_queue, config.reclaim_grace_s, shared.guarantee(8)) == ("shared", 120.0, 0)
+    assert config.queue_for("bob", None) == "nlp"  # by group: the only queue
+    assert config.queue_for("dee", None) == "cv"
+    assert config.queue_for("eve", None) == "shared"  # in no queue: the default
+    with pytest.raises(ValueError, match="ann is in queues nlp, cv: say which with --queue"):
+        config.queue_for("ann", None)
+    assert config.queue_for("ann", "cv") == "cv"
+    with pytest.raises(PermissionError, match="bob is not a member of queue cv; bob's queues: nlp"):
+        config.queue_for("bob", "cv")
+    assert config.queue_for("bob", "cv", admin=True) == "cv"
+    with pytest.raises(LookupError, match="there is no queue 'ml'; queues: nlp, cv, shared"):
+        config.queue_for("bob", "ml")
+    assert LeaderConfig().queue_for("bob", None) is None  # no queues: one lab
+    with pytest.raises(ValueError, match="this lab has no queues"):
+        LeaderConfig().queue_for("bob", "nlp")
+
+
 def test_preemption_policy_is_read(tmp_path):
     path = tmp_path / "leader.toml"
     path.write_text('[scheduling]\nmax_preemptions_per_day = 3\nnon_preemptible_users = ["alice"]\n'
@@ -81,6 +108,14 @@ def test_classes_above_normal_are_the_admins_to_grant(tmp_path):
         ('[scheduling.class_grants]\nhigh = "alice"\n', "high must list users or @groups"),
         ('[scheduling.class_grants]\nhighest = ["alice"]\n', "'highest' is not a class"),
         ('[scheduling.class_grants]\nhigh = ["@"]\n', "group name"),
+        ('[queues.nlp]\nguarantee = "120%"\n', 'between "0%" and "100%"'),
+        ('[queues.nlp]\nguarantee = "lots"\n', "a number of GPUs"),
+        ('[queues.nlp]\nmembers = "alice"\n', "must list users and @groups"),
+        ('[queues.nlp]\nshare = 4\n', "unknown key queues.nlp.share"),
+        ('[queues.nlp]\nmembers = ["@nlp"]\n', "names @nlp, which is not in [groups]"),
+        ('[queues]\ndefault = "cv"\n[queues.nlp]\nguarantee = 1\n', "queues.default = 'cv' names no queue"),
+        ('[queues.a]\nguarantee = "60%"\n[queues.b]\nguarantee = "50%"\n', "add up to 110% of the lab"),
+        ('[queues]\nreclaim_grace = "soon"\n', "is not a duration"),
     ],
 )
 def test_mistakes_are_named(tmp_path, text, words):
