@@ -19,6 +19,7 @@ from labq.protocol import errors
 from labq.protocol.codec import decode_job, encode_job
 from labq.protocol.requests import ActionRequest, SubmitRequest
 from labq.scheduler import why_never_fits, why_no_node_runs_user
+from labq.scheduler.queues import why_never_in_queue
 from labq.store import CommitFailed, PutJob, PutRecord
 
 CLEANED = "cleaned"  #: the store's table of ``labq clean`` marks: user -> {"up_to": time}
@@ -78,6 +79,13 @@ class Queue:
         nobody = why_no_node_runs_user(spec.user, nodes)
         if nobody is not None:
             raise errors.unprocessable(f"this job can never run here: {nobody}")
+        config = state.config
+        if config.queues and nodes:
+            lab = sum(n.gpu_count - len(n.unmanaged_busy) for n in nodes if n.schedulable)
+            grace = config.reclaim_grace_s if config.reclaim_grace_s is not None else config.max_grace_s
+            outside = why_never_in_queue(spec, config.queues, lab, grace, config.preemption)
+            if outside is not None:
+                raise errors.unprocessable(f"this job can never run here: {outside}", "queue")
         _check_dependencies(spec, state)
 
     def visible(self, who: Principal, *, user: str | None, states: tuple[str, ...], everyone: bool,

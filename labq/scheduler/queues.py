@@ -192,3 +192,29 @@ def standing(queues: Iterable[QueueSpec], jobs: Iterable[Job], lab_gpus: int, up
     lent = {q: min(idle[q], from_lenders * idle[q] // all_idle) if all_idle else 0 for q in idle}
     names = [*book.specs, *([OUTSIDE] if book.use[OUTSIDE] or waiting[OUTSIDE][0] else [])]
     return [QueueStanding(q, book.guarantee[q], book.use[q], borrowed[q], lent.get(q, 0), *waiting[q]) for q in names]
+
+
+def why_never_in_queue(spec, queues: Iterable[QueueSpec], lab_gpus: int, reclaim_grace_s: float | None,
+                       preemption: bool) -> str | None:
+    """Why a job of ``spec`` could never start in its queue in a lab of ``lab_gpus`` GPUs, if so: it is bigger
+    than its queue's cap, or than its guarantee while it may not borrow. None: it can (given GPUs)."""
+    specs = {q.name: q for q in queues}
+    if not specs:
+        return None
+    q = specs.get(spec.queue)
+    guarantee = q.guarantee(lab_gpus) if q is not None else 0
+    label = f"queue {q.name}" if q is not None else "a job outside every queue"
+    if q is not None and q.cap is not None and spec.gpus > q.cap:
+        return f"it needs {spec.gpus} GPUs and queue {q.name}'s cap is {q.cap}"
+    if spec.gpus <= guarantee:
+        return None
+    beyond = f"it needs {spec.gpus} GPUs and {label} is guaranteed {guarantee}, so it would borrow"
+    if q is not None and not q.borrows:
+        return f"{beyond}, and queue {q.name} does not borrow"
+    if not preemption:
+        return f"{beyond}, and with preemption off nothing borrows"
+    if not spec.preemptible:
+        return f"{beyond}, and only preemptible jobs borrow"
+    if reclaim_grace_s is not None and spec.grace_s > reclaim_grace_s:
+        return f"{beyond}, and only jobs with a grace of at most {reclaim_grace_s:g}s borrow"
+    return None

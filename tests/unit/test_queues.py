@@ -155,3 +155,23 @@ def test_a_lab_with_one_queue_of_the_whole_lab_decides_as_a_lab_without_queues(j
     one = schedule([*running, *waiting], nodes, now=NOW,
                    policy=policy((QueueSpec("all", ("*",), guarantee_percent=100),)))
     assert one == plain
+
+
+def test_a_job_that_could_never_start_in_its_queue_is_named_at_submit():
+    from labq.models.job import JobSpec
+    from labq.scheduler.queues import why_never_in_queue
+
+    queues = (QueueSpec("nlp", guarantee_gpus=2, cap=4), QueueSpec("cv", guarantee_percent=50, borrows=False))
+
+    def why(gpus, queue, **kw):
+        spec = JobSpec(user="ann", command=("train",), gpus=gpus, queue=queue, **kw)
+        return why_never_in_queue(spec, queues, 8, 60.0, True)
+
+    assert why(2, "nlp") is None and why(4, "nlp") is None and why(4, "cv") is None
+    assert why(5, "nlp") == "it needs 5 GPUs and queue nlp's cap is 4"
+    assert why(3, "nlp", preemptible=False).endswith("so it would borrow, and only preemptible jobs borrow")
+    assert why(3, "nlp", grace_s=120).endswith("only jobs with a grace of at most 60s borrow")
+    assert why(5, "cv").endswith("and queue cv does not borrow")
+    assert why(1, None, preemptible=False) == ("it needs 1 GPUs and a job outside every queue is guaranteed 0, "
+                                               "so it would borrow, and only preemptible jobs borrow")
+    assert why_never_in_queue(JobSpec(user="a", command=("x",), gpus=9), (), 8, None, True) is None
