@@ -218,6 +218,8 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
         facts.append(("stops at", _when(job["started_at"] + spec["time_limit_s"], now)))
     if job.get("exit_code") is not None:
         facts.append(("exit code", job["exit_code"]))
+    if spec.get("queue"):
+        facts.append(("queue", spec["queue"]))
     if spec.get("depends_on"):
         facts.append(("after jobs", ", ".join(map(str, spec["depends_on"]))))
     if spec.get("reservation"):
