@@ -133,7 +133,7 @@ class _Pass(LabView):
         """A job within its queue's guarantee that waits for GPUs: its queue's idle guarantee is lent to no one."""
         book = self.book
         if (q and q not in book.wanted and self.pending and self.pending[-1].job_id == job.id
-                and self.pending[-1].reason in _WANTING and book.use[q] + job.spec.gpus <= book.guarantee[q]):
+                and self.pending[-1].reason in _WANTING and book.before(job) + job.spec.gpus <= book.guarantee[q]):
             book.wanted.add(q)
             self.memo.settled.clear()  # verdicts of borrowers counted on those GPUs
 
@@ -170,13 +170,16 @@ class _Pass(LabView):
             return
         if self._preempt_for(job, shape):
             return
-        if book is not None:
-            if problem is None and placement is not None:  # GPUs are free, but not to be lent to it
-                problem = PendingReason.BORROWED, book.no_loan(job, job.spec.gpus, self._free_total())
-            if problem is not None:
-                self._wait(job, *problem)
-                return
-        self._blocked(job, shape, seen)
+        if book is None:
+            self._blocked(job, shape, seen)
+            return
+        loan = self._loan_problem(job)
+        if problem is None and placement is not None:  # GPUs are free, but not for it
+            problem = PendingReason.BORROWED, loan or book.no_loan(job, job.spec.gpus, self._free_total())
+        if problem is not None:
+            self._wait(job, *problem)
+            return
+        self._blocked(job, shape, seen, f"; {loan}" if loan else "")
 
     # -- queues -----------------------------------------------------------------------
 
@@ -187,20 +190,30 @@ class _Pass(LabView):
             total = current["free total"] = sum(self.free[n.name].bit_count() for n in self.up)
         return total
 
+    def _loan_problem(self, job: Job) -> str | None:
+        """Why ``job`` may not go beyond its queue's guarantee, when starting would take it there, in a lab where
+        there is anything to borrow (a queue guaranteed the whole lab borrows nothing)."""
+        book, p = self.book, self.policy
+        q = book.queue_of(job)
+        if (book.before(job) + job.spec.gpus <= book.guarantee[q]
+                or book.guarantee[q] >= sum(n.gpu_count - len(n.unmanaged_busy) for n in self.up)):
+            return None
+        return book.loan_problem(job, self.now, p.min_runtime_s, p.reclaim_grace_s, p.preemption)
+
     def _queue_allows(self, job: Job, free_used: int, own_freed: int) -> bool:
         """Whether its queue lets ``job`` start taking ``free_used`` free GPUs, its own queue's jobs giving back
         ``own_freed``: within its cap, beyond its guarantee only as a loan it may take, and no free GPU that is
         another queue's idle guarantee which that queue wants or does not lend."""
         book, spec = self.book, job.spec
         q = book.queue_of(job)
-        net = book.use[q] - own_freed + spec.gpus
+        net = book.before(job) - own_freed + spec.gpus
         queue = book.specs.get(q)
         if queue is not None and queue.cap is not None and net > queue.cap:
             return False
         if net > book.guarantee[q] and not book.may_borrow(job, self.now, self.policy.min_runtime_s,
                                                           self.policy.reclaim_grace_s, self.policy.preemption):
             return False
-        return free_used <= self._free_total() - book.kept_from(q)
+        return free_used <= max(0, self._free_total() - book.kept_from(q))
 
     def _may_make_room(self, job: Job) -> bool:
         """Whether preemption might make room for ``job`` within its queue's rules (its own queue's lower jobs,
@@ -215,7 +228,7 @@ class _Pass(LabView):
         within its guarantee), its priority if overdue, and every queue's surplus over its guarantee."""
         book = self.book
         q = book.queue_of(job)
-        reclaims = book.use[q] + job.spec.gpus <= book.guarantee[q]
+        reclaims = book.before(job) + job.spec.gpus <= book.guarantee[q]
         aging = self.policy.aging_s
         overdue = ((job.spec.priority if aging is None else served_priority(job, self.now, aging))
                    if self._overdue(job) else None)
@@ -329,7 +342,7 @@ class _Pass(LabView):
             self.free[alloc.node] &= ~mask
             self.on_gpus[alloc.node].append(OnGpus(job, mask, self._end_of(job), False))
         self.in_use[job.user] = self.in_use.get(job.user, 0) + job.spec.gpus
-        if self.book is not None and job.id not in self.promised:
+        if self.book is not None:
             self.book.take(job, job.spec.gpus)
         self.most_free = self._count_most_free()
         self.starts.append(Start(job.id, placement))
@@ -376,9 +389,8 @@ class _Pass(LabView):
                 self.preemptions.append(Preempt(v.job.id, job.id, plan.node, mask_to_indices(v.freeable),
                                                 v.work_at_risk_s))
             self.holds[plan.node].append(Hold(job.id, job.priority, plan.target.mask, None))
-        if book is not None and job.id not in self.promised:
-            self.promised.add(job.id)
-            book.take(job, job.spec.gpus)
+        if book is not None:
+            book.promise(job, sum(v.freeable.bit_count() for p in plans for v in p.victims if v.job.id in fresh))
         self.holds_made += 1
         self._changed(touched & self.nodes.keys())
         waiting = sorted(fresh | {victim for _, _, victim in self.inflight.get(job.id, [])})
@@ -391,11 +403,16 @@ class _Pass(LabView):
 
     def _plans_allowed(self, job: Job, plans: list[NodePlan]) -> bool:
         """Whether its queue lets ``job`` start as ``plans`` would have it (``_queue_allows``)."""
-        q = self.book.queue_of(job)
+        book = self.book
+        q = book.queue_of(job)
         free_used = sum((p.target.mask & self.free[p.node]).bit_count() for p in plans)
-        own = sum(v.job.spec.gpus for p in plans for v in p.victims
-                  if v.job.id not in self.victims and self.book.queue_of(v.job) == q)
-        return self._queue_allows(job, free_used, own)
+        taken: dict[str, int] = {}
+        for v in {v.job.id: v for p in plans for v in p.victims if v.job.id not in self.victims}.values():
+            vq = book.queue_of(v.job)
+            taken[vq] = taken.get(vq, 0) + v.job.spec.gpus
+        if any(n > book.surplus(vq) for vq, n in taken.items() if vq != q):
+            return False  # together the plans would take another queue below its guarantee
+        return self._queue_allows(job, free_used, taken.get(q, 0))
 
     def _plan_on(self, job: Job, node: Node, mode: tuple = ()) -> NodePlan | None:
         """The cheapest preemption on ``node`` that gives ``job`` its GPUs, or None.
@@ -434,7 +451,18 @@ class _Pass(LabView):
         ]
         if not candidates and job.id not in self.inflight:
             return None
-        return plan_on_node(node.name, node.topology, available, job.spec.gpus_per_node, candidates)
+        if not mode:
+            return plan_on_node(node.name, node.topology, available, job.spec.gpus_per_node, candidates)
+        # another queue gives up at most what it holds beyond its guarantee; a reclaim takes back what was lent
+        # before its own queue's lower jobs are preempted
+        book, q = self.book, mode[0]
+        limits = {v.job.id: (vq, book.surplus(vq)) for v in candidates if (vq := book.queue_of(v.job)) != q}
+        if mode[1] and limits:
+            plan = plan_on_node(node.name, node.topology, available, job.spec.gpus_per_node,
+                                [v for v in candidates if v.job.id in limits], limits)
+            if plan is not None:
+                return plan
+        return plan_on_node(node.name, node.topology, available, job.spec.gpus_per_node, candidates, limits)
 
     def _may_take(self, job: Job, victim: Job, mode: tuple) -> bool:
         """Whom ``job`` may preempt by priority in a lab with queues: its own queue's lower jobs, other queues'
@@ -455,8 +483,9 @@ class _Pass(LabView):
 
     # -- waiting ----------------------------------------------------------------------
 
-    def _blocked(self, job: Job, shape: tuple, seen: int) -> None:
+    def _blocked(self, job: Job, shape: tuple, seen: int, also: str = "") -> None:
         reason, detail, waiting_for = self._why_blocked(job, shape)
+        detail += also
         aging = self.policy.aging_s
         rank = job.priority if aging is None else served_priority(job, self.now, aging)
         if rank != job.priority:  # aged: `labq why` says so

@@ -90,8 +90,6 @@ class LabView:
         #: the lab's queues (teams): None in a lab without them
         self.book = QueueBook.of(self.policy.queues, sum(n.gpu_count - len(n.unmanaged_busy) for n in self.up))
         self._up_names = frozenset(n.name for n in self.up)
-        #: preemptors whose GPUs their queue already counts (``_hold_inflight_target``)
-        self.promised: set[int] = set()
         self.queued: list[Job] = []
         self.held: list[Job] = []
         for job in self.jobs:
@@ -153,9 +151,8 @@ class LabView:
             usable = self._available(job, node) if node.schedulable and name not in self.barred_nodes(job) else 0
             target = best_set(node.topology, usable | freeing, job.spec.gpus_per_node)
             self.holds[name].append(Hold(job.id, job.priority, target.mask if target else freeing, None))
-        if self.book is not None and job.id not in self.promised:  # so its queue reclaims no more for it
-            self.promised.add(job.id)
-            self.book.take(job, job.spec.gpus)
+        if self.book is not None:  # so its queue reclaims no more for it
+            self.book.promise(job, sum(mask.bit_count() for _, mask, _ in self.inflight[job.id]))
 
     def _count_most_free(self) -> int:
         """The most free GPUs on one node that is up: no job needing more per node fits anywhere.

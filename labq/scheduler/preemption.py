@@ -13,6 +13,7 @@ small exhaustive search; cost compares, in order:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -43,8 +44,12 @@ class NodePlan:
         return (evicted, top, lost, len(self.victims), -self.target.score, self.target.loss, self.node)
 
 
-def plan_on_node(node: str, topology: Topology, available: int, k: int, candidates: list[Victim]) -> NodePlan | None:
-    """Cheapest victim set on one node that, with ``available``, gives ``k`` GPUs."""
+def plan_on_node(node: str, topology: Topology, available: int, k: int, candidates: list[Victim],
+                 limits: Mapping[int, tuple[str, int]] | None = None) -> NodePlan | None:
+    """Cheapest victim set on one node that, with ``available``, gives ``k`` GPUs.
+
+    ``limits`` bounds what may be taken from groups of victims (a queue's borrowed GPUs): victim job id ->
+    (its group, the most GPUs the plan may take from that group)."""
     direct = best_set(topology, available, k)
     if direct is not None:
         return NodePlan(node, (), direct)
@@ -57,6 +62,7 @@ def plan_on_node(node: str, topology: Topology, available: int, k: int, candidat
     useful.sort(key=lambda v: (v.job.spec.gpus, v.job.priority, v.work_at_risk_s, v.job.id))
     best: NodePlan | None = None
     chosen: list[Victim] = []
+    taken: dict[str, int] = {}
 
     def search(start: int, have: int, evicted: int) -> None:
         nonlocal best
@@ -72,9 +78,16 @@ def plan_on_node(node: str, topology: Topology, available: int, k: int, candidat
             v = useful[i]
             if not v.freeable & ~have:
                 continue
+            group = limits.get(v.job.id) if limits else None
+            if group is not None:
+                if taken.get(group[0], 0) + v.job.spec.gpus > group[1]:
+                    continue
+                taken[group[0]] = taken.get(group[0], 0) + v.job.spec.gpus
             chosen.append(v)
             search(i + 1, have | v.freeable, evicted + v.job.spec.gpus)
             chosen.pop()
+            if group is not None:
+                taken[group[0]] -= v.job.spec.gpus
 
     search(0, available, 0)
     return best

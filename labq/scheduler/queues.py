@@ -34,6 +34,8 @@ class QueueBook:
     use: dict[str, int] = field(default_factory=dict)
     #: queues with a job waiting for GPUs within its guarantee: their idle guarantee is lent to no one
     wanted: set[str] = field(default_factory=set)
+    #: preemptors whose victims are checkpointing: job id -> the victims' GPUs, which count for its queue
+    promised: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, queues: Iterable[QueueSpec], lab_gpus: int) -> QueueBook | None:
@@ -52,8 +54,23 @@ class QueueBook:
         return name if name in self.specs else OUTSIDE
 
     def take(self, job: Job, gpus: int) -> None:
-        q = self.queue_of(job)
-        self.use[q] += gpus
+        """A job starts (what was promised to it is counted already)."""
+        self.use[self.queue_of(job)] += gpus - self.promised.pop(job.id, 0)
+
+    def promise(self, job: Job, gpus: int) -> None:
+        """Victims are checkpointing for ``job``: the ``gpus`` they free count for its queue from now on (the
+        free GPUs that complete its set stay free, held for it)."""
+        before = self.promised.get(job.id, 0)
+        self.promised[job.id] = min(job.spec.gpus, before + gpus)  # a victim may free more than the job takes
+        self.use[self.queue_of(job)] += self.promised[job.id] - before
+
+    def before(self, job: Job) -> int:
+        """What ``job``'s queue holds besides ``job`` itself (a promise to it is not counted twice)."""
+        return self.use[self.queue_of(job)] - self.promised.get(job.id, 0)
+
+    def surplus(self, q: str) -> int:
+        """GPUs the queue holds beyond its guarantee: the most that may be taken from it by another queue."""
+        return self.use[q] - self.guarantee[q]
 
     def leave(self, job: Job, gpus: int) -> None:
         """A job is being preempted: its GPUs no longer count for its queue."""
@@ -75,12 +92,6 @@ class QueueBook:
                 kept += self.idle_guarantee(other)
         return kept
 
-    def borrowing(self, job: Job, gpus: int, freed_by_own: int = 0) -> int:
-        """GPUs beyond its queue's guarantee that ``job`` would hold, if it took ``gpus`` and its own queue's
-        jobs gave back ``freed_by_own``."""
-        q = self.queue_of(job)
-        return max(0, self.use[q] - freed_by_own + gpus - self.guarantee[q])
-
     def reclaimable(self, victim: Job) -> bool:
         """Preempting ``victim`` leaves its queue at or above its guarantee: what it holds is borrowed."""
         q = self.queue_of(victim)
@@ -100,23 +111,32 @@ class QueueBook:
 
     def gate(self, job: Job, now: float, min_runtime_s: float, reclaim_grace_s: float | None,
              preemption: bool) -> tuple[PendingReason, str] | None:
-        """Why ``job`` may not start now whatever the GPUs: its queue's cap, or a loan it may not take."""
+        """Why ``job`` may not start now whatever the GPUs, unless its own queue's jobs make room: its queue's
+        cap, or its guarantee in a queue that does not borrow."""
         q = self.queue_of(job)
         gpus = job.spec.gpus
-        use = self.use[q]
+        use = self.before(job)
         spec = self.specs.get(q)
-        label = f"queue {q}" if q else "a job outside every queue"
-        if spec is not None and spec.cap is not None and use + gpus > spec.cap:
+        if spec is None:
+            return None
+        if spec.cap is not None and use + gpus > spec.cap:
             return (PendingReason.QUEUE, f"queue {q} is at its cap of {spec.cap} GPUs (holds {use}); "
                                          f"this job needs {gpus}")
-        if use + gpus <= self.guarantee[q]:
-            return None
-        holds = f"{label} holds {use} of its guarantee of {self.guarantee[q]} GPUs" if q else \
-            f"{label} has no guarantee"
-        if spec is not None and not spec.borrows:
-            return PendingReason.QUEUE, f"{holds} and does not borrow beyond it; this job needs {gpus}"
+        if use + gpus > self.guarantee[q] and not spec.borrows:
+            return (PendingReason.QUEUE, f"queue {q} holds {use} of its guarantee of {self.guarantee[q]} GPUs "
+                                         f"and does not borrow beyond it; this job needs {gpus}")
+        return None
+
+    def loan_problem(self, job: Job, now: float, min_runtime_s: float, reclaim_grace_s: float | None,
+                     preemption: bool) -> str | None:
+        """Why ``job``, which would take its queue beyond its guarantee, may not borrow: for ``labq why``."""
+        q = self.queue_of(job)
         why = borrow_problem(job, now, min_runtime_s, reclaim_grace_s, preemption)
-        return None if why is None else (PendingReason.BORROWED, f"{holds}; {why}")
+        if why is None:
+            return None
+        holds = (f"queue {q} holds {self.before(job)} of its guarantee of {self.guarantee[q]} GPUs" if q
+                 else "a job outside every queue has no guarantee")
+        return f"{holds}; {why}"
 
     def may_borrow(self, job: Job, now: float, min_runtime_s: float, reclaim_grace_s: float | None,
                    preemption: bool) -> bool:
@@ -131,9 +151,9 @@ class QueueBook:
                          if other != q and self.idle_guarantee(other) and (other in self.wanted or not spec.lends))
         why = "; ".join(f"queue {o} {'wants' if o in self.wanted else 'does not lend'} its idle guarantee of "
                         f"{self.idle_guarantee(o)}" for o in keepers)
-        label = f"queue {q} holds {self.use[q]} of its guarantee of {self.guarantee[q]} GPUs" if q else \
+        label = f"queue {q} holds {self.before(job)} of its guarantee of {self.guarantee[q]} GPUs" if q else \
             "a job outside every queue borrows all it holds"
-        return (f"{label}; of {free} free GPUs, {max(0, free - self.kept_from(q))} may be lent and this job needs "
+        return (f"{label}; of {free} free GPUs, {max(0, free - self.kept_from(q))} may be used and this job needs "
                 f"{gpus} ({why})")
 
 
