@@ -149,10 +149,33 @@ class LabView:
                 if where == name:
                     freeing |= mask
             usable = self._available(job, node) if node.schedulable and name not in self.barred_nodes(job) else 0
+            # not the GPUs freed for another job whose victims are done: they are that job's to start on
+            usable &= ~self._freed_for_others(job.id, name)
             target = best_set(node.topology, usable | freeing, job.spec.gpus_per_node)
             self.holds[name].append(Hold(job.id, job.priority, target.mask if target else freeing, None))
         if self.book is not None:  # so its queue reclaims no more for it
             self.book.promise(job, sum(mask.bit_count() for _, mask, _ in self.inflight[job.id]))
+
+    @cached_property
+    def _freed(self) -> dict[tuple[str, int], int]:
+        """(node, job) -> GPUs on that node that victims have freed for a job that still waits to start."""
+        waiting = {j.id for j in self.queued}
+        freed: dict[tuple[str, int], int] = {}
+        for j in self.queued:
+            last = j.history[-1] if j.history else None
+            if last is not None and last.preempted_for in waiting and last.placement is not None:
+                for a in last.placement.allocations:
+                    key = (a.node, last.preempted_for)
+                    freed[key] = freed.get(key, 0) | indices_to_mask(a.gpu_indices)
+        return freed
+
+    def _freed_for_others(self, job_id: int, node: str) -> int:
+        """GPUs free on ``node`` that victims freed for another job than ``job_id``, which still waits."""
+        mask = 0
+        for (where, for_job), gpus in self._freed.items():
+            if where == node and for_job != job_id:
+                mask |= gpus
+        return mask & self.free.get(node, 0)
 
     def _count_most_free(self) -> int:
         """The most free GPUs on one node that is up: no job needing more per node fits anywhere.

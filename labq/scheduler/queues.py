@@ -209,9 +209,21 @@ def standing(queues: Iterable[QueueSpec], jobs: Iterable[Job], lab_gpus: int, up
     from_lenders = max(0, sum(borrowed.values()) - unguaranteed)
     idle = {q: book.idle_guarantee(q) for q in book.specs}
     all_idle = sum(idle.values())
-    lent = {q: min(idle[q], from_lenders * idle[q] // all_idle) if all_idle else 0 for q in idle}
+    lent = _shared_out(min(from_lenders, all_idle), idle)
     names = [*book.specs, *([OUTSIDE] if book.use[OUTSIDE] or waiting[OUTSIDE][0] else [])]
     return [QueueStanding(q, book.guarantee[q], book.use[q], borrowed[q], lent.get(q, 0), *waiting[q]) for q in names]
+
+
+def _shared_out(total: int, weights: dict[str, int]) -> dict[str, int]:
+    """``total`` shared out in proportion to ``weights``, whole numbers that add up to it (largest remainders)."""
+    whole = sum(weights.values())
+    if not whole:
+        return {q: 0 for q in weights}
+    share = {q: total * w // whole for q, w in weights.items()}
+    rest = sorted(weights, key=lambda q: (-(total * weights[q] % whole), q))
+    for q in rest[: total - sum(share.values())]:
+        share[q] += 1
+    return share
 
 
 def why_never_in_queue(spec, queues: Iterable[QueueSpec], lab_gpus: int, reclaim_grace_s: float | None,
