@@ -21,6 +21,7 @@ node, the lowest priority that may be preempted) answer whole questions at once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from math import inf
 from collections.abc import Iterable, Mapping
 
@@ -190,13 +191,26 @@ class _Pass(LabView):
             total = current["free total"] = sum(self.free[n.name].bit_count() for n in self.up)
         return total
 
+    def _would_borrow(self, job: Job) -> bool:
+        """Starting now would take its queue beyond its guarantee: it borrows idle GPUs, and holds none (GPUs kept
+        idle for a loan would be idle GPUs no one may use)."""
+        book = self.book
+        if book is None:
+            return False
+        q = book.queue_of(job)
+        return (book.before(job) + job.spec.gpus > book.guarantee[q]
+                and book.guarantee[q] < self._lab_gpus)
+
+    @cached_property
+    def _lab_gpus(self) -> int:
+        return sum(n.gpu_count - len(n.unmanaged_busy) for n in self.up)
+
     def _loan_problem(self, job: Job) -> str | None:
         """Why ``job`` may not go beyond its queue's guarantee, when starting would take it there, in a lab where
         there is anything to borrow (a queue guaranteed the whole lab borrows nothing)."""
         book, p = self.book, self.policy
         q = book.queue_of(job)
-        if (book.before(job) + job.spec.gpus <= book.guarantee[q]
-                or book.guarantee[q] >= sum(n.gpu_count - len(n.unmanaged_busy) for n in self.up)):
+        if book.before(job) + job.spec.gpus <= book.guarantee[q] or book.guarantee[q] >= self._lab_gpus:
             return None
         return book.loan_problem(job, self.now, p.min_runtime_s, p.reclaim_grace_s, p.preemption)
 
@@ -221,18 +235,25 @@ class _Pass(LabView):
         return self.policy.preemption and (job.priority > self.lowest_victim or self._overdue(job))
 
     def _overdue(self, job: Job) -> bool:
-        return self.book is not None and self.book.overdue(job, self.now - waiting_since(job))
+        book = self.book
+        return book is not None and book.waits_bounded and book.overdue(job, self.now - waiting_since(job))
 
     def _queue_mode(self, job: Job) -> tuple:
         """What a job's preemption plan depends on in a lab with queues: its queue, whether it reclaims (it stays
-        within its guarantee), its priority if overdue, and every queue's surplus over its guarantee."""
+        within its guarantee), its priority if overdue, and what each queue may give up (its surplus over its
+        guarantee, as far as it can matter: no more than its jobs hold on one node)."""
         book = self.book
         q = book.queue_of(job)
-        reclaims = book.before(job) + job.spec.gpus <= book.guarantee[q]
+        key = book.surplus_key()
+        # it reclaims if it stays within its guarantee and another queue holds GPUs beyond its own
+        reclaims = book.before(job) + job.spec.gpus <= book.guarantee[q] and any(key)
+        # past its queue's maximum wait, it preempts preemptible jobs of its served priority too, not only lower ones
+        # (any below high would pass the classes' intent, and in a busy lab each overdue start would make the
+        # next overdue job of its victims)
         aging = self.policy.aging_s
         overdue = ((job.spec.priority if aging is None else served_priority(job, self.now, aging))
                    if self._overdue(job) else None)
-        return (q, reclaims, overdue, tuple(book.use[n] - book.guarantee[n] for n in book.use))
+        return (q, reclaims, overdue, key)
 
     def _wait(self, job: Job, reason: PendingReason, detail: str, waiting_for: int | None = None,
               estimated_start: float | None = None) -> None:
@@ -491,7 +512,9 @@ class _Pass(LabView):
         if rank != job.priority:  # aged: `labq why` says so
             detail += (f"; it has waited {_span(self.now - waiting_since(job))}, so it is served as "
                        f"{rank} (aging after {_span(aging)})")
-        if reason in (PendingReason.RESOURCES, PendingReason.PRIORITY) and self.holds_made < self.policy.hold_depth:
+        aged = rank != job.priority  # nothing starves: an aged job holds GPUs, loan or not
+        if (reason in (PendingReason.RESOURCES, PendingReason.PRIORITY) and self.holds_made < self.policy.hold_depth
+                and (aged or not self._would_borrow(job))):
             estimate = self._hold_future(job)
             if estimate is not None or self.memo.version != seen:
                 self._wait(job, reason, detail, waiting_for, estimate)

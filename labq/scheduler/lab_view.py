@@ -101,6 +101,8 @@ class LabView:
             elif state in _ON_GPUS and job.placement is not None:
                 self._occupy(job)
         self.most_free = self._count_most_free()
+        if self.book is not None:
+            self._count_on_one_node()
         #: some node that is up keeps some jobs off: a user it has no account for, or a problem of its own
         self.barring = any(n.problems or any(a.problem for a in n.accounts) for n in self.up)
         self._barred: dict[tuple, frozenset[str]] = {}
@@ -176,6 +178,17 @@ class LabView:
             if where == node and for_job != job_id:
                 mask |= gpus
         return mask & self.free.get(node, 0)
+
+    def _count_on_one_node(self) -> None:
+        """The most GPUs each queue's jobs hold on one node (``QueueBook.surplus_key``)."""
+        book, most = self.book, self.book.on_one_node
+        for name, entries in self.on_gpus.items():
+            here: dict[str, int] = {}
+            for e in entries:
+                q = book.queue_of(e.job)
+                here[q] = here.get(q, 0) + e.mask.bit_count()
+            for q, n in here.items():
+                most[q] = max(most.get(q, 0), n)
 
     def _count_most_free(self) -> int:
         """The most free GPUs on one node that is up: no job needing more per node fits anywhere.

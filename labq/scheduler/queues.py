@@ -36,6 +36,12 @@ class QueueBook:
     wanted: set[str] = field(default_factory=set)
     #: preemptors whose victims are checkpointing: job id -> the victims' GPUs, which count for its queue
     promised: dict[int, int] = field(default_factory=dict)
+    #: per queue, the most GPUs its jobs hold on one node: a surplus beyond it changes no preemption plan
+    on_one_node: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        #: some queue has a maximum wait
+        self.waits_bounded = any(q.max_wait_s is not None for q in self.specs.values())
 
     @classmethod
     def of(cls, queues: Iterable[QueueSpec], lab_gpus: int) -> QueueBook | None:
@@ -67,6 +73,10 @@ class QueueBook:
     def before(self, job: Job) -> int:
         """What ``job``'s queue holds besides ``job`` itself (a promise to it is not counted twice)."""
         return self.use[self.queue_of(job)] - self.promised.get(job.id, 0)
+
+    def surplus_key(self) -> tuple[int, ...]:
+        """Each queue's surplus as far as a plan on one node can tell it apart: from 0 to what it holds there."""
+        return tuple(max(0, min(self.use[q] - self.guarantee[q], self.on_one_node.get(q, 0))) for q in self.use)
 
     def surplus(self, q: str) -> int:
         """GPUs the queue holds beyond its guarantee: the most that may be taken from it by another queue."""
