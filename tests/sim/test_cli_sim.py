@@ -81,7 +81,25 @@ def test_what_if_everyone_were_low_but_one_user():
     assert doc["by_class"]["urgent"]["jobs"] == doc["by_user"]["ana"]["jobs"]
 
 
+def test_shares_tried_on_a_lab_of_two_queues_from_the_command_line_and_from_the_settings(tmp_path):
+    doc = report("--generate", "--days", "3", "--cluster", "2xsim:dgx1", "--load", "1.5",
+                 "--queue", "ana=nlp", "--queue", "ben=nlp", "--queue", "*=cv")
+    assert doc["meta"]["queues"] == "cv 50%, nlp 50%"
+    nlp, cv = doc["by_queue"]["nlp"], doc["by_queue"]["cv"]
+    assert nlp["jobs"] == doc["by_user"]["ana"]["jobs"] + doc["by_user"]["ben"]["jobs"]
+    assert nlp["jobs"] + cv["jobs"] == doc["jobs"] and nlp["gpu_hours"] > 0 and cv["gpu_hours"] > 0
+    settings = tmp_path / "leader.toml"
+    settings.write_text('[queues.nlp]\nmembers = ["ana", "ben"]\nguarantee = 12\n'
+                        '[queues.cv]\nmembers = ["chen", "dara"]\nguarantee = 4\nborrow = false\n')
+    capped = report("--generate", "--days", "3", "--cluster", "2xsim:dgx1", "--load", "1.5", "--queues", str(settings))
+    assert capped["meta"]["queues"] == "nlp 12 GPUs, cv 4 GPUs"
+    assert set(capped["by_queue"]) == {"nlp", "cv"}
+    out = labq("--generate", "--days", "3", "--cluster", "2xsim:dgx1", "--queues", str(settings), "--queue", "ana=ml")
+    assert out.returncode == 2 and "--queue names ml, which" in out.stderr and "its queues: cv, nlp" in out.stderr
+
+
 @pytest.mark.parametrize(("args", "says"), [
+    (["--generate", "--cluster", "1xsim:dgx1", "--queue", "ana"], "write USER=NAME"),
     (["--generate", "--cluster", "1xsim:dgx1", "--policy", "random"], "unknown policy random"),
     (["--generate", "--cluster", "3xsim:nope"], "unknown simulated inventory"),
     (["--generate", "--cluster", "0xsim:dgx1"], "the count must be 1 or more"),
