@@ -32,8 +32,9 @@ What it measures (labq's simulator, ``labq.sim.engine``: the real scheduler on a
      longer than the aging and than the bound; the same month without aging beside it. Then the
      month again with each queue's ``max_wait`` = the aging too: a job waiting longer may preempt
      preemptible jobs of its own served priority or lower in its way; its longest wait against the
-     max wait + the minimum runtime + the grace. (Aging raises a low job one point per 1/100 of the
-     aging past it, to the cap of 299 by 3 x aging: ``aging_capped_by_h``.)
+     max wait + the minimum runtime + the grace. (An aged job goes before every low and normal job
+     that has waited less, oldest first, and holds GPUs for itself: what is left is the longest job
+     in its way.)
   5. Philly: ``../shared/data/traces/philly.csv`` from ``--philly-from`` to ``--philly-to``
      (2017-10-01 to 2017-10-05), simulated up to the window's end, in one shared lab of ``sim:dgx1``
      nodes sized so that the jobs' GPU-hours within the window (each job's run, started at its
@@ -328,9 +329,6 @@ def part_aging(workload: Workload, aged: SimResult, plain: SimResult, bounded: S
     longest_job = max(j.duration for j in workload.jobs)
     fig: dict = {"aging_h": aging_s / HOUR, "aging_longest_job_h": round(longest_job / HOUR, 2),
                  "aging_bound_h": round((aging_s + longest_job) / HOUR, 2),
-                 # what served_priority promises: a low or normal job reaches the cap (299) by 3 x aging, and from
-                 # then on only older capped, high and urgent work goes first; then the longest job in its way ends
-                 "aging_capped_by_h": round(3 * aging_s / HOUR, 2),
                  # a job past max_wait preempts what stands in its way: its victims run their minimum, then their grace
                  "aging_max_wait_bound_h": round((aging_s + MIN_RUNTIME_S + GRACE_S) / HOUR, 2)}
     by_id = {j.id: j for j in workload.jobs}

@@ -60,7 +60,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-runtime", default="5m", metavar="DURATION",
                    help="the admin's minimum runtime before a preemption (default 5m)")
     p.add_argument("--aging", default="0", metavar="DURATION",
-                   help="serve jobs that waited longer than this higher, as the leader's [scheduling] aging "
+                   help="serve jobs that waited longer than this before every low and normal job that waited less (oldest "
+                   "first), as the leader's [scheduling] aging "
                    "does (its default is 24h; default here 0: no aging, to compare against)")
     p.add_argument("--queues", metavar="FILE", help="the lab's queues: a leader settings file whose [queues] (and "
                    "[groups]) to try; users go to their queues as at submit")

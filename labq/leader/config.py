@@ -32,8 +32,8 @@ max_preemptions_per_day = 0      # a job preempted this often in 24 h is left al
 non_preemptible_users = []       # who besides admins may submit --no-preempt jobs; ["*"]: everyone
 fair_share_half_life = "7d"      # how fast past GPU-hours stop counting against a user
 hold_depth = 16                  # blocked jobs that hold GPUs for themselves (backfill respects them)
-aging = "24h"                    # a job waiting longer rises a class more every 24h (a low job passes normal
-                                 # jobs submitted 24h after it), never to high or urgent; "0": no aging
+aging = "24h"                    # a job waiting longer goes before every low and normal job that has waited
+                                 # less (the aged oldest first), never before high or urgent; "0": no aging
 user_max_priority = "normal"     # the highest class users may use, unless granted more below
 # [scheduling.class_grants]      # who besides admins may use a class above user_max_priority
 # high = ["alice", "@nlp"]       # users, @groups from [groups], or ["*"] for everyone

@@ -509,12 +509,16 @@ class _Pass(LabView):
         detail += also
         aging = self.policy.aging_s
         rank = job.priority if aging is None else served_priority(job, self.now, aging)
-        if rank != job.priority:  # aged: `labq why` says so
-            detail += (f"; it has waited {_span(self.now - waiting_since(job))}, so it is served as "
-                       f"{rank} (aging after {_span(aging)})")
-        aged = rank != job.priority  # nothing starves: an aged job holds GPUs, loan or not
-        if (reason in (PendingReason.RESOURCES, PendingReason.PRIORITY) and self.holds_made < self.policy.hold_depth
-                and (aged or not self._would_borrow(job))):
+        if rank != job.priority:  # aged: `labq why` says so, in words that hold for every aged job of its shape
+            detail += (f"; it has waited over {_span(aging)} (the aging wait), so it is served as {rank}, before "
+                       "every low and normal job that has waited less")
+        # nothing starves: aged jobs hold GPUs, loan or not, and as many again as the hold depth lets others
+        aged = rank != job.priority
+        if (reason in (PendingReason.RESOURCES, PendingReason.PRIORITY)
+                and (self.aged_holds < self.policy.hold_depth if aged
+                     else self.holds_made < self.policy.hold_depth and not self._would_borrow(job))):
+            if aged:
+                self.aged_holds += 1
             estimate = self._hold_future(job)
             if estimate is not None or self.memo.version != seen:
                 self._wait(job, reason, detail, waiting_for, estimate)

@@ -84,6 +84,7 @@ class LabView:
         #: what the pass has worked out, kept until a start, preemption or hold makes it stale
         self.memo: NodeMemo[Node] = NodeMemo(self.nodes)
         self.holds_made = 0
+        self.aged_holds = 0  #: holds for jobs that have aged: a budget of their own
         self._quotas = self.policy.max_gpus_per_user is not None or bool(self.policy.user_gpu_quota)
         #: no job of this priority or lower finds a victim on any node (candidates only drop out in a pass)
         self.lowest_victim: float = inf

@@ -30,7 +30,8 @@ class Policy:
     may_preempt: Mapping[int, frozenset[int]] | None = None
     #: a job preempted this often in the last 24 hours is not preempted again (None: no cap)
     max_preemptions_per_day: int | None = None
-    #: a job that has waited this long starts to be served higher (``served_priority``); None: no aging
+    #: a job that has waited this long is served before every low and normal job that has waited less
+    #: (``served_priority``); None: no aging
     aging_s: float | None = None
     #: the lab's queues (teams) and their guarantees; empty: one lab, no queues
     queues: tuple[QueueSpec, ...] = ()
@@ -56,7 +57,6 @@ class Policy:
 
 #: aging never lifts a job to high or above: high and urgent stay the admins' classes' intent
 AGING_CAP = int(PriorityClass.HIGH) - 1
-CLASS_STEP = 100  #: the distance between two classes
 
 
 def waiting_since(job: Job) -> float:
@@ -65,25 +65,22 @@ def waiting_since(job: Job) -> float:
 
 
 def served_priority(job: Job, now: float, aging_s: float | None) -> int:
-    """The priority the queue serves a waiting job at, Slurm's age factor with a start: its own until it has
-    waited ``aging_s``, then one more for every ``aging_s / 100`` it waits on (a class more every
-    ``aging_s``), never reaching ``high`` (``AGING_CAP``). So a ``low`` job passes every ``normal`` job
-    submitted more than ``aging_s`` after it, fair share orders jobs as before while none has waited long, and
-    only the order changes: what a job may preempt stays its own priority's. Whole numbers, so that jobs of
-    one shape and one served priority still share one verdict in a pass (``labq.scheduler.memo``)."""
+    """The priority the queue serves a waiting job at: its own until it has waited ``aging_s``, then
+    ``AGING_CAP``, just below ``high`` (``order_queue`` serves the aged oldest first). So once a ``low`` or
+    ``normal`` job has waited the aging wait, it goes before every ``low`` and ``normal`` job that has waited
+    less, never before ``high`` or ``urgent`` work; fair share orders the jobs that have not aged; and only
+    the order changes: what a job may preempt stays its own priority's. Whole numbers, so that jobs of one
+    shape and one served priority still share one verdict in a pass (``labq.scheduler.memo``)."""
     priority = job.spec.priority
     if aging_s is None or priority >= AGING_CAP:
         return priority
-    late = now - waiting_since(job) - aging_s
-    if late <= 0:
-        return priority
-    return min(priority + int(CLASS_STEP * late / aging_s), AGING_CAP)
+    return AGING_CAP if now - waiting_since(job) >= aging_s else priority
 
 
 def order_queue(jobs: Iterable[Job], usage: Mapping[str, float], now: float = 0.0,
                 aging_s: float | None = None) -> list[Job]:
     """Priority first (as served: ``served_priority``, with ``aging_s``), then fair share (less decayed
-    GPU-hours first), then submit time.
+    GPU-hours first), then submit time; the jobs that have aged, oldest first (since they last joined the queue).
 
     Stable sorts on scalar keys from the last criterion to the first, and
     priorities (a handful of distinct values) by bucketing: a pass over a long
@@ -98,6 +95,8 @@ def order_queue(jobs: Iterable[Job], usage: Mapping[str, float], now: float = 0.
     for job in queue:
         rank = job.spec.priority if aging_s is None else served_priority(job, now, aging_s)
         by_priority.setdefault(rank, []).append(job)
+    if aging_s is not None and AGING_CAP in by_priority:  # the aged: oldest first
+        by_priority[AGING_CAP].sort(key=waiting_since)
     return [job for priority in sorted(by_priority, reverse=True) for job in by_priority[priority]]
 
 

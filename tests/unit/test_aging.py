@@ -1,6 +1,6 @@
-"""Nothing starves: a waiting job is served higher with age (``labq.scheduler.policy.served_priority``), never
-as high or urgent, and a low job behind an endless stream of normal work starts within the aging bound; the
-real scheduler on the simulator's virtual clock."""
+"""Nothing starves: a job that has waited the aging wait is served before every low and normal job that has
+waited less, oldest first (``labq.scheduler.policy.served_priority``), never before high or urgent; and a low
+job behind an endless stream of normal work starts within the aging bound, on the simulator's virtual clock."""
 
 from __future__ import annotations
 
@@ -18,18 +18,16 @@ DAY = 24 * HOUR
 
 @pytest.mark.parametrize("priority, waited, aging, served", [
     (100, 10 * HOUR, None, 100),  # no aging: as submitted
-    (100, DAY, DAY, 100),  # not past the aging wait yet
-    (100, DAY + 0.24 * DAY, DAY, 124),  # a point per aging/100 past it
-    (100, 2 * DAY, DAY, 200),  # a class more after another aging wait: a fresh normal job's
-    (100, 2 * DAY + 0.01 * DAY, DAY, 201),  # ahead of every normal job submitted a day or more after it
-    (200, 2 * DAY, DAY, 299 - 0),  # a normal job rises to just below high...
-    (200, 30 * DAY, DAY, AGING_CAP),  # ... and stops there
+    (100, DAY - 1, DAY, 100),  # not past the aging wait yet
+    (100, DAY, DAY, AGING_CAP),  # aged: just below high, whatever its class
+    (200, DAY, DAY, AGING_CAP),
+    (250, 30 * DAY, DAY, AGING_CAP),
     (100, 30 * DAY, DAY, AGING_CAP),
     (300, 30 * DAY, DAY, 300),  # high and urgent never age
     (400, 30 * DAY, DAY, 400),
     (299, 30 * DAY, DAY, 299),
 ])
-def test_a_waiting_job_is_served_higher_with_age_and_never_as_high(jobs, priority, waited, aging, served):
+def test_a_job_that_has_waited_the_aging_wait_is_served_just_below_high(jobs, priority, waited, aging, served):
     job = jobs.queued(priority=priority, submitted_at=NOW - waited)
     assert served_priority(job, NOW, aging) == served
 
@@ -40,12 +38,17 @@ def test_a_requeued_job_ages_from_its_return_to_the_queue_not_from_its_submit(jo
     assert served_priority(job, NOW, DAY) == AGING_CAP and served_priority(back, NOW, DAY) == 100
 
 
-def test_the_queue_is_served_by_served_priority_and_fair_share_still_orders_the_young(jobs):
-    old_low = jobs.queued(priority=100, user="ann", submitted_at=NOW - 3 * DAY)
+def test_the_aged_go_first_oldest_first_and_fair_share_still_orders_the_young(jobs):
+    old_low = jobs.queued(priority=100, user="cy", submitted_at=NOW - 3 * DAY)
+    older_normal = jobs.queued(priority=200, user="cy", submitted_at=NOW - 4 * DAY)
+    aged_low = jobs.queued(priority=100, user="ann", submitted_at=NOW - 2 * DAY)
     normal = jobs.queued(priority=200, user="bob", submitted_at=NOW - HOUR)
     heavy = jobs.queued(priority=200, user="cy", submitted_at=NOW - 2 * HOUR)
-    assert order_queue([normal, heavy, old_low], {"cy": 9.0}, NOW, DAY) == [old_low, normal, heavy]
-    assert order_queue([normal, heavy, old_low], {"cy": 9.0}) == [normal, heavy, old_low]  # no aging
+    high = jobs.queued(priority=300, user="cy", submitted_at=NOW - 60)
+    usage = {"cy": 9.0}  # cy has used the most: fair share puts cy last among equals, but not among the aged
+    everyone = [normal, heavy, old_low, high, aged_low, older_normal]
+    assert order_queue(everyone, usage, NOW, DAY) == [high, older_normal, old_low, aged_low, normal, heavy]
+    assert order_queue(everyone, usage) == [high, normal, older_normal, heavy, aged_low, old_low]  # no aging
 
 
 def stream(low_at: float) -> Workload:
@@ -64,12 +67,13 @@ def test_a_low_job_behind_an_endless_normal_stream_starts_within_the_aging_bound
     assert low.start is None or low.start > 90 * HOUR  # without aging it waits out the whole stream
     aged = simulate(stream(low_at), node, "labq", options=SimOptions(aging_s=aging_h * HOUR))
     low = next(o for o in aged.outcomes if o.job.priority == 100)
-    # the bound: it passes every normal job submitted more than one aging wait after it, so only the normal
-    # jobs submitted before that run first (one at a time, an hour each), plus the one running when it
-    # is first in line
-    ahead = sum(1 for o in aged.outcomes if o.job.priority == 200 and o.job.submit <= low_at + aging_h * HOUR)
-    assert low.start is not None and low.start <= low_at + (ahead + 1) * HOUR, (low.start / HOUR, ahead)
-    assert low.start - low_at <= 3 * aging_h * HOUR  # and well within the stream's four days
+    # the bound: once it has waited the aging wait it goes before every job that has waited less, so only
+    # the normal jobs submitted before it still waiting then run first (one at a time, an hour each), and
+    # the one running when it is first in line
+    ahead = sum(1 for o in aged.outcomes if o.job.priority == 200 and o.job.submit <= low_at)
+    assert low.start is not None and low.start <= low_at + aging_h * HOUR + (ahead + 1) * HOUR, (low.start / HOUR,
+                                                                                                  ahead)
+    assert low.start >= low_at + aging_h * HOUR  # not before the aging wait: until then the stream goes first
 
 
 def test_while_no_job_has_waited_the_aging_wait_every_decision_is_as_without_aging():
@@ -88,6 +92,7 @@ def test_why_a_job_waits_says_that_it_has_aged(jobs):
     low = jobs.queued(gpus=4, priority=100, user="patient", submitted_at=NOW - 2.5 * DAY)
     decisions = schedule([running, low], [node], now=NOW, policy=Policy(aging_s=DAY))
     why = next(p for p in decisions.pending if p.job_id == low.id)
-    assert why.detail.endswith("; it has waited 2d 12h, so it is served as 250 (aging after 24h 00m)"), why.detail
+    assert why.detail.endswith("; it has waited over 24h 00m (the aging wait), so it is served as 299, before every "
+                               "low and normal job that has waited less"), why.detail
     plain = schedule([running, low], [node], now=NOW, policy=Policy())
     assert "aging" not in next(p for p in plain.pending if p.job_id == low.id).detail
