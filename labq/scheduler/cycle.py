@@ -36,7 +36,7 @@ from labq.scheduler.lab_view import Hold, LabView, OnGpus
 from labq.scheduler.placement import SetChoice, best_set, indices_to_mask, mask_to_indices
 from labq.scheduler.policy import Policy, order_queue, served_priority, waiting_since
 from labq.scheduler.preemption import NodePlan, Victim, plan_on_node
-from labq.scheduler.queues import borrow_problem
+from labq.scheduler.queues import OUTSIDE, borrow_problem
 
 #: what a job within its queue's guarantee waits for when it waits for GPUs: its queue's idle guarantee is not lent
 _WANTING = frozenset({PendingReason.RESOURCES, PendingReason.PRIORITY, PendingReason.PREEMPTING,
@@ -87,14 +87,17 @@ class _Pass(LabView):
             self._wait(job, PendingReason.HELD, f"held; `labq release {job.id}` puts it back in the queue")
         return Decisions(tuple(self.starts), tuple(self.preemptions), tuple(self.pending))
 
-    def _serve_in_order(self, queue: list[Job], first: bool = False) -> list[Job]:
+    def _serve_in_order(self, queue: list[Job], first: bool = False) -> list[tuple[int, float, Job]]:
         """Serve ``queue`` in order. With ``first`` (a lab with queues), only the jobs of queues below
-        their guarantee; the others are returned, in order, for later."""
+        their guarantee; the others are returned, in order, for later, as (served priority, their queue's
+        share of its guarantee, job)."""
         aging, book = self.policy.aging_s, self.book
         settled, pending, inflight = self.memo.settled, self.pending, self.inflight
         personal = self._quotas or book is not None
         make_pending = tuple.__new__  # skips NamedTuple's Python-level __new__
         barring, barred_nodes, no_node = self.barring, self.barred_nodes, frozenset()
+        if book is not None:
+            specs, use, guarantee = book.specs, book.use, book.guarantee
         later = []
         for job in queue:
             # The fast path: most of a long queue waits for the same reasons as a job
@@ -104,10 +107,10 @@ class _Pass(LabView):
             spec = job.spec
             rank = spec.priority if aging is None else served_priority(job, self.now, aging)
             if book is not None:
-                q = book.queue_of(job)
-                under = book.under(q)
+                q = spec.queue if spec.queue in specs else OUTSIDE  # QueueBook.queue_of, inlined: once a queued job
+                under = use[q] < guarantee[q]
                 if first and not under:
-                    later.append(job)
+                    later.append((rank, q, job))
                     continue
                 rank = (rank, q, under)  # jobs of one queue, in one standing, share verdicts
             verdict = settled.get((spec.resource_shape, barred_nodes(job) if barring else no_node, rank))
@@ -123,12 +126,11 @@ class _Pass(LabView):
     def _serve_queues(self, queue: list[Job]) -> None:
         """Queues below their guarantee first; then the rest, higher priority first and, within a priority,
         the queues that hold least of their guarantee first (each in the queue's order)."""
-        book, aging = self.book, self.policy.aging_s
+        book = self.book
         later = self._serve_in_order(queue, first=True)
         share = {q: book.share(q) for q in book.use}
-        later.sort(key=lambda j: (-(j.spec.priority if aging is None else served_priority(j, self.now, aging)),
-                                  share[book.queue_of(j)]))
-        self._serve_in_order(later)
+        later.sort(key=lambda entry: (-entry[0], share[entry[1]]))
+        self._serve_in_order([job for _, _, job in later])
 
     def _note_wanted(self, job: Job, q: str) -> None:
         """A job within its queue's guarantee that waits for GPUs: its queue's idle guarantee is lent to no one."""
@@ -383,6 +385,9 @@ class _Pass(LabView):
         key = ("preempt", shape, job.priority, mode)
         if self.memo.current.get(key) is False:
             return False
+        if mode and job.id not in self.inflight and job.spec.reservation is None and self._no_plan_for_any_queue(
+                job, shape, mode):
+            return False
         plans = self._on_each_node("plan", job, shape, lambda n: self._plan_on(job, n, mode), job.priority, mode)
         plans = [plan for plan in plans.values() if plan is not None]
         plans.sort(key=lambda p: p.cost)
@@ -421,6 +426,43 @@ class _Pass(LabView):
         self._wait(job, PendingReason.PREEMPTING, detail, waiting[0] if waiting else None,
                    self.now + grace if fresh else None)
         return True
+
+    def _no_plan_for_any_queue(self, job: Job, shape: tuple, mode: tuple) -> bool:
+        """No plan would make room for ``job`` even if every queue's rules let it take what the priority rules
+        and the queues' surpluses allow: then none does for its own queue either. One answer for the jobs of
+        every queue, where the plans themselves are per queue (a job takes its own queue's work)."""
+        wide = (mode[2], mode[3])  # its overdue priority, and the queues' surpluses
+        key = ("preempt-any", shape, job.priority, wide)
+        current = self.memo.current
+        answer = current.get(key)
+        if answer is None:
+            plans = self._on_each_node("plan-any", job, shape, lambda n: self._plan_any_on(job, n, wide),
+                                       job.priority, wide)
+            answer = current[key] = sum(plan is not None for plan in plans.values()) < job.spec.nodes
+        return answer
+
+    def _plan_any_on(self, job: Job, node: Node, wide: tuple) -> NodePlan | None:
+        """The cheapest plan on ``node`` with every victim any queue's job of this priority might take."""
+        end = self._end_of(job)
+        blocked = self._held_against(job, node.name, end) | ~self._eligible_on(job, node)
+        if self.reservation_list:
+            blocked |= self._reserved_against(job, node.name, end, borrow=False)
+        known = self.memo.on_node(node.name)
+        key = ("plan-any", blocked, job.spec.gpus_per_node, job.priority, wide)
+        plan = known.get(key, _UNKNOWN)
+        if plan is _UNKNOWN:
+            overdue, book, can = wide[0], self.book, self.policy.can_preempt
+            candidates = [
+                Victim(e.job, e.mask & ~blocked, e.job.work_at_risk(self.now))
+                for e in self.on_gpus[node.name]
+                if e.job.id not in self.victims and e.mask & ~blocked and (
+                    (e.candidate and (can(job.priority, e.job.priority)
+                                      or (overdue is not None and e.job.priority <= overdue)))
+                    or (e.job.state is JobState.RUNNING and e.job.spec.preemptible and book.reclaimable(e.job)))]
+            plan = known[key] = (None if not candidates and not self.free[node.name] & ~blocked else
+                                 plan_on_node(node.name, node.topology, self.free[node.name] & ~blocked,
+                                              job.spec.gpus_per_node, candidates))
+        return plan
 
     def _plans_allowed(self, job: Job, plans: list[NodePlan]) -> bool:
         """Whether its queue lets ``job`` start as ``plans`` would have it (``_queue_allows``)."""
