@@ -21,6 +21,7 @@ from labq.models.node import NodeHealth
 from labq.leader.auth import Principal
 from labq.leader.users import user_only
 from labq.scheduler import Policy, decay_usage, schedule
+from labq.scheduler.edges import next_edge
 from labq.scheduler.queues import standing
 
 log = logging.getLogger("labq.leader")
@@ -29,20 +30,39 @@ log = logging.getLogger("labq.leader")
 class Scheduling:
     def __init__(self, state: LabState, bookings: Bookings) -> None:
         self.state, self.bookings = state, bookings
+        self.passes = 0
+        self.last_pass: float | None = None  #: when the last pass ran; None: it must run
+        self.next_edge: float | None = None  #: when time alone may change its decisions next
+
+    #: with nothing changed and no edge due, a pass anyway this often (fair share decays, texts age)
+    HEARTBEAT_S = 60.0
 
     def loop(self) -> None:
         """The scheduler thread's body: a bad pass is logged and retried, it never ends the thread."""
         state = self.state
         while not state.stopping.is_set():
-            state.woken.wait(timeout=1.0)
-            state.woken.clear()
+            woken = state.woken.wait(timeout=1.0)
             if state.stopping.is_set():
                 return
             try:
-                self.tick()
-                self.schedule_pass()
+                self.turn(woken)
             except Exception:  # noqa: BLE001 - a bad pass must not stop the lab; it is logged and retried
+                self.last_pass = None  # so the next turn passes again
                 log.exception("scheduling pass failed")
+
+    def turn(self, woken: bool) -> bool:
+        """The timers, then a pass if something changed (``woken``, or the timers changed something), an edge
+        of time is due (``labq.scheduler.edges``) or the heartbeat; True if it passed. Changes that come in
+        while a pass runs wake the next turn, so passes coalesce under load."""
+        state = self.state
+        self.tick()
+        now = state.clock()
+        if not (woken or state.woken.is_set() or self.last_pass is None
+                or (self.next_edge is not None and now >= self.next_edge) or now - self.last_pass >= self.HEARTBEAT_S):
+            return False
+        state.woken.clear()
+        self.schedule_pass()
+        return True
 
     def schedule_pass(self) -> None:
         state = self.state
@@ -50,21 +70,24 @@ class Scheduling:
             now = state.clock()
             released = self.bookings.release(now)  # so no job waits for a booking that is over
             if released:
-                state.apply(released)
+                state.apply(released, wake=False)
             finished = finished_states(state)
             never = t.out_of_dependencies(state.jobs.values(), finished, now)  # nor for a job that cannot succeed
             if never:
-                state.apply(never)
+                state.apply(never, wake=False)
             self._decay_usage(now)
-            decisions = schedule(list(state.jobs.values()), state.nodes(), now=now, usage=self._usage(now),
-                                 policy=self._policy(), finished=finished, reservations=self.bookings.current(now))
+            jobs, policy, reservations = list(state.jobs.values()), self._policy(), self.bookings.current(now)
+            decisions = schedule(jobs, state.nodes(), now=now, usage=self._usage(now), policy=policy,
+                                 finished=finished, reservations=reservations)
+            self.passes += 1
+            self.last_pass, self.next_edge = now, next_edge(jobs, reservations, policy, now)
             updates = [t.placed(state.jobs[s.job_id], s.placement) for s in decisions.starts]
             updates += [t.preempting(state.jobs[p.job_id], p.for_job, p.reservation) for p in decisions.preemptions]
             changed_pending = {p.job_id for p in decisions.pending
                                if state.pending.get(p.job_id, (None,))[1:3] != p[1:3]}
             state.pending = {p.job_id: p for p in decisions.pending}
             if updates:
-                state.apply(updates)
+                state.apply(updates, wake=False)  # what it decided needs no pass after it
         for job_id in changed_pending:
             state.events.publish("job", {"job_id": job_id, "pending": True})
 

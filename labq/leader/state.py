@@ -89,8 +89,9 @@ class LabState:
         except InvalidChange as err:
             raise errors.ApiError(500, "internal", f"the leader made an invalid change: {err}") from None
 
-    def apply(self, jobs: Iterable[Job], records: Iterable[Change] = ()) -> None:
-        """Commit new versions of ``jobs`` and ``records``, then take them in (the lock is held)."""
+    def apply(self, jobs: Iterable[Job], records: Iterable[Change] = (), *, wake: bool = True) -> None:
+        """Commit new versions of ``jobs`` and ``records``, then take them in (the lock is held); ``wake``: the
+        scheduler passes again (a pass's own decisions need no pass after them)."""
         jobs = list(jobs)
         now = self.clock()
         spent = self._spent(jobs, now)
@@ -116,7 +117,7 @@ class LabState:
         self.changed.notify_all()
         for job in jobs:
             self.publish_job(job)
-        if jobs:
+        if jobs and wake:
             self.wake()
 
     def _spent(self, jobs: list[Job], now: float) -> dict[str, float]:

@@ -1,0 +1,94 @@
+"""A pass runs when something changed or time alone can change a decision, not every second: an idle lab
+with a long queue costs nothing between. A leader on a stepped fake clock; passes are counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from labq.leader.auth import Principal
+from labq.leader.config import LeaderConfig
+from labq.leader.core import Leader
+from labq.leader.state import AgentSession
+from labq.models import JobState, Node
+from labq.models import transitions as t
+from labq.protocol.requests import parse_submit
+from labq.store import MemoryStore
+from labq.topologies import parse_sim_spec
+from tests.conftest import FakeClock
+
+ALICE = Principal("user", "alice")
+
+
+@pytest.fixture
+def lab(tmp_path):
+    clock = FakeClock(1000.0)
+    leader = Leader(LeaderConfig(data_dir=tmp_path, min_runtime_s=300.0), MemoryStore(), clock=clock)
+    inv = parse_sim_spec("sim:ws-4x3090")
+    leader.state.agents["ws1"] = AgentSession("ws1", Node("ws1", inv.gpus("ws1"), inv.topology, simulated=True), "x",
+                                              None, None, last_seen=clock.now)
+    yield leader, clock
+    leader.stop()
+
+
+def submit(leader: Leader, **fields) -> int:
+    return leader.queue.submit(ALICE, parse_submit({"command": ["train"], **fields})).id
+
+
+def turn(leader: Leader, clock: FakeClock, seconds: float = 1.0) -> bool:
+    """A second of the scheduler thread on an idle lab: the agent syncs (nothing changes), the timers run."""
+    clock.now += seconds
+    leader.state.agents["ws1"].last_seen = clock.now
+    return leader.scheduling.turn(leader.state.woken.wait(0))
+
+
+def run_placed(leader: Leader, clock: FakeClock) -> None:
+    """The agent reports every placed job running, as its next sync would."""
+    with leader.state.lock:
+        placed = [j for j in leader.state.jobs.values() if j.state is JobState.STARTING]
+        leader.state.apply([t.running(j, clock.now) for j in placed])
+
+
+def test_an_idle_lab_is_passed_over_again_only_when_time_alone_can_change_a_decision(lab):
+    leader, clock = lab
+    low = [submit(leader, gpus=1, priority="low") for _ in range(4)]
+    assert turn(leader, clock)  # the submits woke it: the four fill ws1
+    run_placed(leader, clock)
+    big = submit(leader, gpus=4)  # normal: it may preempt the low jobs once they have run 5 minutes
+    assert turn(leader, clock)
+    assert leader.state.pending[big].reason.value == "Resources"
+    last = clock.now
+    heartbeat = leader.scheduling.HEARTBEAT_S
+    passed_at = [clock.now for _ in range(297) if turn(leader, clock)]
+    # nothing changes, and no job reaches its minimum runtime: only the heartbeat's passes
+    assert passed_at == [last + heartbeat * k for k in range(1, 5)]
+    assert clock.now < leader.scheduling.next_edge <= clock.now + 3
+    while not turn(leader, clock):  # the low jobs reach their minimum runtime: a pass preempts them
+        pass
+    assert leader.state.pending[big].reason.value == "Preempting"
+    assert {leader.state.jobs[j].state for j in low} == {JobState.PREEMPTING}
+
+
+def test_with_nothing_due_a_pass_still_comes_at_the_heartbeat(lab):
+    leader, clock = lab
+    for _ in range(4):
+        submit(leader, gpus=1)
+    waiting = submit(leader, gpus=1)
+    assert turn(leader, clock)
+    run_placed(leader, clock)
+    assert turn(leader, clock)  # the reports of the starts woke it
+    assert leader.state.pending[waiting].reason.value == "Resources"  # equal priority: it preempts nothing
+    quiet = [turn(leader, clock) for _ in range(int(leader.scheduling.HEARTBEAT_S) - 1)]
+    assert not any(quiet)
+    assert turn(leader, clock)  # the heartbeat
+
+
+def test_a_change_wakes_the_next_turn_at_once_and_changes_that_come_together_make_one_pass(lab):
+    leader, clock = lab
+    assert turn(leader, clock)  # the first turn always passes
+    assert not turn(leader, clock)
+    for _ in range(3):
+        submit(leader, gpus=1)
+    passes = leader.scheduling.passes
+    assert turn(leader, clock, seconds=0.0)
+    assert leader.scheduling.passes == passes + 1  # three submits, one pass
+    assert not turn(leader, clock, seconds=0.0)
