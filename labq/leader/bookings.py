@@ -155,7 +155,7 @@ class Bookings:
         changes: list = []
         nodes = state.nodes()
         health = {n.name: n.health for n in nodes}
-        displacing = _displacing(state.jobs.values())
+        displacing = _displacing(state.on_gpus.values())
         for r in list(self.by_name.values()):
             if r.over_at() + KEEP_OVER_S <= now:
                 changes.append(DeleteRecord("reservations", r.name))
@@ -168,7 +168,7 @@ class Bookings:
                     changes.append(self._moved(moved, "moved"))
         updates = []
         if state.config.reservation_at_end == "stop":
-            for job in state.jobs.values():
+            for job in state.on_gpus.values():
                 r = self.by_name.get(job.spec.reservation) if job.spec.reservation else None
                 if (r is not None and job.state is JobState.RUNNING and not job.stop_requested
                         and now >= r.end - min(job.spec.grace_s, (r.end - r.start) / 2)):

@@ -156,7 +156,7 @@ class Scheduling:
             now = state.clock()
             updates = self._silent_nodes(now)
             updates += self.bookings.tick(now)
-            updates += [job.evolve(stop_requested="timeout") for job in state.jobs.values()
+            updates += [job.evolve(stop_requested="timeout") for job in state.on_gpus.values()
                         if _time_is_up(job, now) and all(u.id != job.id for u in updates)]
             if updates:
                 state.apply(updates)
@@ -171,8 +171,8 @@ class Scheduling:
                 state.events.publish("node", {"node": session.name, "health": "lost"})
                 state.wake()
             if config.auto_requeue and silent > config.requeue_after_s:
-                for job in state.jobs.values():
-                    if job.state.holds_gpus and job.placement and session.name in job.placement.nodes:
+                for job in state.on_gpus.values():
+                    if job.placement and session.name in job.placement.nodes:
                         updates.append(t.lost(job, now) if job.stop_requested != "cancel" else t.cancelled(job, now))
         return updates
 

@@ -64,6 +64,8 @@ class LabState:
         now = clock()
         self.records = loaded.records  #: as loaded; the services keep their own parts
         self.jobs: dict[int, Job] = {i: decode_job(doc) for i, doc in loaded.jobs.items()}
+        #: the jobs that hold GPUs, kept by ``apply``: the timers look at these every second, not at the queue
+        self.on_gpus: dict[int, Job] = {i: j for i, j in self.jobs.items() if j.state.holds_gpus}
         self.next_job_id = loaded.next_job_id
         self.users: dict[str, dict] = dict(loaded.records.get("users", {}))
         self.agents = {name: AgentSession(name, decode_node(rec["node"]), rec["token_sha256"], rec.get("logs_url"),
@@ -111,6 +113,10 @@ class LabState:
                 self.finished[job.id] = job.state
             else:
                 self.jobs[job.id] = job
+            if job.state.holds_gpus:
+                self.on_gpus[job.id] = job
+            else:
+                self.on_gpus.pop(job.id, None)
         for name in touched:
             if name in self.agents:
                 self.agents[name].version += 1
