@@ -1,4 +1,5 @@
-"""The scheduler thread: a pass whenever something changed, and the timers once a second.
+"""The scheduler thread: the timers once a second, and a pass only when something changed, an edge of time
+is due (``labq.scheduler.edges``) or a minute has gone by.
 
 A pass hands the pure scheduler (``labq.scheduler.schedule``) the lab as it is
 and applies its decisions; the timers mark silent nodes lost after their lease,
