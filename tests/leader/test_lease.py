@@ -20,17 +20,14 @@ from labq.protocol.agents import SyncReport
 from labq.store import MemoryStore
 from labq.topologies import parse_sim_spec
 from tests.conftest import FakeClock
+from tests.leader.labs import leader_with_ws1
 
 WS1 = Principal("agent", "ws1")
 
 
 @pytest.fixture
 def lab(tmp_path):
-    clock = FakeClock(1000.0)
-    leader = Leader(LeaderConfig(data_dir=tmp_path, lease_s=30.0), MemoryStore(), clock=clock)
-    inv = parse_sim_spec("sim:ws-4x3090")
-    leader.state.agents["ws1"] = AgentSession("ws1", Node("ws1", inv.gpus("ws1"), inv.topology, simulated=True), "x",
-                                        None, None, last_seen=clock.now)
+    leader, clock = leader_with_ws1(tmp_path, lease_s=30.0)
     yield leader, clock
     leader.stop()
 

@@ -6,26 +6,19 @@ from __future__ import annotations
 import pytest
 
 from labq.leader.auth import Principal
-from labq.leader.config import LeaderConfig
 from labq.leader.core import Leader
-from labq.leader.state import AgentSession
-from labq.models import JobState, Node
+from labq.models import JobState
 from labq.models import transitions as t
 from labq.protocol.requests import parse_submit
-from labq.store import MemoryStore
-from labq.topologies import parse_sim_spec
 from tests.conftest import FakeClock
+from tests.leader.labs import leader_with_ws1
 
 ALICE = Principal("user", "alice")
 
 
 @pytest.fixture
 def lab(tmp_path):
-    clock = FakeClock(1000.0)
-    leader = Leader(LeaderConfig(data_dir=tmp_path, min_runtime_s=300.0), MemoryStore(), clock=clock)
-    inv = parse_sim_spec("sim:ws-4x3090")
-    leader.state.agents["ws1"] = AgentSession("ws1", Node("ws1", inv.gpus("ws1"), inv.topology, simulated=True), "x",
-                                              None, None, last_seen=clock.now)
+    leader, clock = leader_with_ws1(tmp_path, min_runtime_s=300.0)
     yield leader, clock
     leader.stop()
 

@@ -7,34 +7,22 @@ from __future__ import annotations
 import pytest
 
 from labq.leader.auth import Principal
-from labq.leader.config import LeaderConfig
 from labq.leader.core import Leader
-from labq.leader.state import AgentSession
-from labq.models import JobState, Node
+from labq.models import JobState
 from labq.models import transitions as t
 from labq.protocol.errors import ApiError
 from labq.protocol.requests import parse_action, parse_submit
-from labq.store import MemoryStore, TinyDBStore
-from labq.topologies import parse_sim_spec
-from tests.conftest import FakeClock
+from labq.store import TinyDBStore
+from tests.leader.labs import leader_with_ws1
 
 ALICE = Principal("user", "alice")
 BOB = Principal("user", "bob")
 ADMIN = Principal("user", "root", admin=True)
 
 
-def make_leader(path, store=None) -> tuple[Leader, FakeClock]:
-    clock = FakeClock(1000.0)
-    leader = Leader(LeaderConfig(data_dir=path), store or MemoryStore(), clock=clock)
-    inv = parse_sim_spec("sim:ws-4x3090")
-    leader.state.agents["ws1"] = AgentSession("ws1", Node("ws1", inv.gpus("ws1"), inv.topology, simulated=True), "x",
-                                              None, None, last_seen=clock.now)
-    return leader, clock
-
-
 @pytest.fixture
 def lab(tmp_path):
-    leader, clock = make_leader(tmp_path)
+    leader, clock = leader_with_ws1(tmp_path)
     yield leader, clock
     leader.stop()
 
@@ -121,12 +109,12 @@ def test_a_dependency_that_does_not_exist_or_already_failed_is_refused_at_submit
 
 
 def test_a_dependency_in_the_archive_only_is_found_after_a_restart(tmp_path):
-    leader, clock = make_leader(tmp_path, TinyDBStore(tmp_path))
+    leader, clock = leader_with_ws1(tmp_path, TinyDBStore(tmp_path))
     failed = submit(leader)
     end(leader, failed, 1, clock.now)
     leader.stop()
     leader.state.store.close()
-    again, _ = make_leader(tmp_path, TinyDBStore(tmp_path))
+    again, _ = leader_with_ws1(tmp_path, TinyDBStore(tmp_path))
     try:
         with pytest.raises(ApiError, match=f"job {failed} ended failed"):
             submit(again, depends_on=[failed])
@@ -199,14 +187,14 @@ def test_history_is_finished_jobs_the_limit_that_ended_last_and_clean_hides_what
 
 
 def test_clean_is_remembered_across_a_restart(tmp_path):
-    leader, clock = make_leader(tmp_path, TinyDBStore(tmp_path))
+    leader, clock = leader_with_ws1(tmp_path, TinyDBStore(tmp_path))
     job = submit(leader)
     end(leader, job, 0, clock.now)
     clock.now += 5
     leader.queue.clean(ALICE)
     leader.stop()
     leader.state.store.close()
-    again, _ = make_leader(tmp_path, TinyDBStore(tmp_path))
+    again, _ = leader_with_ws1(tmp_path, TinyDBStore(tmp_path))
     try:
         listed = again.queue.visible(ALICE, user=None, states=(), everyone=False, history=True, limit=None)[0]
         assert job not in [j.id for j in listed]
