@@ -19,7 +19,7 @@ from labq.protocol import errors
 from labq.protocol.codec import decode_job, encode_job
 from labq.protocol.requests import ActionRequest, SubmitRequest
 from labq.scheduler import why_never_fits, why_no_node_runs_user
-from labq.scheduler.queues import why_never_in_queue
+from labq.scheduler.queues import lab_gpus, why_never_in_queue
 from labq.store import CommitFailed, PutJob, PutRecord
 
 CLEANED = "cleaned"  #: the store's table of ``labq clean`` marks: user -> {"up_to": time}
@@ -81,7 +81,7 @@ class Queue:
             raise errors.unprocessable(f"this job can never run here: {nobody}")
         config = state.config
         if config.queues and nodes:
-            lab = sum(n.gpu_count - len(n.unmanaged_busy) for n in nodes if n.schedulable)
+            lab = lab_gpus(nodes)
             grace = config.reclaim_grace_s if config.reclaim_grace_s is not None else config.max_grace_s
             outside = why_never_in_queue(spec, config.queues, lab, grace, config.preemption)
             if outside is not None:

@@ -23,7 +23,7 @@ from labq.leader.auth import Principal
 from labq.leader.users import user_only
 from labq.scheduler import Policy, decay_usage, schedule
 from labq.scheduler.edges import next_edge
-from labq.scheduler.queues import standing
+from labq.scheduler.queues import lab_gpus, standing
 
 log = logging.getLogger("labq.leader")
 
@@ -32,6 +32,7 @@ class Scheduling:
     def __init__(self, state: LabState, bookings: Bookings) -> None:
         self.state, self.bookings = state, bookings
         self.passes = 0
+        self.failures = 0  #: turns that failed in a row
         self.last_pass: float | None = None  #: when the last pass ran; None: it must run
         self.next_edge: float | None = None  #: when time alone may change its decisions next
 
@@ -39,17 +40,34 @@ class Scheduling:
     HEARTBEAT_S = 60.0
 
     def loop(self) -> None:
-        """The scheduler thread's body: a bad pass is logged and retried, it never ends the thread."""
+        """The scheduler thread's body: a turn whenever something changes, at least once a second; after a
+        failure, a longer pause each time (``step``). It never ends but with the leader."""
         state = self.state
+        pause = 0.0
         while not state.stopping.is_set():
-            woken = state.woken.wait(timeout=1.0)
+            if pause:
+                state.stopping.wait(pause)
+                woken = False
+            else:
+                woken = state.woken.wait(timeout=1.0)
             if state.stopping.is_set():
                 return
-            try:
-                self.turn(woken)
-            except Exception:  # noqa: BLE001 - a bad pass must not stop the lab; it is logged and retried
-                self.last_pass = None  # so the next turn passes again
-                log.exception("scheduling pass failed")
+            pause = self.step(woken)
+
+    def step(self, woken: bool) -> float:
+        """One ``turn`` that never raises: 0 when it went well, else how long to pause before the next (2 s,
+        doubling to 30 s while it keeps failing), the error logged. A change meanwhile is not lost: the turn
+        after a failure always passes."""
+        try:
+            self.turn(woken)
+        except Exception:  # noqa: BLE001 - a bad turn (the store, a bug) must not stop the lab, nor spin on it
+            self.failures += 1
+            self.last_pass = None
+            self.state.woken.clear()  # else a wake set before the failure would make the next wait return at once
+            log.exception("scheduling pass failed (%d in a row)", self.failures)
+            return min(30.0, 2.0 ** self.failures)
+        self.failures = 0
+        return 0.0
 
     def turn(self, woken: bool) -> bool:
         """The timers, then a pass if something changed (``woken``, or the timers changed something), an edge
@@ -119,7 +137,7 @@ class Scheduling:
             usage = self._usage(now)
             jobs = list(state.jobs.values())
             up = [n for n in state.nodes() if n.schedulable and n.gpus]
-        lab = sum(n.gpu_count - len(n.unmanaged_busy) for n in up)
+        lab = lab_gpus(up)
         specs = {q.name: q for q in config.queues}
         rows = []
         for s in standing(config.queues, jobs, lab, frozenset(n.name for n in up)):

@@ -21,7 +21,6 @@ node, the lowest priority that may be preempted) answer whole questions at once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from math import inf
 from collections.abc import Iterable, Mapping
 
@@ -160,8 +159,7 @@ class _Pass(LabView):
         book = self.book
         problem = None
         if book is not None:
-            problem = book.gate(job, self.now, self.policy.min_runtime_s, self.policy.reclaim_grace_s,
-                                self.policy.preemption)
+            problem = book.gate(job)
             if problem is not None and not self._may_make_room(job):
                 self._wait(job, *problem)
                 return
@@ -201,18 +199,14 @@ class _Pass(LabView):
             return False
         q = book.queue_of(job)
         return (book.before(job) + job.spec.gpus > book.guarantee[q]
-                and book.guarantee[q] < self._lab_gpus)
-
-    @cached_property
-    def _lab_gpus(self) -> int:
-        return sum(n.gpu_count - len(n.unmanaged_busy) for n in self.up)
+                and book.guarantee[q] < self.lab_gpus)
 
     def _loan_problem(self, job: Job) -> str | None:
         """Why ``job`` may not go beyond its queue's guarantee, when starting would take it there, in a lab where
         there is anything to borrow (a queue guaranteed the whole lab borrows nothing)."""
         book, p = self.book, self.policy
         q = book.queue_of(job)
-        if book.before(job) + job.spec.gpus <= book.guarantee[q] or book.guarantee[q] >= self._lab_gpus:
+        if book.before(job) + job.spec.gpus <= book.guarantee[q] or book.guarantee[q] >= self.lab_gpus:
             return None
         return book.loan_problem(job, self.now, p.min_runtime_s, p.reclaim_grace_s, p.preemption)
 

@@ -23,7 +23,7 @@ from labq.scheduler.fit import eligible_mask
 from labq.scheduler.memo import NodeMemo
 from labq.scheduler.placement import best_set, indices_to_mask
 from labq.scheduler.policy import Policy, order_queue
-from labq.scheduler.queues import QueueBook
+from labq.scheduler.queues import QueueBook, lab_gpus
 
 _QUEUED, _HELD, _RUNNING, _PREEMPTING = JobState.QUEUED, JobState.HELD, JobState.RUNNING, JobState.PREEMPTING
 _ON_GPUS = frozenset(state for state in JobState if state.holds_gpus)
@@ -89,7 +89,8 @@ class LabView:
         #: no job of this priority or lower finds a victim on any node (candidates only drop out in a pass)
         self.lowest_victim: float = inf
         #: the lab's queues (teams): None in a lab without them
-        self.book = QueueBook.of(self.policy.queues, sum(n.gpu_count - len(n.unmanaged_busy) for n in self.up))
+        self.lab_gpus = lab_gpus(self.up)
+        self.book = QueueBook.of(self.policy.queues, self.lab_gpus)
         self._up_names = frozenset(n.name for n in self.up)
         self.queued: list[Job] = []
         self.held: list[Job] = []

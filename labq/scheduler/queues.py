@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from labq.models.decisions import PendingReason
 from labq.models.job import Job, StopReason
+from labq.models.node import Node
 from labq.models.queues import QueueSpec
 
 #: the queue of jobs outside every queue: no guarantee, so everything they hold is borrowed
@@ -119,8 +120,7 @@ class QueueBook:
 
     # -- rules --------------------------------------------------------------------------
 
-    def gate(self, job: Job, now: float, min_runtime_s: float, reclaim_grace_s: float | None,
-             preemption: bool) -> tuple[PendingReason, str] | None:
+    def gate(self, job: Job) -> tuple[PendingReason, str] | None:
         """Why ``job`` may not start now whatever the GPUs, unless its own queue's jobs make room: its queue's
         cap, or its guarantee in a queue that does not borrow."""
         q = self.queue_of(job)
@@ -234,6 +234,11 @@ def _shared_out(total: int, weights: dict[str, int]) -> dict[str, int]:
     for q in rest[: total - sum(share.values())]:
         share[q] += 1
     return share
+
+
+def lab_gpus(nodes: Iterable[Node]) -> int:
+    """The GPUs labq may schedule on ``nodes`` that take work: what percentage guarantees are shares of."""
+    return sum(n.gpu_count - len(n.unmanaged_busy) for n in nodes if n.schedulable)
 
 
 def why_never_in_queue(spec, queues: Iterable[QueueSpec], lab_gpus: int, reclaim_grace_s: float | None,

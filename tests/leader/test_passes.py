@@ -85,3 +85,23 @@ def test_a_change_wakes_the_next_turn_at_once_and_changes_that_come_together_mak
     assert turn(leader, clock, seconds=0.0)
     assert leader.scheduling.passes == passes + 1  # three submits, one pass
     assert not turn(leader, clock, seconds=0.0)
+
+
+def test_a_failing_turn_is_logged_and_paused_after_longer_each_time_and_the_next_good_one_passes(lab, caplog):
+    leader, clock = lab
+    scheduling = leader.scheduling
+    broken = RuntimeError("the disk is gone")
+
+    def tick() -> None:
+        raise broken
+
+    scheduling.tick = tick
+    submit(leader, gpus=1)  # wakes it
+    pauses = [scheduling.step(leader.state.woken.wait(0)) for _ in range(6)]
+    assert pauses == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert not leader.state.woken.is_set()  # the loop's next wait is the pause, not a spin
+    assert "scheduling pass failed (6 in a row)" in caplog.text and "the disk is gone" in caplog.text
+    del scheduling.tick  # mended
+    passes = scheduling.passes
+    assert scheduling.step(False) == 0.0  # nothing woke it, yet the turn after failures passes
+    assert scheduling.passes == passes + 1 and scheduling.failures == 0
