@@ -40,6 +40,26 @@ def normalize_url(url: str) -> str:
     return (url if "://" in url else "http://" + url).rstrip("/")
 
 
+class EventStream:
+    """An open event stream: iterate it for the events; ``close()`` ends it, read or not (also at its end)."""
+
+    def __init__(self, resp: Response, events: Iterator[dict]) -> None:
+        self._resp, self._events = resp, events
+
+    def __iter__(self) -> EventStream:
+        return self
+
+    def __next__(self) -> dict:
+        try:
+            return next(self._events)
+        except BaseException:  # the end, a lost leader, or a stop: the connection goes with it
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self._resp.close()
+
+
 class Client:
     """A user's view of the leader: one method per API call, JSON in, plain dicts out."""
 
@@ -255,20 +275,22 @@ class Client:
         if resp is not None:
             resp.interrupt()
 
-    def events(self, after: int | str | None = None) -> Iterator[dict]:
+    def events(self, after: int | str | None = None) -> EventStream:
         """Events as ``{"id", "event", "data"}`` until the leader closes the stream.
 
-        A caller that wants to go on reconnects with ``after=`` the last id it saw.
+        The stream is open when this returns: every event published after it is in the stream, so a view
+        that opens it first and loads after misses nothing. A caller that wants to go on reconnects with
+        ``after=`` the last id it saw.
         """
         resp = self._send("GET", "/v1/events", [("after", after)] if after is not None else [],
                           timeout=max(self.timeout, EVENTS_READ_TIMEOUT))
         self._events_response = resp
-        try:
-            if resp.status >= 400:
+        if resp.status >= 400:
+            try:
                 self._read(resp)  # raises the leader's error
-            yield from parse_event_stream(self._lines(resp))
-        finally:
-            resp.close()
+            finally:
+                resp.close()
+        return EventStream(resp, parse_event_stream(self._lines(resp)))
 
     # -- the wire ---------------------------------------------------------------------------------
 

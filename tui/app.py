@@ -147,6 +147,8 @@ class LabqApp(App):
             if job["id"] in self.finished_at and job.get("state") not in FINISHED:
                 continue  # fetched before it ended: the end the app has seen is the newer news
             self.jobs[job["id"]] = job
+            if job.get("state") in FINISHED:  # fetched from the history: it ended before its event was read
+                self.finished_at.setdefault(job["id"], job.get("ended_at") or now)
             if job["id"] in message.pending:
                 self.pending[job["id"]] = message.pending[job["id"]]
             else:
@@ -154,12 +156,14 @@ class LabqApp(App):
             changed.append(job["id"])
         for job_id, state in message.finished.items():
             job = self.jobs.get(job_id)
-            if job is not None and job_id not in self.finished_at:
-                job["state"] = state if state != "finished" else job["state"]
-                job["ended_at"] = now  # not fetched again: the leader keeps finished jobs in its history only
-                self.finished_at[job_id] = now
-                self.pending.pop(job_id, None)
-                changed.append(job_id)
+            if job is None or (job_id in self.finished_at and (state == "finished" or job["state"] in FINISHED)):
+                continue  # an end already shown; only a job's real final state replaces "it ended somehow"
+            if state != "finished":
+                job["state"] = state
+            job["ended_at"] = job.get("ended_at") or now  # not fetched again: the leader keeps finished jobs in its history
+            self.finished_at.setdefault(job_id, now)
+            self.pending.pop(job_id, None)
+            changed.append(job_id)
         rows = [make_row(self.jobs[i], self.pending.get(i), now) for i in changed]
         for row in rows:
             self.rows[row.job_id] = row

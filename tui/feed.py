@@ -117,21 +117,26 @@ class LeaderFeed:
 
     def _follow(self) -> None:
         client = self.client
-        whoami = client.whoami()
-        jobs, pending = client.queue()
-        nodes, reservations = client.nodes(), client.reservations()
+        stream = client.events()  # open before the load: what changes after the load is in the stream
+        try:
+            whoami = client.whoami()
+            jobs, pending = client.queue()
+            nodes, reservations = client.nodes(), client.reservations()
+        except BaseException:
+            stream.close()
+            raise
         self._nodes_sent = nodes
         self.post(LabLoaded(jobs, pending, nodes, reservations, whoami))
         self.post(Connection(True))
         done = threading.Event()  #: this follow ended: its flusher ends too, before the next follow starts one
-        flusher = threading.Thread(target=self._flush_loop, args=(done,), name="labq-tui-batches", daemon=True)
-        flusher.start()
+        threading.Thread(target=self._flush_loop, args=(done,), name="labq-tui-batches", daemon=True).start()
         try:
-            for event in client.events():
+            for event in stream:
                 if self.stop.is_set():
                     return
                 self._take(event)
         finally:
+            stream.close()
             done.set()
             self._flush()
 
@@ -170,6 +175,16 @@ class LeaderFeed:
         with self._flushing:
             self._flush_now()
 
+    def _ended(self, job_id: int, ended: dict[int, str]) -> list[dict]:
+        """The final doc of a job that left the queue (the leader's history has it), else ``ended`` marks it."""
+        try:
+            return [self.client.job(job_id)[0]]
+        except ApiError as err:
+            if err.status != 404:
+                raise
+            ended[job_id] = "finished"
+            return []
+
     def _flush_now(self) -> None:
         with self._lock:
             ids, self._dirty = sorted(self._dirty), set()
@@ -182,8 +197,10 @@ class LeaderFeed:
             jobs += got
             pending.update(waits)
         seen = {j["id"] for j in jobs}
-        ended = {i: "finished" for i in ids if i not in seen}
-        ended.update({i: data["state"] for i, data in finished.items()})
+        ended = {i: data["state"] for i, data in finished.items()}
+        for i in ids:
+            if i not in seen and i not in ended:  # it ended after its event: its end's own event may not be read yet
+                jobs += self._ended(i, ended)
         if jobs or ended:
             self.post(JobsChanged(jobs, pending, ended))
         if nodes_dirty:

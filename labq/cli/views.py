@@ -97,7 +97,9 @@ def _pump_events(client: Client, changed, failure: list[Exception]) -> None:
     last = None
     while True:
         try:
-            for event in client.events(after=last):
+            stream = client.events(after=last)
+            changed.set()  # open now: draw again, so a change between the last drawing and the opening shows
+            for event in stream:
                 last = event["id"] if event["id"] is not None else last
                 changed.set()
         except ApiError as err:

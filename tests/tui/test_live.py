@@ -15,6 +15,7 @@ from labq.cli import _parser
 from labq.cli.errors import CliError
 from labq.cli.tui import app_for
 from labq.tui.app import KEEP_FINISHED_S
+from labq.tui.feed import JobsChanged, LeaderFeed
 from labq.tui.nodes import NodesScreen
 from tests.tui.labs import drive, until
 
@@ -123,6 +124,53 @@ def test_a_finished_job_leaves_the_queue_view_after_the_keep_time(lab):
         assert time.time() - ended >= 2 and len(times) == 1, times
         assert done not in app.rows and done not in app.jobs
         assert table.shown == [staying] and "1 jobs: 1 running" in text(app.screen, "#banner")
+
+    drive(app, scenario)
+
+
+def test_a_job_that_ends_between_its_event_and_its_fetch_shows_its_final_state(lab):
+    """The feed fetches the jobs an event named; one that ended after that event (its end committed, its own event
+    not read yet) is not in the queue any more, and the leader's history says how it ended: never "running"."""
+    _, waiting = blocker_and_next(lab)
+    posted = []
+    feed = LeaderFeed(lab.client(), posted.append)
+    feed._take({"event": "job", "data": {"job_id": waiting, "pending": True}})  # as the stream says it
+    lab.labq("cancel", str(waiting))
+    feed._flush()
+    changed = [m for m in posted if isinstance(m, JobsChanged)]
+    assert [[(j["id"], j["state"]) for j in m.jobs] for m in changed] == [[(waiting, "cancelled")]], changed
+    assert changed[0].finished == {}
+
+
+def test_the_event_stream_is_open_when_events_returns(lab):
+    """A view opens the stream, then loads: an event published after ``events()`` returned is in the stream, so a job
+    submitted between the load and the first read is never missed (the feed would show it only after a restart)."""
+    client = lab.client()
+    stream = client.events()
+    job = lab.submit("sleep", "300", name="after-open")
+    first = next(e for e in stream if e["event"] == "job")
+    stream.close()
+    assert (first["data"]["job_id"], first["data"]["state"]) == (job, "queued"), first
+
+
+def test_a_later_final_state_replaces_an_end_seen_without_one(lab):
+    """A job the leader no longer knows at all is shown as ended with its last state; its final state, when its event
+    comes, replaces that, and a stale fetch of it as running never brings it back."""
+    job = lab.submit("sleep", "300", name="ends")
+    lab.wait_state(job, "running")
+    app = lab.app()
+
+    async def scenario(pilot):
+        await until(pilot, lambda: job in app.rows, "the running job")
+        running = dict(app.jobs[job])
+        app.post_message(JobsChanged([], {}, {job: "finished"}))
+        await until(pilot, lambda: job in app.finished_at, "the end without a state", lambda: app.rows[job])
+        app.post_message(JobsChanged([], {}, {job: "cancelled"}))
+        await until(pilot, lambda: app.rows[job].state == "cancelled", "the final state", lambda: app.rows[job])
+        app.post_message(JobsChanged([running], {}, {}))
+        app.post_message(JobsChanged([], {}, {job: "finished"}))
+        await pilot.pause(0.3)
+        assert app.rows[job].state == "cancelled" and app.rows[job].finished
 
     drive(app, scenario)
 
