@@ -1,11 +1,11 @@
 """Backing up a data folder while the leader runs, and restoring a backup into a data folder.
 
-A backup needs no lock, so the leader keeps committing meanwhile. It reads one version of the
-database: every commit renames a whole new file in, so the file opened is one commit, whole;
-it is checked as the store checks it on open. Then it copies the archive lines of the commits
-up to that one. Lines are appended and fsynced before their commit's database is renamed in,
-so every line of those commits is there; lines of later commits (and one being appended, torn)
-are left out. So every job is in the backup exactly once: in the database if it was unfinished
+A backup needs no lock, so the leader keeps committing meanwhile. It reads the state as the
+store would load it: the snapshot and the journal records after it (a record being appended
+is torn, and left out), checked as the store checks them on open, and writes that state as the
+backup's one database file. Then it copies the archive lines of the commits up to that one.
+Lines are appended and fsynced before their commit's journal record, so every line of those
+commits is there; lines of later commits (and one being appended, torn) are left out. So every job is in the backup exactly once: in the database if it was unfinished
 at that commit, else in the archive. The backup is then read back and checked against its
 manifest (``manifest.json``: when, which labq, schema, commit, files with sizes and sha256).
 
@@ -28,8 +28,9 @@ from pathlib import Path
 from labq.store.contract import JOBS, META, StoreError, StoreLocked
 from labq.store.files import Disk, replace_atomically
 from labq.store.tinydb_store import (
-    ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, decode, encode, recover_hint, take_leader_lock,
+    ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, decode, encode, read_state, recover_hint, take_leader_lock,
 )
+from labq.store.journal import journal_files
 
 MANIFEST = "manifest.json"
 FORMAT = "labq-backup"
@@ -135,12 +136,11 @@ def backup(data_dir: str | os.PathLike, dest: str | os.PathLike, *, clock=time.t
 def _snapshot(data_dir: Path) -> tuple[dict[str, bytes], dict]:
     """One consistent view: the database as one commit, and the archive lines up to that commit."""
     path = data_dir / DB_NAME
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    if not path.exists():
         raise BackupError(f"{data_dir} has no database ({DB_NAME}): there is nothing to back up",
-                          "Give the leader's data folder with --data-dir.") from None
+                          "Give the leader's data folder with --data-dir.")
     try:
+        raw = read_state(data_dir).capture().encode()  # the snapshot and the journal after it: one commit, whole
         data = decode(raw, path)
     except StoreError as err:
         raise BackupError(f"the database is damaged, and a backup of it would not restore: {err.args[0]}",
@@ -261,6 +261,7 @@ def check_backup(folder: str | os.PathLike) -> Manifest:
 def lab_files(data_dir: Path) -> list[str]:
     """The files of a lab in ``data_dir`` that a restore replaces (relative names)."""
     names = [n for n in (DB_NAME, PREVIOUS_NAME, JOIN_TOKEN) if (data_dir / n).exists()]
+    names += [path.name for _, path in journal_files(data_dir)]
     archive = data_dir / ARCHIVE_DIR
     if archive.is_dir():
         names += [f"{ARCHIVE_DIR}/{p.name}" for p in sorted(archive.glob("jobs-*.jsonl"))]

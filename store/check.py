@@ -1,4 +1,4 @@
-"""A read-only look at a data folder: is the database sound, is there a good previous copy."""
+"""A read-only look at a data folder: are the snapshot and its journals sound, is there a good previous copy."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labq.store.contract import JOBS, META, StoreError
+from labq.store.journal import JournalDamaged, journal_files, read_journal
 from labq.store.tinydb_store import ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, decode
 
 
@@ -24,6 +25,8 @@ def check_data_dir(data_dir: str | os.PathLike) -> list[FileReport]:
     """Report on the database, its previous copy and the archive; changes nothing."""
     data_dir = Path(data_dir)
     reports = [_database(data_dir / DB_NAME), _database(data_dir / PREVIOUS_NAME)]
+    journals = journal_files(data_dir)
+    reports += [_journal(path, last=number == len(journals) - 1) for number, (_, path) in enumerate(journals)]
     archive = data_dir / ARCHIVE_DIR
     files = sorted(archive.glob("jobs-*.jsonl")) if archive.is_dir() else []
     lines = 0
@@ -44,3 +47,17 @@ def _database(path: Path) -> FileReport:
     meta = data[META]["1"]
     return FileReport(path.name, True, f"commit {meta['seq']}, {len(data.get(JOBS, {}))} unfinished job(s), "
                                        f"next job id {meta['next_job_id']}")
+
+
+def _journal(path: Path, *, last: bool) -> FileReport:
+    try:
+        read = read_journal(path, last=last)
+    except JournalDamaged as err:
+        return FileReport(path.name, False, f"damaged at byte {err.offset}: {err.what}")
+    if not read.records:
+        detail = "no commits"
+    else:
+        detail = f"commits {read.records[0]['seq']} to {read.records[-1]['seq']}"
+    if read.torn:
+        detail += "; a torn last record (a crash mid-append, never acknowledged): cut off at the next start"
+    return FileReport(path.name, True, detail)

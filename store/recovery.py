@@ -1,4 +1,10 @@
-"""Going back to the last good copy when the database is damaged, after saying what is lost."""
+"""Going back to the last sound state when the data is damaged, after saying what is lost.
+
+The sound state is a snapshot (``labq.json``, or ``labq.json.prev`` when that is damaged) and the
+journal records after it up to the first damaged one. A damaged snapshot alone loses nothing: the
+journals kept reach back to the previous snapshot. Damage inside a journal loses the commits from
+there on.
+"""
 
 from __future__ import annotations
 
@@ -8,30 +14,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labq.store.archive import Archive
-from labq.store.contract import JOBS, META, StoreError
+from labq.store.contract import StoreError
 from labq.store.files import Disk, replace_atomically
-from labq.store.tinydb_store import (
-    ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, decode, encode, recover_hint, take_leader_lock,
-)
+from labq.store.hot import HotState
+from labq.store.journal import ids_mentioned, journal_files, read_journal
+from labq.store.tinydb_store import ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, decode, recover_hint, take_leader_lock
 
 
 @dataclass(frozen=True)
 class RecoveryPlan:
     data_dir: Path
-    problem: str  #: what is wrong with the database now
-    good_seq: int  #: the commit the previous copy holds
+    problem: str  #: what is wrong with the data now
+    source: str  #: the snapshot the sound state starts from
+    source_seq: int
+    good_seq: int  #: the last sound commit
     good_jobs: int
     good_next_job_id: int
     resume_job_id: int  #: ids continue from here: past anything a lost commit handed out
     lost_archive: tuple[dict, ...]  #: archive lines of later commits, which are dropped
+    state: HotState  #: the sound state, which recovering writes as the snapshot
 
     def describe(self) -> str:
+        journal = (f" and the journal after it up to commit {self.good_seq}" if self.good_seq > self.source_seq
+                   else "")
         lines = [
             f"The database is damaged: {self.problem.splitlines()[0]}",
-            f"The last good copy ({PREVIOUS_NAME}) holds commit {self.good_seq}: "
-            f"{self.good_jobs} unfinished job(s), next job id {self.good_next_job_id}.",
+            f"The last sound state ({self.source}, commit {self.source_seq}{journal}) holds commit "
+            f"{self.good_seq}: {self.good_jobs} unfinished job(s), next job id {self.good_next_job_id}.",
             "Recovering makes it the database. Lost: whatever was committed after it "
-            "(the damaged file is kept beside it, renamed, for inspection).",
+            "(the damaged files are kept beside it, renamed, for inspection).",
             f"Job ids continue from {self.resume_job_id}, past any id a lost commit handed out.",
         ]
         finished = sorted({e["job"]["id"] for e in self.lost_archive if "job" in e})
@@ -48,39 +59,73 @@ def plan_recovery(data_dir: str | os.PathLike) -> RecoveryPlan:
     """What recovering would do; raises StoreError when there is nothing to do or nothing to go back to."""
     data_dir = Path(data_dir)
     current, previous = data_dir / DB_NAME, data_dir / PREVIOUS_NAME
+    problem = None
     try:
         if not current.exists():
             raise StoreError(f"{current} is missing")
-        decode(current.read_bytes(), current)
+        state, source = HotState(decode(current.read_bytes(), current)), DB_NAME
     except StoreError as err:
         problem = str(err)
-    else:
-        raise StoreError(f"{current} is fine: there is nothing to recover")
-    if not previous.exists():
-        raise StoreError(f"there is no previous copy ({previous}) to recover from", recover_hint(data_dir))
-    try:
-        good = decode(previous.read_bytes(), previous)
-    except StoreError as err:
-        raise StoreError(f"the previous copy is damaged too: {err.args[0]}", recover_hint(data_dir)) from None
-    meta = good[META]["1"]
-    lost = Archive(data_dir / ARCHIVE_DIR, Disk()).after(meta["seq"])
-    return RecoveryPlan(data_dir, problem, meta["seq"], len(good.get(JOBS, {})), meta["next_job_id"],
-                        meta["ids_reserved_until"], tuple(e for e in lost if not e.get("torn")))
+        if not previous.exists():
+            raise StoreError(f"there is no previous copy ({previous}) to recover from", recover_hint(data_dir))
+        try:
+            state, source = HotState(decode(previous.read_bytes(), previous)), PREVIOUS_NAME
+        except StoreError as again:
+            raise StoreError(f"the previous copy is damaged too: {again.args[0]}", recover_hint(data_dir)) from None
+    source_seq = state.seq
+    journal_problem, mentioned = _replay_until_damage(state, data_dir)
+    if problem is None and journal_problem is None:
+        raise StoreError(f"{current} and its journal are fine: there is nothing to recover")
+    lost = Archive(data_dir / ARCHIVE_DIR, Disk()).after(state.seq)
+    # with commits lost, ids continue past any they may have handed out: what the sound ones reserved, and any
+    # id a later record names (its digits may be the damage: the reservation covers that)
+    resume = state.next_job_id if journal_problem is None else max(state.next_job_id, state.reserved, mentioned)
+    return RecoveryPlan(data_dir, problem or journal_problem or "", source, source_seq, state.seq, len(state.jobs),
+                        state.next_job_id, resume, tuple(e for e in lost if not e.get("torn")), state)
+
+
+def _replay_until_damage(state: HotState, data_dir: Path) -> tuple[str | None, int]:
+    """Take the sound records after ``state``; what stopped them (None: nothing), and the highest job id the
+    records after that point may have handed out."""
+    journals = journal_files(data_dir)
+    for number, (_, path) in enumerate(journals):
+        read = read_journal(path, last=number == len(journals) - 1, upto_damage=True)
+        for index, record in enumerate(read.records):
+            if record["seq"] <= state.seq:
+                continue
+            if record["seq"] != state.seq + 1:
+                later = b"".join(p.read_bytes() for _, p in journals[number:])
+                return (f"{path} goes on from commit {record['seq']}, after commit {state.seq}: "
+                        f"commits are missing", ids_mentioned(later))
+            state.take(record)
+        if read.damage is not None:
+            later = read.rest + b"".join(p.read_bytes() for _, p in journals[number + 1:])
+            return str(read.damage), ids_mentioned(later)
+    return None, 0
 
 
 def recover(plan: RecoveryPlan, disk: Disk | None = None) -> Path | None:
-    """Make the previous copy the database; return where the damaged file was kept."""
+    """Write the sound state as the database and move the journals aside; return where a damaged database
+    file was kept (None when the database file itself was sound or missing)."""
     disk = disk or Disk()
     lock = take_leader_lock(plan.data_dir)
     try:
-        current, previous = plan.data_dir / DB_NAME, plan.data_dir / PREVIOUS_NAME
+        current = plan.data_dir / DB_NAME
+        stamp = time.strftime('%Y%m%dT%H%M%S')
         kept = None
-        if current.exists():
-            kept = plan.data_dir / f"{DB_NAME}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+        if current.exists() and plan.source != DB_NAME:
+            kept = plan.data_dir / f"{DB_NAME}.damaged-{stamp}"
             os.link(current, kept)
-        good = decode(previous.read_bytes(), previous)
-        good[META]["1"]["next_job_id"] = plan.resume_job_id
-        replace_atomically(current, encode(good), disk)
+        plan.state.next_job_id = plan.resume_job_id
+        snapshot = plan.state.capture()
+        replace_atomically(current, snapshot.encode(), disk)
+        journals = journal_files(plan.data_dir)
+        if journals:  # all in the new database up to the damage; the rest is lost: kept for inspection
+            aside = plan.data_dir / f"journals-before-recovery-{stamp}"
+            aside.mkdir(exist_ok=True)
+            for _, path in journals:
+                os.rename(path, aside / path.name)
+            disk.fsync_folder(plan.data_dir)
         return kept
     finally:
         os.close(lock)

@@ -1,18 +1,28 @@
-"""The leader's durable store: a TinyDB database that is never torn, plus a job archive.
+"""The leader's durable store: a journal of commits in front of a TinyDB snapshot, plus a job archive.
 
 Layout of the data folder::
 
-    labq.json        the hot database (TinyDB's JSON format): unfinished jobs,
-                     reservations, users, ...; a checksummed ``_meta`` table
-                     with the schema version, the commit count and the next job id
-    labq.json.prev   the previous good copy, one commit older
+    labq.json        the snapshot (TinyDB's JSON format): unfinished jobs, reservations,
+                     users, ...; a checksummed ``_meta`` table with the schema version,
+                     the commit it holds and the next job id
+    labq.json.prev   the snapshot before it
+    journal-*.log    every commit after the previous snapshot, one checksummed record
+                     each (``labq.store.journal``), named by the first commit it holds
     archive/         finished jobs, one JSON-lines file a month
     leader.lock      held by the one process that writes
 
-A commit returns only once it is on disk. Commits arriving while one is
-being written wait and then go to disk together (group commit): one write and
-one fsync for all of them, so throughput does not collapse to one fsync per
-submit.
+A commit returns only once it is on disk: its archive lines, then one journal record,
+each appended and fsynced. Commits arriving while one is being written wait and then go
+to disk together (group commit): one append and one fsync for all of them. A commit
+costs what it changed, not the size of the lab: only its documents are encoded.
+
+When the journal has grown to the snapshot's size, a background thread compacts: it
+starts a new journal (commits wait only for that swap), writes a new snapshot the safe
+way (``replace_atomically``: the old one becomes ``labq.json.prev``) from documents
+encoded once already, and removes the journals neither snapshot needs. Opening loads the
+snapshot and replays the journals after it; only a torn last record (a crash mid-append,
+never acknowledged) is dropped. Any other damage stops the store, with the way to
+``labq store check`` and ``recover``. Closing compacts, so a clean restart reads one file.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import logging
 import json
 import os
 import re
@@ -30,17 +41,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinydb import Query, TinyDB
-from tinydb.storages import Storage
-from tinydb.table import Document
-
 from labq.store.archive import Archive
 from labq.store.contract import (
-    JOBS, META, Batch, Change, Ids, CommitFailed, CorruptDatabase, SchemaMismatch, StoredState, StoreError, StoreLocked,
+    META, Batch, Change, Ids, CommitFailed, CorruptDatabase, SchemaMismatch, StoredState, StoreError, StoreLocked,
 )
 from labq.store.files import Disk, remove_stale_temp_files, replace_atomically
+from labq.store.hot import PREFIX, SCHEMA, HotState, stamp
+from labq.store.journal import (
+    JournalDamaged, JournalStuck, JournalWriter, dumps, journal_files, journal_name, read_journal,
+)
 
-SCHEMA = 1
+log = logging.getLogger("labq.store")
+#: the least the journal grows to before a compaction (it also waits for a snapshot's size)
+COMPACT_MIN_BYTES = 8 * 1024 * 1024
 #: Each commit records that ids up to this many past its next id may have been handed out,
 #: so that a recovery to the previous copy never hands out an id a lost commit used.
 ID_RESERVE = 1000
@@ -59,9 +72,10 @@ def recover_hint(data_dir: Path, *, checked: bool = False) -> str:
     lines = [] if checked else ["Nothing was changed. To see which files are sound: "
                                 f"labq store check --data-dir {data_dir}"]
     problem = previous_copy_problem(data_dir)
-    if problem is None:
+    if problem is None or _sound(data_dir / DB_NAME):
         return "\n".join(lines + [
-            f"To go back to the last good copy ({PREVIOUS_NAME}) and start, run:",
+            "To go back to the last sound state (a sound copy of the database and the journal up to the damage) "
+            "and start, run:",
             f"    labq leader --recover --data-dir {data_dir}",
             f"(or labq store recover --data-dir {data_dir} to recover without starting). "
             f"Both say what will be lost before they do anything."])
@@ -74,6 +88,14 @@ def recover_hint(data_dir: Path, *, checked: bool = False) -> str:
         f"the archive of finished jobs, {archive}) are moved into {data_dir}/replaced-<time>/, not deleted.",
         f"Without a backup: move {data_dir} aside and start a new lab; the finished jobs stay readable, "
         f"one JSON line each, in the archive files it had ({archive}/jobs-YYYY-MM.jsonl)."])
+
+
+def _sound(path: Path) -> bool:
+    try:
+        decode(path.read_bytes(), path)
+    except (OSError, StoreError):
+        return False
+    return True
 
 
 def previous_copy_problem(data_dir: Path) -> str | None:
@@ -92,24 +114,13 @@ def previous_copy_problem(data_dir: Path) -> str | None:
     return None
 
 
-def _dumps(data: dict) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-# Canonical JSON sorts keys, so the file always opens with the _meta table (table names are
-# lower-case, "_" sorts first) and its record, whose first key is "checksum". The checksum is
-# spliced in there: one serialisation per commit, and a check on open that needs none.
-_PREFIX = b'{"' + META.encode() + b'":{"1":{'
 _CHECKSUM = re.compile(rb'"checksum":"([0-9a-f]{64})",')
 
 
 def encode(data: dict) -> bytes:
     """The file's bytes: canonical JSON whose ``_meta`` carries a checksum of the rest."""
     data[META]["1"].pop("checksum", None)
-    body = _dumps(data)
-    assert body.startswith(_PREFIX), "the _meta table must come first"
-    digest = hashlib.sha256(body).hexdigest().encode()
-    return _PREFIX + b'"checksum":"' + digest + b'",' + body[len(_PREFIX):]
+    return stamp(dumps(data))
 
 
 def decode(raw: bytes, path: Path) -> dict:
@@ -137,9 +148,9 @@ def decode(raw: bytes, path: Path) -> dict:
         raise CorruptDatabase(f"{path} is not a labq database: it has no {META} table") from None
     # The checksum first: a changed digit in the schema number is damage, not another labq.
     meta.pop("checksum", None)
-    stamp = _CHECKSUM.match(raw, len(_PREFIX)) if raw.startswith(_PREFIX) else None
-    body = _PREFIX + raw[stamp.end():] if stamp else b""
-    if stamp is None or stamp.group(1).decode() != hashlib.sha256(body).hexdigest():
+    mark = _CHECKSUM.match(raw, len(PREFIX)) if raw.startswith(PREFIX) else None
+    body = PREFIX + raw[mark.end():] if mark else b""
+    if mark is None or mark.group(1).decode() != hashlib.sha256(body).hexdigest():
         if schema == SCHEMA:
             raise CorruptDatabase(f"{path} fails its checksum: it was changed or damaged on disk")
         raise CorruptDatabase(
@@ -162,19 +173,6 @@ def decode(raw: bytes, path: Path) -> dict:
     return data
 
 
-class _Memory(Storage):
-    """TinyDB's view of the hot database: kept in memory; the store decides when it goes to disk."""
-
-    def __init__(self, data: dict) -> None:
-        self.data = data
-
-    def read(self) -> dict:
-        return self.data
-
-    def write(self, data: dict) -> None:
-        self.data = data
-
-
 @dataclass
 class _Ticket:
     changes: list[Change]
@@ -184,29 +182,41 @@ class _Ticket:
 
 
 class TinyDBStore:
-    """The store the leader uses. Thread-safe; one per data folder and process."""
+    """The store the leader uses. Thread-safe; one per data folder and process.
+
+    ``compact_bytes``: the journal's size that starts a compaction (default: the snapshot's size, at
+    least ``COMPACT_MIN_BYTES``), so loading never reads much more than one snapshot's worth."""
 
     def __init__(self, data_dir: str | os.PathLike, *, disk: Disk | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, compact_bytes: int | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.path = self.data_dir / DB_NAME
         self.previous = self.data_dir / PREVIOUS_NAME
         self.disk = disk or Disk()
         self.clock = clock
+        self.compact_bytes = compact_bytes
         self.archive = Archive(self.data_dir / ARCHIVE_DIR, self.disk)
         self._cond = threading.Condition()
         self._queue: list[_Ticket] = []
         self._writing = False
         self._broken: str | None = None
+        self._hot_lock = threading.Lock()  #: the hot state changes or is captured; never held across a write
+        self._compacting = threading.Lock()
+        self._compact_wanted = threading.Event()
+        self._closing = threading.Event()
+        self.compactions = 0
         self._lock_fd = take_leader_lock(self.data_dir)
         try:
             self._open()
         except BaseException:
             os.close(self._lock_fd)
             raise
+        self._compactor = threading.Thread(target=self._compact_loop, name="labq-store-compactor", daemon=True)
+        self._compactor.start()
 
     def _open(self) -> None:
         remove_stale_temp_files(self.data_dir, [DB_NAME, PREVIOUS_NAME])
+        journals = journal_files(self.data_dir)
         if self.path.exists():
             raw = self.path.read_bytes()
             try:
@@ -214,43 +224,49 @@ class TinyDBStore:
             except CorruptDatabase as err:
                 raise CorruptDatabase(err.args[0], recover_hint(self.data_dir)) from None
         else:
-            leftovers = [p.name for p in (self.previous,) if p.exists()] + [
+            leftovers = [p.name for p in (self.previous,) if p.exists()] + [p.name for _, p in journals] + [
                 f"{ARCHIVE_DIR}/{p.name}" for p in self.archive.files()]
             if leftovers:
                 raise CorruptDatabase(
-                    f"{self.path} is missing, but {', '.join(leftovers)} is there: this is not a new lab",
+                    f"{self.path} is missing, but {', '.join(leftovers)} {'is' if len(leftovers) == 1 else 'are'} "
+                    f"there: this is not a new lab",
                     recover_hint(self.data_dir))
             data = {META: {"1": {"schema": SCHEMA, "seq": 0, "next_job_id": 1,
                                  "ids_reserved_until": 1 + ID_RESERVE}}}
             raw = encode(data)
             replace_atomically(self.path, raw, self.disk)
-        meta = data[META]["1"]
-        self._committed = meta["seq"]
-        self._reserved = meta["ids_reserved_until"]
+        self._hot = HotState(data)
+        self._snapshot_seq, self._snapshot_bytes = self._hot.seq, len(raw)
+        try:
+            good_bytes = replay(self._hot, journals, self.path)
+        except CorruptDatabase as err:
+            raise CorruptDatabase(err.args[0], recover_hint(self.data_dir)) from None
+        if journals:
+            self._journal = JournalWriter(journals[-1][1], self.disk, good_bytes=good_bytes)
+        else:
+            self._journal = JournalWriter(self.data_dir / journal_name(self._hot.seq + 1), self.disk)
+        self._committed = self._hot.seq
+        self._reserved = self._hot.reserved
         self.archive.cut_after(self._committed)
-        self._last_good = raw
-        self._db = TinyDB(data, storage=_Memory)
-        self._ids = Ids(hot={doc.doc_id for doc in self._db.table(JOBS).all()}, next_job_id=meta["next_job_id"],
-                        floor=meta["next_job_id"])
-        self._record_keys = {
-            name: {doc["key"] for doc in self._db.table(name).all()}
-            for name in self._db.tables() if name not in (JOBS, META)
-        }
+        self._ids = Ids(hot=set(self._hot.jobs), next_job_id=self._hot.next_job_id, floor=self._hot.next_job_id)
+        self._record_keys = {name: set(table) for name, table in self._hot.tables.items()}
 
     # -- reading -------------------------------------------------------------------------
 
     def load(self) -> StoredState:
-        with self._cond:
-            while self._writing:
-                self._cond.wait()
-            jobs = {doc.doc_id: dict(doc) for doc in self._db.table(JOBS).all()}
-            records = {name: {doc["key"]: doc["record"] for doc in self._db.table(name).all()}
-                       for name in self._db.tables() if name not in (JOBS, META)}
-            return StoredState(jobs, records, self._ids.next_job_id, self._committed)
+        with self._hot_lock:
+            hot = self._hot
+            jobs = {job_id: dict(doc) for job_id, doc in hot.jobs.items()}
+            records = {name: {key: record for key, (_, record) in table.items()} for name, table in hot.tables.items()}
+            return StoredState(jobs, records, hot.next_job_id, hot.seq)
 
     def history(self, since: float | None = None, until: float | None = None) -> list[dict]:
         """Finished jobs from the archive (newest version of each), by when they ended."""
         return list(self.archive.read(self._committed, since, until))
+
+    @property
+    def journal_bytes(self) -> int:
+        return self._journal.size
 
     # -- writing -------------------------------------------------------------------------
 
@@ -287,6 +303,7 @@ class TinyDBStore:
         return ticket.seq
 
     def _write(self, tickets: list[_Ticket]) -> None:
+        """One group commit: the batch's archive lines, then its journal record, each fsynced once."""
         if self._broken:
             for t in tickets:
                 t.error = CommitFailed(f"the store refuses changes until the leader restarts: {self._broken}")
@@ -301,59 +318,115 @@ class TinyDBStore:
                 t.error = err
         if not accepted:
             return
+        seq = self._committed + 1
+        reserved = self._reserved if batch.next_job_id <= self._reserved else batch.next_job_id + ID_RESERVE
+        texts = {job_id: dumps(doc) for job_id, doc in batch.jobs.items() if doc is not None}
+        records = [[name, key, record] for (name, key), record in batch.records.items()]
+        payload = (b'{"jobs":{' + b",".join(b'"%d":%s' % (job_id, texts.get(job_id, b"null")) for job_id in batch.jobs)
+                   + b'},"next_job_id":%d,"records":%s,"reserved":%d,"seq":%d}'
+                   % (batch.next_job_id, dumps(records), reserved, seq))
         sizes: dict = {}
         try:
-            if batch.next_job_id > self._reserved:
-                # The previous copy must cover every id this commit hands out: commit the
-                # reservation first, so that it becomes the previous copy.
-                self._write_meta(self._committed + 1, self._ids.next_job_id, batch.next_job_id + ID_RESERVE)
-            seq = self._committed + 1
             if batch.archive:
                 sizes = self.archive.append(seq, batch.archive, self.clock())
-            self._apply(batch)
-            self._write_meta(seq, batch.next_job_id, max(self._reserved, batch.next_job_id + ID_RESERVE))
+            self._journal.append(payload)
         except OSError as err:
-            self._db = TinyDB(json.loads(self._last_good), storage=_Memory)
+            if isinstance(err, JournalStuck):
+                self._broken = f"the journal could not be cut back after a failed append ({err.strerror})"
             try:
                 self.archive.roll_back(sizes)
             except OSError as again:
                 self._broken = f"the archive could not be rolled back ({again.strerror})"
+            cause = err.__cause__ if isinstance(err, JournalStuck) else err
             failure = CommitFailed(
-                f"the change was not saved: {err.strerror or err} ({err.filename or self.path})",
-                "Nothing was acknowledged and the database on disk is as it was. "
-                + ("Free some space in " + str(self.data_dir) if err.errno == errno.ENOSPC
+                f"the change was not saved: {getattr(cause, 'strerror', None) or cause} "
+                f"({getattr(cause, 'filename', None) or self._journal.path})",
+                "Nothing was acknowledged and the data on disk is as it was. "
+                + ("Free some space in " + str(self.data_dir) if getattr(cause, "errno", None) == errno.ENOSPC
                    else "Check the disk (dmesg) before retrying."))
             for t in accepted:
                 t.error = failure
             return
+        record = {"jobs": {str(job_id): doc for job_id, doc in batch.jobs.items()}, "records": records,
+                  "next_job_id": batch.next_job_id, "reserved": reserved, "seq": seq}
+        with self._hot_lock:
+            self._hot.take(record, texts)
+        self._committed, self._reserved = seq, reserved
         batch.settle()
         for t in accepted:
             t.seq = seq
+        if self._journal.size >= self._compact_at():
+            self._compact_wanted.set()
 
-    def _write_meta(self, seq: int, next_job_id: int, reserved: int) -> None:
-        """Stamp the commit into ``_meta`` and put the whole database on disk."""
-        self._db.table(META).upsert(Document(
-            {"schema": SCHEMA, "seq": seq, "next_job_id": next_job_id, "ids_reserved_until": reserved}, doc_id=1))
-        payload = encode(self._db.storage.data)
-        replace_atomically(self.path, payload, self.disk, previous=self.previous)
-        self._committed, self._reserved, self._last_good = seq, reserved, payload
+    def _compact_at(self) -> int:
+        if self.compact_bytes is not None:
+            return self.compact_bytes
+        return max(COMPACT_MIN_BYTES, self._snapshot_bytes)
 
-    def _apply(self, batch: Batch) -> None:
-        jobs = self._db.table(JOBS)
-        gone = [job_id for job_id in batch.jobs if job_id in self._ids.hot]
-        if gone:
-            jobs.remove(doc_ids=gone)
-        fresh = [Document(doc, doc_id=job_id) for job_id, doc in batch.jobs.items() if doc is not None]
-        if fresh:
-            jobs.insert_multiple(fresh)
-        for (name, key), record in batch.records.items():
-            table = self._db.table(name)
-            if record is None:
-                table.remove(Query().key == key)
-            else:
-                table.upsert({"key": key, "record": record}, Query().key == key)
+    # -- compaction ------------------------------------------------------------------------
+
+    def compact(self) -> bool:
+        """Write a snapshot of the state now and start a new journal; commits wait only while the journal
+        is swapped, never while the snapshot is encoded or written. Journals that neither the new snapshot
+        nor the previous copy needs are removed. False when there was nothing to compact."""
+        with self._compacting:
+            with self._cond:
+                while self._writing:
+                    self._cond.wait()
+                self._writing = True  # the writer waits while the journal is swapped
+            try:
+                if self._broken or self._committed == self._snapshot_seq:
+                    return False
+                with self._hot_lock:
+                    capture = self._hot.capture()
+                fresh = JournalWriter(self.data_dir / journal_name(capture.seq + 1), self.disk)
+                self._journal, old = fresh, self._journal
+                old.close()
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+            payload = capture.encode()
+            replace_atomically(self.path, payload, self.disk, previous=self.previous)
+            kept_from, self._snapshot_seq, self._snapshot_bytes = self._snapshot_seq, capture.seq, len(payload)
+            journals = journal_files(self.data_dir)
+            for (_, path), (following, _) in zip(journals, journals[1:]):
+                if following - 1 <= kept_from:  # all of it is in the previous copy too
+                    path.unlink()
+            self.disk.fsync_folder(self.data_dir)
+            self.compactions += 1
+            return True
+
+    def _compact_loop(self) -> None:
+        """Compacts when a commit asks; a failure is logged and tried again later, never the end of the loop."""
+        delay = 1.0
+        while not self._closing.is_set():
+            self._compact_wanted.wait()
+            if self._closing.is_set():
+                return
+            self._compact_wanted.clear()
+            try:
+                self.compact()
+                delay = 1.0
+            except Exception:  # noqa: BLE001 - the journal keeps every commit meanwhile: try again later
+                log.exception("compacting the store failed; the journal keeps every commit; trying again in %.0f s",
+                              delay)
+                self._closing.wait(delay)
+                delay = min(delay * 2, 300.0)
+                self._compact_wanted.set()
 
     def close(self) -> None:
+        """Stop; a last compaction makes the next start read one snapshot (a failure only leaves the journal)."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self._compact_wanted.set()
+        self._compactor.join(timeout=60)
+        try:
+            self.compact()
+        except Exception:  # noqa: BLE001 - the journal has every commit: the next start replays it
+            log.exception("the last compaction failed; the next start replays the journal")
+        self._journal.close()
         with contextlib.suppress(OSError):
             os.close(self._lock_fd)
 
@@ -362,6 +435,42 @@ class TinyDBStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def replay(hot: HotState, journals: list[tuple[int, Path]], snapshot: Path) -> int | None:
+    """Apply the records after ``hot``'s commit from ``journals``; the sound length of the last journal (where a
+    torn tail starts), None when there are none. Raises CorruptDatabase for damage or a gap."""
+    good_bytes = None
+    for number, (_, path) in enumerate(journals):
+        try:
+            read = read_journal(path, last=number == len(journals) - 1)
+        except JournalDamaged as err:
+            raise CorruptDatabase(str(err)) from None
+        for record in read.records:
+            if record["seq"] <= hot.seq:
+                continue
+            if record["seq"] != hot.seq + 1:
+                raise CorruptDatabase(f"{path} goes on from commit {record['seq']}, but {snapshot} and the journals "
+                                      f"before it end at commit {hot.seq}: commits are missing")
+            hot.take(record)
+        good_bytes = read.good_bytes
+    return good_bytes
+
+
+def read_state(data_dir: Path) -> HotState:
+    """What a store opened on ``data_dir`` would load, read only and beside a running leader: the snapshot and
+    the journals after it, a record being appended left out. Raises CorruptDatabase or SchemaMismatch."""
+    path = data_dir / DB_NAME
+    for attempt in range(5):
+        hot = HotState(decode(path.read_bytes(), path))
+        journals = journal_files(data_dir)
+        try:
+            replay(hot, journals, path)
+            return hot
+        except (FileNotFoundError, CorruptDatabase):
+            if attempt == 4 or journal_files(data_dir) == journals:
+                raise  # no compaction changed the files meanwhile: the damage is real
+    raise AssertionError("unreachable")
 
 
 def take_leader_lock(data_dir: Path) -> int:

@@ -20,7 +20,7 @@ examples:
   labq leader                              serve on 127.0.0.1:7733, data in ~/.local/share/labq
   labq leader --listen 0.0.0.0:7733        serve the other workstations too
   labq leader --print-config > leader.toml the settings and their defaults
-  labq leader --recover                    after a damaged database: back to the last good copy
+  labq leader --recover                    after a damaged database: back to the last sound state
 """
 
 AGENT_EPILOG = """\
@@ -43,7 +43,7 @@ def add_commands(sub) -> None:
                             "and serves the API. On a new lab it makes you the first admin and saves your token.")
     _leader_options(leader)
     leader.add_argument("--recover", action="store_true",
-                        help="the database is damaged: go back to the last good copy (says what is lost first)")
+                        help="the database is damaged: go back to the last sound state (says what is lost first)")
     leader.add_argument("--yes", action="store_true", help="with --recover: do not ask")
     leader.add_argument("--print-config", action="store_true", help="print the settings file with its defaults")
     leader.add_argument("--no-mdns", action="store_true", help="do not announce the leader over mDNS")

@@ -17,7 +17,7 @@ examples:
   labq store check                        is the database sound?
   labq store backup /mnt/backups/labq-$(date +%F)   a consistent copy, while the leader runs
   labq store restore /mnt/backups/labq-2025-01-31   into a data folder, with its leader stopped
-  labq store recover                      back to the last good copy of a damaged database
+  labq store recover                      back to the last sound state of a damaged database
 """
 
 
@@ -28,12 +28,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                            "the leader runs; `restore` and `recover` need it stopped.")
     store_sub = store.add_subparsers(title="store commands", metavar="COMMAND")
     check = store_sub.add_parser("check", help="report on the database without changing anything",
-                                 description="Read the database, its previous copy and the archive; change nothing. "
-                                 "Exits 1 if the database is damaged.")
+                                 description="Read the database, its previous copy, the journals and the archive; change "
+                                 "nothing. Exits 1 if the database or a journal is damaged.")
     recover = store_sub.add_parser(
-        "recover", help="go back to the last good copy of a damaged database",
-        description="Make the previous good copy the database, after saying what will be lost. "
-        "The damaged file is kept beside it, renamed.")
+        "recover", help="go back to the last sound state of a damaged database",
+        description="Make the last sound state (a sound copy of the database and the journal up to the damage) "
+        "the database, after saying what will be lost. The damaged files are kept beside it, renamed.")
     backup = store_sub.add_parser(
         "backup", help="copy the lab into a folder, consistently, even while the leader runs",
         description="Write a complete copy of the lab (the database as of one commit, the archive of finished "
@@ -77,19 +77,20 @@ def _existing_data_dir(args: argparse.Namespace):
 
 def _check(args: argparse.Namespace) -> int:
     from labq.store.check import check_data_dir
-    from labq.store.tinydb_store import recover_hint
+    from labq.store.tinydb_store import PREVIOUS_NAME, recover_hint
 
     data_dir = _existing_data_dir(args)
     reports = check_data_dir(data_dir)
+    sound = all(r.ok for r in reports if r.name != PREVIOUS_NAME)  # the previous copy is a spare
     if args.json:
         print(json.dumps({"data_dir": str(data_dir), "files": [r.as_dict() for r in reports]}, indent=2))
     else:
         print(f"data folder {data_dir}")
         for r in reports:
             print(f"  {'ok     ' if r.ok else 'DAMAGED'} {r.name:<16} {r.detail}")
-        if not reports[0].ok:
+        if not sound:
             print("\n" + recover_hint(data_dir, checked=True))
-    return 0 if reports[0].ok else 1
+    return 0 if sound else 1
 
 
 def _recover(args: argparse.Namespace) -> int:

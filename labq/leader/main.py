@@ -54,7 +54,7 @@ class RunningLeader:
 
 
 def recover_first(data_dir: Path, confirm: Callable[[str], bool]) -> None:
-    """``labq leader --recover``: say what going back to the last good copy loses, then do it."""
+    """``labq leader --recover``: say what going back to the last sound state loses, then do it."""
     try:
         plan = plan_recovery(data_dir)
     except StoreError as err:

@@ -37,7 +37,7 @@ def test_leader_refuses_a_damaged_database_then_recovers_it(lab):
     lab.leader = proc
     lab.wait(lambda: "serving http://" in (lab.root / "recover.log").read_text(), "the recovered leader to serve")
     text = (lab.root / "recover.log").read_text()
-    assert "The last good copy (labq.json.prev) holds commit" in text and "Job ids continue from" in text
+    assert "The last sound state (labq.json.prev, commit" in text and "Job ids continue from" in text
     assert list(lab.data.glob("labq.json.damaged-*"))[0].read_bytes() == damaged
     lab.wait(lambda: lab.job(second)["state"] in ("running", "starting"), "job 2 to be known again")
     third = lab.submit("true")

@@ -80,7 +80,7 @@ def test_following_the_flipped_schema_advice_checks_and_recovers(data):
     recovered = labq("store", "recover", "--data-dir", str(data), "--yes")
     assert recovered.returncode == 0, recovered.stderr
     with TinyDBStore(data) as store:
-        assert sorted(store.load().jobs) == [1, 2]  # the previous copy: commit 1
+        assert sorted(store.load().jobs) == [2, 3]  # the previous copy and the journal after it: nothing lost
 
 
 # -- both copies damaged -----------------------------------------------------------------------

@@ -64,31 +64,65 @@ def test_damaged_databases_are_refused_and_left_byte_identical(data, damage, err
         assert "labq leader --recover --data-dir" in str(refused.value)
 
 
-def test_recovery_says_what_it_loses_then_restores_the_previous_copy(data):
+def test_a_damaged_snapshot_loses_nothing_the_previous_one_and_the_journal_hold_every_commit(data):
     with TinyDBStore(data) as store:
         store.commit([PutJob(job(1, "succeeded", ended_at=1_700_000_000.0)), PutJob(job(4))])
     (data / DB_NAME).write_bytes(b"\x00" * 10)
     plan = plan_recovery(data)
     text = plan.describe()
-    assert "commit 2" in text and "3 unfinished job(s), next job id 4" in text
-    assert "finished job(s) 1" in text  # the archive record from the lost commit
+    assert "(labq.json.prev, commit 2 and the journal after it up to commit 3) holds commit 3" in text, text
+    assert "3 unfinished job(s), next job id 5" in text and "Job ids continue from 5" in text
+    assert "Also lost" not in text
     kept = recover(plan)
     assert kept is not None and kept.read_bytes() == b"\x00" * 10
-    assert "Job ids continue from 1004" in text
     with TinyDBStore(data) as store:
         state = store.load()
-        assert sorted(state.jobs) == [1, 2, 3] and state.seq == 2
-        assert store.history() == []  # the lost commit's archive line was cut
-        assert state.next_job_id == 1004  # job 4 was acknowledged by the lost commit: never reuse it
+        assert sorted(state.jobs) == [2, 3, 4] and state.seq == 3 and state.next_job_id == 5
+        assert [d["id"] for d in store.history()] == [1]
 
 
-def test_a_commit_handing_out_many_ids_reserves_them_in_the_previous_copy_first(tmp_path):
+def test_damage_inside_the_journal_loses_the_commits_from_there_and_says_so(tmp_path):
+    folder = tmp_path / "data"
+    died = subprocess.run([sys.executable, "-c", f"""
+import os
+from labq.store import PutJob, TinyDBStore
+from tests.store.conftest import job
+store = TinyDBStore({str(folder)!r})
+store.commit([PutJob(job(1)), PutJob(job(2))])
+store.commit([PutJob(job(1, "succeeded", ended_at=1_700_000_000.0)), PutJob(job(3))])
+store.commit([PutJob(job(4))])
+os._exit(0)  # as a leader killed -9: nothing compacted, every commit only in the journal
+"""], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+    assert died.returncode == 0, died.stderr
+    journal = next(folder.glob("journal-*.log"))
+    raw = journal.read_bytes()
+    second = raw.index(b"\n") + 1
+    i = raw.index(b'"id":3', second)
+    journal.write_bytes(raw[:i] + b'"id":7' + raw[i + 6:])  # one digit of commit 2 changed on disk
+    with pytest.raises(CorruptDatabase, match="fails its checksum") as refused:
+        TinyDBStore(folder)
+    assert "labq leader --recover" in str(refused.value)
+    plan = plan_recovery(folder)
+    text = plan.describe()
+    assert "holds commit 1: 2 unfinished job(s), next job id 3" in text, text
+    assert "finished job(s) 1" in text  # commit 2's archive line goes with it
+    assert plan.resume_job_id >= 1001  # commits 2 and 3 handed out ids 3 and 4: never again
+    recover(plan)
+    assert not list(folder.glob("journal-*.log")) and list(folder.glob("journals-before-recovery-*/journal-*.log"))
+    with TinyDBStore(folder) as again:
+        state = again.load()
+        assert sorted(state.jobs) == [1, 2] and state.seq == 1 and again.history() == []
+        assert state.next_job_id >= 1001
+        assert again.commit([PutJob(job(state.next_job_id))]) == 2
+
+
+def test_a_commit_handing_out_many_ids_keeps_them_through_a_recovery(tmp_path):
     folder = tmp_path / "data"
     with TinyDBStore(folder) as store:
         store.commit([PutJob(job(i)) for i in range(1, 1500)])  # past the first reservation
     (folder / DB_NAME).write_bytes(b"{")
     plan = plan_recovery(folder)
-    assert plan.resume_job_id >= 1500 and plan.good_jobs == 0
+    assert plan.resume_job_id >= 1500 and plan.good_jobs == 1499
     recover(plan)
     with TinyDBStore(folder) as store:
         assert store.load().next_job_id >= 1500
@@ -105,7 +139,7 @@ def test_nothing_to_recover_and_nothing_to_recover_from(data, tmp_path):
 
 def test_a_missing_database_never_starts_empty_over_existing_data(data):
     (data / DB_NAME).unlink()
-    with pytest.raises(CorruptDatabase, match="is missing, but labq.json.prev is there"):
+    with pytest.raises(CorruptDatabase, match="is missing, but labq.json.prev, journal-.* are there"):
         TinyDBStore(data)
     assert not (data / DB_NAME).exists()
 

@@ -1,0 +1,117 @@
+"""The hot database in memory, changed one journal record at a time, and its snapshot file's bytes.
+
+The snapshot (``labq.json``) is in TinyDB's JSON storage format, ``{"TABLE": {"DOC_ID": DOC}}``,
+and is read through TinyDB: jobs are documents whose doc id is the job id, every other table
+holds ``{"key", "record"}`` documents, and the ``_meta`` table's one document says the schema,
+the commit the file holds and the job ids. It is canonical JSON (sorted keys, compact), and each
+document's encoding is kept once made (a commit makes it for the journal), so writing a snapshot
+joins kept bytes instead of encoding the whole lab again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from tinydb import TinyDB
+from tinydb.storages import Storage
+
+from labq.store.contract import JOBS, META
+from labq.store.journal import dumps
+
+SCHEMA = 1
+#: Canonical JSON sorts keys, so the file opens with the _meta table (table names are lower-case,
+#: "_" sorts first) and its record, whose first key is "checksum", spliced in there.
+PREFIX = b'{"' + META.encode() + b'":{"1":{'
+
+
+def stamp(body: bytes) -> bytes:
+    """The file's bytes for canonical ``body`` (whose ``_meta`` has no checksum): the checksum spliced in."""
+    assert body.startswith(PREFIX), "the _meta table must come first"
+    digest = hashlib.sha256(body).hexdigest().encode()
+    return PREFIX + b'"checksum":"' + digest + b'",' + body[len(PREFIX):]
+
+
+class _Memory(Storage):
+    """TinyDB's view of a decoded snapshot."""
+
+    def __init__(self, data: dict) -> None:
+        self.data = data
+
+    def read(self) -> dict:
+        return self.data
+
+    def write(self, data: dict) -> None:
+        self.data = data
+
+
+class HotState:
+    """Unfinished jobs and the records tables at commit ``seq``. Documents are never changed in place
+    (a change replaces them), so a snapshot taken as shallow copies stays as it was."""
+
+    def __init__(self, data: dict) -> None:
+        meta = data[META]["1"]
+        self.seq: int = meta["seq"]
+        self.next_job_id: int = meta["next_job_id"]
+        self.reserved: int = meta["ids_reserved_until"]
+        db = TinyDB(data, storage=_Memory)
+        self.jobs: dict[int, dict] = {doc.doc_id: dict(doc) for doc in db.table(JOBS).all()}
+        self.texts: dict[int, bytes] = {}  #: canonical encodings of jobs, where made
+        #: table -> key -> (doc id, record)
+        self.tables: dict[str, dict[str, tuple[int, dict]]] = {
+            name: {doc["key"]: (doc.doc_id, doc["record"]) for doc in db.table(name).all()}
+            for name in db.tables() if name not in (JOBS, META)}
+        self._next_doc = {name: 1 + max((d for d, _ in table.values()), default=0)
+                          for name, table in self.tables.items()}
+
+    def take(self, record: dict, texts: dict[int, bytes] | None = None) -> None:
+        """Apply one journal record; ``texts``: the encodings of its jobs, when the caller made them."""
+        for key, doc in record["jobs"].items():
+            job_id = int(key)
+            self.texts.pop(job_id, None)
+            if doc is None:
+                self.jobs.pop(job_id, None)
+            else:
+                self.jobs[job_id] = doc
+                if texts is not None and job_id in texts:
+                    self.texts[job_id] = texts[job_id]
+        for name, key, value in record["records"]:
+            table = self.tables.setdefault(name, {})
+            if value is None:
+                table.pop(key, None)
+                continue
+            doc_id = table[key][0] if key in table else self._next_doc.get(name, 1)
+            self._next_doc[name] = max(self._next_doc.get(name, 1), doc_id + 1)
+            table[key] = (doc_id, value)
+        self.seq, self.next_job_id, self.reserved = record["seq"], record["next_job_id"], record["reserved"]
+
+    def meta(self) -> dict:
+        return {"schema": SCHEMA, "seq": self.seq, "next_job_id": self.next_job_id,
+                "ids_reserved_until": self.reserved}
+
+    def capture(self) -> Capture:
+        """What a snapshot of now needs: shallow copies, quick to take while commits wait."""
+        return Capture(self.meta(), dict(self.jobs), dict(self.texts),
+                       {name: dict(table) for name, table in self.tables.items()})
+
+
+class Capture:
+    def __init__(self, meta: dict, jobs: dict[int, dict], texts: dict[int, bytes],
+                 tables: dict[str, dict[str, tuple[int, dict]]]) -> None:
+        self.meta, self.jobs, self.texts, self.tables = meta, jobs, texts, tables
+
+    @property
+    def seq(self) -> int:
+        return self.meta["seq"]
+
+    def encode(self) -> bytes:
+        """The snapshot file's bytes: the same as ``encode`` of the whole database, from kept encodings."""
+        parts = [b'{"' + META.encode() + b'":{"1":' + dumps(self.meta) + b"}"]
+        for name in sorted(set(self.tables) | {JOBS}):
+            if name == JOBS:
+                rows = sorted((str(i), self.texts.get(i) or dumps(doc)) for i, doc in self.jobs.items())
+            else:
+                rows = sorted((str(doc_id), dumps({"key": key, "record": record}))
+                              for key, (doc_id, record) in self.tables[name].items())
+            parts.append(b',"' + name.encode() + b'":{' + b",".join(b'"' + k.encode() + b'":' + text
+                                                                    for k, text in rows) + b"}")
+        return stamp(b"".join(parts) + b"}")

@@ -1,0 +1,198 @@
+"""The journal: every group commit's changes, appended as one checksummed record and fsynced once.
+
+A record is one line, ``LEN CRC PAYLOAD`` and a newline: LEN and CRC are 8 hex digits each (the
+payload's length in bytes and its CRC-32), the payload compact JSON::
+
+    {"jobs":{"ID":DOC or null,...},"next_job_id":N,"records":[[TABLE,KEY,RECORD or null],...],
+     "reserved":R,"seq":S}
+
+Journal files are named by the first commit they may hold (``journal-000000000042.log``); the
+snapshot (``labq.json``) says which commit it holds, and loading replays every record after it.
+
+Reading tells a torn tail from damage. A crash mid-append leaves the last record cut short (its
+header or its payload runs past the end of the file) or filled with zero bytes (blocks the file
+system had allotted but not written): that record was never acknowledged and is dropped. Anything
+else that fails (a bad header, a checksum that does not match, a cut record with a sound one after
+it) is damage, and the store refuses to open until ``labq store recover`` has said what it loses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from labq.store.files import Disk, write_all
+
+_HEADER = re.compile(rb"([0-9a-f]{8}) ([0-9a-f]{8}) ")
+HEADER_BYTES = 18
+_HEADER_SHAPE = b"xxxxxxxx xxxxxxxx "  #: x: a hex digit
+_NAME = re.compile(r"^journal-(\d{12})\.log$")
+_IDS = re.compile(rb'"(?:next_job_id|reserved)":(\d+)')
+
+
+def journal_name(first_seq: int) -> str:
+    return f"journal-{first_seq:012d}.log"
+
+
+def journal_files(data_dir: Path) -> list[tuple[int, Path]]:
+    """The journals in ``data_dir`` as (first commit, path), oldest first."""
+    found = []
+    for path in data_dir.glob("journal-*.log"):
+        match = _NAME.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def frame(payload: bytes) -> bytes:
+    return b"%08x %08x " % (len(payload), zlib.crc32(payload)) + payload + b"\n"
+
+
+def dumps(value: object) -> bytes:
+    """Canonical compact JSON: the journal's records and the snapshot's documents."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class JournalDamaged(Exception):
+    """A journal record before the tail fails its checks; ``offset`` is where, in ``path``."""
+
+    def __init__(self, path: Path, offset: int, what: str) -> None:
+        super().__init__(f"{path} is damaged at byte {offset}: {what}")
+        self.path, self.offset, self.what = path, offset, what
+
+
+@dataclass(frozen=True)
+class JournalRead:
+    records: list[dict]
+    good_bytes: int  #: where the last sound record ends
+    torn: bool  #: a torn record followed the sound ones (a crash mid-append): dropped
+    damage: JournalDamaged | None = None  #: only with ``upto_damage``: what stopped the reading
+    rest: bytes = b""  #: only with ``upto_damage``: the bytes from the damage on
+
+
+def read_journal(path: Path, *, last: bool, upto_damage: bool = False) -> JournalRead:
+    """The sound records of ``path``; ``last``: the newest journal, the only one a crash can leave torn.
+
+    Raises JournalDamaged for damage (anything but a torn tail of the last journal), unless ``upto_damage``:
+    then the records before it, and the damage, as a recovery needs them."""
+    raw = path.read_bytes()
+    records: list[dict] = []
+    pos = 0
+    try:
+        for start, end, payload in _frames(raw, path):
+            if payload is None:  # torn
+                if not last:
+                    raise JournalDamaged(path, start, "a record is cut short, in a journal that was closed whole")
+                return JournalRead(records, pos, True)
+            try:
+                record = json.loads(payload)
+            except ValueError:
+                raise JournalDamaged(path, start, "a record with a sound checksum is not JSON") from None
+            if not isinstance(record, dict) or not isinstance(record.get("seq"), int):
+                raise JournalDamaged(path, start, "a record has no commit number")
+            records.append(record)
+            pos = end
+    except JournalDamaged as err:
+        if not upto_damage:
+            raise
+        return JournalRead(records, pos, False, err, raw[pos:])
+    return JournalRead(records, pos, False)
+
+
+def _frames(raw: bytes, path: Path) -> Iterator[tuple[int, int, bytes | None]]:
+    """(start, end, payload) of each record; payload None for a torn one, which ends the file."""
+    pos, size = 0, len(raw)
+    while pos < size:
+        header = _HEADER.match(raw, pos)
+        if header is None:
+            rest = raw[pos:]
+            if (len(rest) < HEADER_BYTES and _could_be_header(rest)) or not rest.strip(b"\0"):
+                yield pos, size, None
+                return
+            raise JournalDamaged(path, pos, "a record header is not readable")
+        length, crc = int(header.group(1), 16), int(header.group(2), 16)
+        body = pos + HEADER_BYTES
+        end = body + length + 1
+        if end > size:
+            if _sound_record_after(raw, pos + 1):
+                raise JournalDamaged(path, pos, "a record's length runs past sound records after it")
+            yield pos, size, None
+            return
+        payload = raw[body:body + length]
+        if zlib.crc32(payload) != crc or raw[end - 1:end] != b"\n":
+            if end == size and b"\0" in payload:  # blocks allotted but never written: the append was cut
+                yield pos, size, None
+                return
+            raise JournalDamaged(path, pos, "a record fails its checksum")
+        yield pos, end, payload
+        pos = end
+
+
+def _could_be_header(rest: bytes) -> bool:
+    """``rest`` is the start of a header: what a crash in the middle of writing one leaves."""
+    return all(c == ord(" ") if t == ord(" ") else c in b"0123456789abcdef" for c, t in zip(rest, _HEADER_SHAPE))
+
+
+def _sound_record_after(raw: bytes, pos: int) -> bool:
+    """Is there a whole record with a sound checksum anywhere after ``pos``? (a rare path: a cut record)"""
+    for match in _HEADER.finditer(raw, pos):
+        length, crc = int(match.group(1), 16), int(match.group(2), 16)
+        body = match.end()
+        if body + length < len(raw) and raw[body + length] == ord("\n") and zlib.crc32(raw[body:body + length]) == crc:
+            return True
+    return False
+
+
+def ids_mentioned(raw: bytes) -> int:
+    """The highest job id any record of ``raw`` may have handed out, sound or not (0 if none): a recovery
+    that drops damaged records resumes ids past it."""
+    return max((int(m.group(1)) for m in _IDS.finditer(raw)), default=0)
+
+
+class JournalWriter:
+    """The journal commits append to: one at a time, from the store's single writer."""
+
+    def __init__(self, path: Path, disk: Disk, *, good_bytes: int | None = None) -> None:
+        """Open ``path`` for appending, made if missing; ``good_bytes``: cut a torn tail off first."""
+        self.path, self.disk = path, disk
+        made = not path.exists()
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            if good_bytes is not None and good_bytes < os.fstat(self.fd).st_size:
+                os.ftruncate(self.fd, good_bytes)
+                disk.fsync(self.fd)
+            if made:
+                disk.fsync_folder(path.parent)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.size = os.fstat(self.fd).st_size
+
+    def append(self, payload: bytes) -> None:
+        """One record, on disk when this returns; on an error the file is as it was, or the error says
+        it could not be cut back (``JournalStuck``)."""
+        record = frame(payload)
+        try:
+            write_all(self.fd, record)
+            self.disk.fsync(self.fd)
+        except OSError as err:
+            try:
+                os.ftruncate(self.fd, self.size)
+            except OSError as again:
+                raise JournalStuck(again) from err
+            raise
+        self.size += len(record)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class JournalStuck(OSError):
+    """An append failed and the part written could not be cut off: the journal takes no more records."""
