@@ -317,7 +317,8 @@ def test_each_gpu_a_reclaim_frees_goes_to_the_job_it_was_freed_for(lab):
 
     first = lab.submit("sleep", "600", token=bob)
     second = lab.submit("sleep", "600", token=bob)
-    lab.wait(lambda: all(pending_reason(api, b) == "Preempting" for b in (first, second)), "both reclaims")
+    lab.wait(lambda: all(pending_reason(api, b) == "Preempting" for b in (first, second)), "both reclaims",
+             detail=lambda: {j: (api.job(j)[0]["state"], api.job(j)[1]) for j in (first, second, quick, slow)})
     assert (api.job(quick)[0]["preempted_for"], api.job(slow)[0]["preempted_for"]) == (first, second)
 
     gates["quick"].touch()  # the first victim saves; the second is still saving
