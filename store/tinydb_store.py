@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import gc
 import hashlib
 import logging
 import json
@@ -207,7 +208,8 @@ class TinyDBStore:
         self.compactions = 0
         self._lock_fd = take_leader_lock(self.data_dir)
         try:
-            self._open()
+            with _collector_paused():  # loading makes many objects and frees none: collections only cost time
+                self._open()
         except BaseException:
             os.close(self._lock_fd)
             raise
@@ -254,7 +256,7 @@ class TinyDBStore:
     # -- reading -------------------------------------------------------------------------
 
     def load(self) -> StoredState:
-        with self._hot_lock:
+        with self._hot_lock, _collector_paused():
             hot = self._hot
             jobs = {job_id: dict(doc) for job_id, doc in hot.jobs.items()}
             records = {name: {key: record for key, (_, record) in table.items()} for name, table in hot.tables.items()}
@@ -435,6 +437,20 @@ class TinyDBStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """No garbage collection while the lab is loaded (it makes many objects and frees none), and what it
+    loaded is kept out of later collections (``gc.freeze``): they would walk every job again and again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def replay(hot: HotState, journals: list[tuple[int, Path]], snapshot: Path) -> int | None:

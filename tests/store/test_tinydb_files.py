@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from labq.store import (
-    CommitFailed, CorruptDatabase, PutJob, SchemaMismatch, StoreError, StoreLocked, TinyDBStore, plan_recovery, recover,
+    CommitFailed, CorruptDatabase, PutJob, PutRecord, SchemaMismatch, StoreError, StoreLocked, TinyDBStore, plan_recovery,
+    recover,
 )
 from labq.store.files import Disk
 from labq.store.tinydb_store import DB_NAME, PREVIOUS_NAME, encode
@@ -217,3 +218,21 @@ def test_unacknowledged_archive_lines_and_torn_tails_are_cut_at_open(data):
         assert [d["id"] for d in store.history()] == [1]
         assert sorted(store.load().jobs) == [2, 3]
     assert archive.read_bytes() == good
+
+
+def test_the_snapshot_is_tinydbs_format_and_canonical(data):
+    """TinyDB itself opens the snapshot (read-only) and finds the jobs and records; the store's snapshot, joined
+    from documents it encoded once, is byte for byte the canonical encoding of the same database."""
+    from tinydb import Query, TinyDB
+
+    with TinyDBStore(data) as store:
+        store.commit([PutJob(job(4, note="é ü 中")), PutRecord("reservations", "r1", {"gpus": 2})])
+    raw = (data / DB_NAME).read_bytes()
+    db = TinyDB(data / DB_NAME, access_mode="r")
+    try:
+        assert sorted(doc.doc_id for doc in db.table("jobs").all()) == [1, 2, 3, 4]
+        assert db.table("jobs").get(doc_id=4)["note"] == "é ü 中"
+        assert db.table("reservations").get(Query().key == "r1")["record"] == {"gpus": 2}
+    finally:
+        db.close()
+    assert encode(json.loads(raw)) == raw
