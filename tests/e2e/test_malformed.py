@@ -8,6 +8,8 @@ import urllib.parse
 
 import pytest
 
+from tests.store.conftest import stored
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -60,11 +62,11 @@ BIG = ["x" * (10 * 1024 * 1024)]
 )
 def test_bad_submits_are_refused_and_nothing_is_stored(running_lab, body, status, words):
     lab = running_lab
-    before = (lab.data / "labq.json").read_bytes()
+    before = stored(lab.data)
     got, doc = _raw(lab, "POST", "/v1/jobs", body, _token(lab))
     assert got == status, doc
     assert words in doc["error"]["message"]
-    assert (lab.data / "labq.json").read_bytes() == before
+    assert stored(lab.data) == before
 
 
 @pytest.mark.parametrize("token", [None, "", "lqu_wrong"])
@@ -98,11 +100,11 @@ def test_unknown_paths_methods_and_missing_length(running_lab):
 )
 def test_bad_bookings_are_refused_and_nothing_is_stored(running_lab, body, status, words):
     lab = running_lab
-    before = (lab.data / "labq.json").read_bytes()
+    before = stored(lab.data)
     got, doc = _raw(lab, "POST", "/v1/reservations", json.dumps(body).encode(), _token(lab))
     assert got == status, doc
     assert words in doc["error"]["message"]
-    assert (lab.data / "labq.json").read_bytes() == before
+    assert stored(lab.data) == before
 
 
 def test_reservation_names_that_do_not_exist(running_lab):
@@ -138,11 +140,11 @@ def test_reservation_names_that_do_not_exist(running_lab):
 def test_reports_of_issue_13_get_a_json_4xx_and_change_nothing(running_lab, method, path, body, headers, status,
                                                                words):
     lab = running_lab
-    before = (lab.data / "labq.json").read_bytes()
+    before = stored(lab.data)
     got, doc = _raw(lab, method, path, body, _token(lab), headers)
     assert got == status, doc
     assert words in doc["error"]["message"]
-    assert (lab.data / "labq.json").read_bytes() == before
+    assert stored(lab.data) == before
 
 
 def test_a_short_body_does_not_hold_the_leader(running_lab):

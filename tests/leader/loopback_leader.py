@@ -18,7 +18,7 @@ from labq.leader.config import LeaderConfig
 from labq.leader.core import Leader
 from labq.leader.http import LeaderServer, serve
 from labq.store import TinyDBStore
-from labq.store.tinydb_store import DB_NAME
+from tests.store.conftest import stored
 
 
 @dataclass
@@ -39,7 +39,8 @@ class LoopbackLeader:
         return (self.data_dir / JOIN_TOKEN_FILE).read_text().strip()
 
     def store_bytes(self) -> bytes:
-        return (self.data_dir / DB_NAME).read_bytes()
+        """The snapshot and the journals: all the store holds on disk."""
+        return stored(self.data_dir)
 
     def request(self, method: str, path: str, body: object = None, *, token: str | None = "admin",
                 raw: bytes | None = None, headers: dict | None = None, timeout: float = 10):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from labq.store import MemoryStore, PutJob, TinyDBStore
@@ -52,3 +54,12 @@ def small_lab(folder):
         store.commit([PutJob(job(1)), PutJob(job(2))])
         store.commit([PutJob(job(1, "succeeded", ended_at=1_700_000_000.0)), PutJob(job(3))])
     return folder
+
+
+def stored(folder) -> bytes:
+    """Everything a store in ``folder`` holds: its snapshot and its journals, in order (a change to either shows)."""
+    from labq.store.journal import journal_files
+    from labq.store.tinydb_store import DB_NAME
+
+    folder = Path(folder)
+    return (folder / DB_NAME).read_bytes() + b"".join(path.read_bytes() for _, path in journal_files(folder))
