@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from labq.models.job import SignalSource
 from labq.models.priority import priority_name
 from labq.terminal_text import escape_controls
 
@@ -258,6 +257,8 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
 
 def _contract(job: Mapping) -> str:
     """The job's checkpoint contract, as ``labq show`` says it."""
+    from labq.models.job import SignalSource  # dataclasses: 10 ms that `labq ls` need not pay
+
     if job["spec"].get("checkpoint_signal"):
         return f"checkpoint signal {job['spec']['checkpoint_signal']}"
     if job.get("learned_signal") and job.get("learned_from") in {s.value for s in SignalSource}:

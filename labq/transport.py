@@ -16,13 +16,13 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 from labq.protocol.errors import ApiError
 from labq.wire import Connection
 
-if TYPE_CHECKING:  # typing.Protocol costs a millisecond of start-up the CLI need not pay
+TYPE_CHECKING = False  # typing's, without importing typing: 3 ms of the CLI's start (type checkers take it as true)
+if TYPE_CHECKING:  # typing.Protocol, for type checkers only
     from typing import Protocol
 
     class Body(Protocol):

@@ -1,9 +1,10 @@
 """The ``labq`` command. Thin: parse, call one function, print.
 
 One module per command family registers its commands on the parser: ``tools`` (topo, place, checkpoint),
-``jobs``, ``admin``, ``events``, ``reserve``, ``tui``, ``daemons``, ``sim`` and ``store``. Each command runs under the one
-guard of ``labq.cli.errors``. Imports stay lazy so that ``labq`` starts fast and never loads the TUI's
-libraries for a plain command.
+``jobs``, ``admin``, ``events``, ``reserve``, ``tui``, ``daemons``, ``sim`` and ``store`` (``FAMILIES``). Each command
+runs under the one guard of ``labq.cli.errors``. Imports stay lazy, and ``labq CMD`` loads CMD's family alone and
+builds CMD's parser alone, so that ``labq`` starts fast and never loads the TUI's libraries for a plain command
+(``bench/cli_start.py`` times ``labq submit`` and ``labq ls``).
 """
 
 from __future__ import annotations
@@ -26,10 +27,32 @@ examples:
 """
 
 
+#: the command families (modules of ``labq.cli`` whose ``add_commands`` register commands) and their commands, in
+#: the order of ``labq --help``. ``labq CMD ...`` loads CMD's family alone and builds CMD's parser alone
+#: (``labq.cli.common.CommandSet``); ``labq``, ``labq --help`` and an unknown command build them all.
+#: ``tests/cli/test_cli_start.py`` checks this table against what the families register.
+FAMILIES = {
+    "tools": ("topo", "place", "checkpoint"),
+    "jobs": ("submit", "ls", "show", "why", "logs", "cancel", "hold", "release", "prio", "edit", "restart", "wait",
+             "clean", "nodes", "queues", "gpus", "whoami"),
+    "admin": ("login", "admin"),
+    "events": ("events",),
+    "reserve": ("reserve", "reservations"),
+    "tui": ("tui",),
+    "daemons": ("leader", "agent", "up", "demo"),
+    "sim": ("sim",),
+    "store": ("store",),
+}
+COMMANDS = {command: family for family, commands in FAMILIES.items() for command in commands}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import sys
+
     from labq.cli.errors import guard
 
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help()
@@ -37,18 +60,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return guard(args.run, args)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """``labq``'s parser: for a ``command`` of ``COMMANDS``, with that command's parser alone; else with all."""
+    from importlib import import_module
+
     from labq import __version__
-    from labq.cli import admin, daemons, events, jobs, reserve, sim, store, tools, tui
+    from labq.cli.common import CommandSet, Help
 
     parser = argparse.ArgumentParser(
         prog="labq",
         description="labq: a shared GPU job queue for small research labs.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=Help,
     )
     parser.add_argument("--version", action="version", version=f"labq {__version__}")
-    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for family in (tools, jobs, admin, events, reserve, tui, daemons, sim, store):  # the order of `labq --help`
-        family.add_commands(sub)
+    only = command if command in COMMANDS else None
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", action=CommandSet, only=only)
+    for family in (COMMANDS[only],) if only else FAMILIES:
+        import_module(f"labq.cli.{family}").add_commands(sub)
     return parser

@@ -12,7 +12,6 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from labq.cli.common import (
     FINISHED,
@@ -30,6 +29,7 @@ from labq.cli.errors import REFUSED, CliError, exit_code
 from labq.protocol.errors import ApiError
 from labq.terminal_text import escape_controls
 
+TYPE_CHECKING = False  # typing's, without importing typing: 3 ms of the CLI's start (type checkers take it as true)
 if TYPE_CHECKING:
     from labq.client import Client
 

@@ -17,8 +17,8 @@ from labq.protocol.errors import bad_request
 
 MAX_NAME = 128  #: characters (they are ASCII, so bytes too)
 MAX_USER_NAME = 32
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+-]*")
-_USER_NAME = re.compile(r"[a-z_][a-z0-9_.-]*")
+_NAME = r"[A-Za-z0-9_][A-Za-z0-9._@+-]*"  #: compiled (and kept by ``re``) on first use: `labq ls` never checks one
+_USER_NAME = r"[a-z_][a-z0-9_.-]*"
 
 
 def name_problem(value: str, what: str) -> str | None:
@@ -34,7 +34,7 @@ def name_problem(value: str, what: str) -> str | None:
         return f"{what} {_shown(value)} contains {kind} (U+{ord(odd):04X})"
     if len(value) > MAX_NAME:
         return f"{what} is longer than {MAX_NAME} characters"
-    if not _NAME.fullmatch(value):
+    if not re.fullmatch(_NAME, value):
         return (f"{what} {_shown(value)} is not valid: letters, digits and . _ @ + -, "
                 f"starting with a letter, a digit or _")
     return None
@@ -45,7 +45,7 @@ def user_name_problem(value: str, what: str = "user name") -> str | None:
     problem = name_problem(value, what)
     if problem is not None:
         return problem
-    if len(value) > MAX_USER_NAME or not _USER_NAME.fullmatch(value):
+    if len(value) > MAX_USER_NAME or not re.fullmatch(_USER_NAME, value):
         return (f"{what} {_shown(value)} is not valid: a Unix-style name, lower-case letters, digits, _ . -, "
                 f"up to {MAX_USER_NAME}")
     return None
