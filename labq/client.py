@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections import namedtuple
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import quote, urlencode, urlsplit
 
 from labq.protocol.errors import ApiError
 from labq.transport import Request, Response, Transport, socket_transport, unix_transport
 
+TYPE_CHECKING = False  # typing's, without importing typing: 3 ms of the CLI's start (type checkers take it as true)
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -27,11 +28,20 @@ LOCAL_SOCKETS = ("/run/labq/agent.sock",)
 EVENTS_READ_TIMEOUT = 45.0
 
 
-class LogChunk(NamedTuple):
-    data: bytes
-    next_offset: int  #: where the next read starts
-    done: bool  #: the attempt has ended and all of its log has been sent
-    attempt: int | None  #: the attempt read (an older leader does not say which)
+class LogChunk(namedtuple("LogChunk", ("data", "next_offset", "done", "attempt"))):
+    """A piece of an attempt's log: ``data`` (bytes); ``next_offset``, where the next read starts; ``done``, whether
+    the attempt has ended and all of its log has been sent; ``attempt``, the attempt read (None: an older leader
+    does not say which). A ``collections.namedtuple``: ``typing.NamedTuple`` would load ``typing``."""
+
+    __slots__ = ()
+
+
+class Page(namedtuple("Page", ("jobs", "pending", "total", "next"))):
+    """A listing of jobs (``Client.page``): ``jobs``, as the API sends them; ``pending``, job id -> why it waits;
+    ``total``, how many jobs match the filters on all pages; ``next``, the ``after`` of the next page (None: this
+    is the last, or the listing is not paged)."""
+
+    __slots__ = ()
 
 
 def normalize_url(url: str) -> str:
@@ -130,7 +140,8 @@ class Client:
                 "Ask an admin to run `labq admin user add YOUR_NAME`, or run `labq up` on your own workstation."))
         url = leader or env_leader or saved.get("leader") or DEFAULT_LEADER
         pin = os.environ.get("LABQ_PIN") or saved.get("pin")
-        return cls(str(url), str(token), timeout, transport, pin=pin, ca_cache=credentials_path().parent)
+        return cls(str(url), str(token), timeout, transport, pin=pin,
+                   ca_cache=credentials_path().parent if pin else None)  # the CA is kept for a pinned leader only
 
     # -- the API ----------------------------------------------------------------------------------
 
@@ -145,17 +156,30 @@ class Client:
         return self.listing(user, states, all=all, history=history, limit=limit)[0]
 
     def listing(self, user: str | None = None, states: Iterable[str] = (), *, all: bool = False,
-                history: bool = False, finished: bool = False, limit: int | None = None,
+                history: bool = False, finished: bool = False, limit: int | None = None, after: int | None = None,
                 pending: bool = False) -> tuple[list[dict], dict[int, dict]]:
-        """Jobs as ``labq ls`` lists them, and (``pending``) why each waiting one waits. ``finished``: only
-        finished jobs, the ``limit`` that ended last; ``history`` adds finished jobs to the unfinished ones."""
+        """Jobs as ``labq ls`` lists them, and (``pending``) why each waiting one waits: ``page``'s first two."""
+        found = self.page(user, states, all=all, history=history, finished=finished, limit=limit, after=after,
+                          pending=pending)
+        return found.jobs, found.pending
+
+    def page(self, user: str | None = None, states: Iterable[str] = (), *, all: bool = False,
+             history: bool = False, finished: bool = False, limit: int | None = None, after: int | None = None,
+             pending: bool = False) -> Page:
+        """Jobs as ``labq ls`` lists them, and (``pending``) why each waiting one waits. By id, the last ``limit``
+        (at most ``labq.protocol.requests.MAX_PAGE``); ``after``: the first ``limit`` with ids above it (a page;
+        ``next`` is the ``after`` of the next one). ``finished``: only finished jobs, the ``limit`` that ended
+        last; ``history`` adds finished jobs to the unfinished ones."""
         query: list[tuple[str, object]] = [("user", user)] if user else []
         query += [("state", s) for s in states]
         query += [("all", 1)] * all + [("history", 1)] * history + [("finished", 1)] * finished
         query += [("limit", limit)] if limit is not None else []
+        query += [("after", after)] if after is not None else []
         query += [("pending", 1)] * pending
         answer = self._json("GET", "/v1/jobs", query)
-        return answer["jobs"], {int(k): v for k, v in (answer.get("pending") or {}).items() if v}
+        jobs = answer["jobs"]
+        return Page(jobs, {int(k): v for k, v in (answer.get("pending") or {}).items() if v},
+                    answer.get("total", len(jobs)), answer.get("next"))  # an older leader sends neither
 
     def queue(self, ids: Iterable[int] = ()) -> tuple[list[dict], dict[int, dict]]:
         """Everyone's unfinished jobs (or just ``ids``) and the pending reasons of those that wait."""
@@ -425,28 +449,65 @@ def parse_event_stream(lines: Iterable[bytes | str]) -> Iterator[dict]:
 # -- credentials ----------------------------------------------------------------------------------
 
 def credentials_path(home: str | Path | None = None) -> Path:
+    """Our file: ``$XDG_CONFIG_HOME/labq/credentials`` or ``~/.config/...``; with ``home``, that user's."""
     from pathlib import Path
 
-    """Our file: ``$XDG_CONFIG_HOME/labq/credentials`` or ``~/.config/...``; with ``home``, that user's."""
     if home is not None:
         return Path(home) / ".config" / "labq" / "credentials"
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(Path.home(), ".config")
-    return Path(base) / "labq" / "credentials"
+    return Path(_credentials_file())
+
+
+def _credentials_file() -> str:
+    """``credentials_path()`` as a string, for a command that only reads the file: pathlib costs 2 ms of a start."""
+    home = os.path.expanduser("~")
+    if home.startswith("~"):
+        raise RuntimeError("Could not determine home directory.")  # as Path.home() says it
+    return os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config"), "labq", "credentials")
 
 
 def load_credentials(path: Path | None = None) -> dict:
-    """``{"leader", "token"}`` from the TOML file; ``{}`` when there is none."""
-    import tomllib
-
-    path = path or credentials_path()
+    """``{"leader", "token", "pin"}`` from the TOML file; ``{}`` when there is none."""
+    path = path or _credentials_file()
     try:
         with open(path, "rb") as f:
-            doc = tomllib.load(f)
+            data = f.read()
     except FileNotFoundError:
         return {}
-    except (OSError, tomllib.TOMLDecodeError) as err:
+    except OSError as err:
         raise ApiError(0, "bad_credentials", f"cannot read {path}: {err}") from None
+    doc = plain_toml(data)
+    if doc is None:
+        import tomllib
+
+        try:
+            doc = tomllib.loads(data.decode())
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+            raise ApiError(0, "bad_credentials", f"cannot read {path}: {err}") from None
     return {k: v for k, v in doc.items() if k in ("leader", "token", "pin") and isinstance(v, str)}
+
+
+def plain_toml(data: bytes) -> dict[str, str] | None:
+    """A TOML file of the shape ``credentials_text`` writes, read without ``tomllib`` (7 ms of every command's
+    start): ``key = "value"`` lines (ASCII; no escapes in the value), comment lines and blank lines. None for
+    anything else, which ``tomllib`` reads: what this accepts, it reads as ``tomllib`` does."""
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    if any((c < " " and c not in "\t\n") or c == "\x7f" for c in text):
+        return None
+    doc: dict[str, str] = {}
+    for line in text.split("\n"):
+        line = line.strip(" \t")
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        key, value = key.strip(" \t"), value.strip(" \t")
+        if (not key or not all(c.isalnum() or c in "-_" for c in key) or key in doc or len(value) < 2
+                or value[0] != '"' or value[-1] != '"' or '"' in value[1:-1] or "\\" in value):
+            return None
+        doc[key] = value[1:-1]
+    return doc
 
 
 def _toml_string(value: str) -> str:

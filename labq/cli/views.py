@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import TYPE_CHECKING, BinaryIO
 
 from labq.cli.common import (
     FINISHED,
@@ -28,13 +27,20 @@ from labq.cli.errors import REFUSED, CliError
 from labq.protocol.errors import ApiError
 from labq.terminal_text import escape_controls
 
+TYPE_CHECKING = False  # typing's, without importing typing: 3 ms of the CLI's start (type checkers take it as true)
 if TYPE_CHECKING:
-    from labq.client import Client
+    from typing import BinaryIO
+
+    from labq.client import Client, Page
 
 
-def _list_jobs(client: Client, args: argparse.Namespace) -> tuple[list[dict], dict[int, dict]]:
-    """The jobs ``ls`` lists and why those that wait do: ``--history`` is finished jobs, the ``--limit`` that
-    ended last."""
+LS_PAGE = 100  #: the jobs ``labq ls`` shows at once without --limit
+
+
+def _list_jobs(client: Client, args: argparse.Namespace) -> Page:
+    """The jobs ``ls`` lists, why those that wait do and how many match in all: a page of ``LS_PAGE`` from the
+    first (``--after ID``: from the first after job ID), ``--limit N`` the newest N, ``--limit 0`` every job;
+    ``--history`` is finished jobs, the ``--limit`` that ended last (all of them without)."""
     states = [s for v in args.state for s in v.split(",") if s]
     wrong = [s for s in states if s not in STATES]
     if wrong:
@@ -42,23 +48,62 @@ def _list_jobs(client: Client, args: argparse.Namespace) -> tuple[list[dict], di
     if args.history and set(states) - FINISHED:
         raise CliError(f"--history lists finished jobs; {sorted(set(states) - FINISHED)[0]} is not a finished "
                        f"state ({', '.join(sorted(FINISHED))})")
-    if args.limit is not None and args.limit < 1:
-        raise CliError("--limit must be 1 or more")
-    return client.listing(user=args.user, states=states, all=args.all, finished=args.history, limit=args.limit,
-                          pending=not args.history)
+    if args.limit is not None and args.limit < 0:
+        raise CliError("--limit must be 1 or more (0: every job)")
+    if args.limit:
+        from labq.protocol.requests import MAX_PAGE
+
+        if args.limit > MAX_PAGE:
+            raise CliError(f"--limit is at most {MAX_PAGE} (--limit 0 lists every job)")
+    if args.after is not None:
+        if args.history:
+            raise CliError("--after pages through jobs by id; --history lists them by when they ended: use --limit")
+        if args.after < 0 or args.limit == 0:
+            raise CliError("--after ID is the page after job ID: a job id, with a --limit of 1 or more")
+    limit, after = _window(args)
+    return client.page(user=args.user, states=states, all=args.all, finished=args.history, limit=limit,
+                       after=after, pending=not args.history)
+
+
+def _window(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """The ``limit`` and ``after`` that ``ls`` asks for: ``after`` is None unless it asks for a page."""
+    if args.limit == 0 or args.limit is None and (args.history or args.json and args.after is None):
+        return None, None  # every job
+    if args.after is not None:
+        return args.limit or LS_PAGE, args.after
+    if args.limit is not None:
+        return args.limit, None  # the newest N, as --limit always was
+    return LS_PAGE, 0
+
+
+def _more_line(found: Page, args: argparse.Namespace) -> str:
+    """The line under a page of the table when more jobs match than it shows, saying how to see them; "" when all
+    are shown, and for what is not a page (--limit N alone, --history: as they always printed)."""
+    shown, total = len(found.jobs), found.total
+    if total <= shown or _window(args)[1] is None:
+        return ""
+    if found.next is not None:
+        return f"showing {shown:,} of {total:,} jobs: --after {found.next} for the next page, --limit 0 for all"
+    return f"showing {shown:,} of {total:,} jobs, those after job {args.after or 0}: --limit 0 for all"
+
+
+def _ls_text(found: Page, args: argparse.Namespace) -> str:
+    from labq.render import jobs_table
+
+    more = _more_line(found, args)
+    return jobs_table(found.jobs, time.time(), use_color(), found.pending) + (f"\n{more}" if more else "")
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from labq.render import jobs_table
-
     client = leader_client(args)
     if args.watch:
         if args.json:
             raise CliError("--watch redraws a table; leave out --json")
         return _watch(client, args)
-    jobs, pending = _list_jobs(client, args)
-    data = [{**j, "pending": pending[j["id"]]} if j["id"] in pending else j for j in jobs]
-    return emit(args, data, lambda: jobs_table(jobs, time.time(), use_color(), pending))
+    found = _list_jobs(client, args)
+    pending = found.pending
+    data = [{**j, "pending": pending[j["id"]]} if j["id"] in pending else j for j in found.jobs]
+    return emit(args, data, lambda: _ls_text(found, args))
 
 
 def _watch(client: Client, args: argparse.Namespace) -> int:
@@ -117,11 +162,8 @@ def _pump_events(client: Client, changed, failure: list[Exception]) -> None:
 
 
 def _watch_lines(client: Client, args: argparse.Namespace) -> list[str]:
-    from labq.render import jobs_table
-
     try:
-        jobs, pending = _list_jobs(client, args)
-        body = jobs_table(jobs, time.time(), use_color(), pending)
+        body = _ls_text(_list_jobs(client, args), args)
     except ApiError as err:
         if err.code != "unreachable":
             raise
@@ -329,8 +371,12 @@ def _whoami(args: argparse.Namespace) -> int:
 def add_views(sub: argparse._SubParsersAction, c: list) -> None:
     p = command(sub, "ls", "list jobs",
                 "List your unfinished jobs (--all: everyone's), with why each waiting job waits (REASON; `labq why "
-                "ID` says more). --history lists finished jobs instead, the one that ended last at the bottom.",
+                f"ID` says more), by id, {LS_PAGE} at a time: when more match, the last line says how many and how to "
+                "see the rest (--after ID, the next page; --limit 0, all). --json prints every job that matches, "
+                "unless --limit or --after asks for a page. --history lists finished jobs instead, the one that ended "
+                "last at the bottom.",
                 "  labq ls\n  labq ls --all --state running\n"
+                "  labq ls --after 100                 the next page: your jobs after job 100\n"
                 "  labq ls --history --limit 5         the five jobs of yours that ended last\n"
                 "  labq ls --json | jq '.[] | select(.pending) | [.id, .pending.reason]'\n"
                 "  labq ls --all --watch               a live table; only what changes is redrawn", _ls, c)
@@ -339,10 +385,12 @@ def add_views(sub: argparse._SubParsersAction, c: list) -> None:
     p.add_argument("--state", action="extend", nargs="+", default=[], metavar="STATE",
                    help=f"only these states: {', '.join(STATES)}")
     p.add_argument("--history", action="store_true", help="finished jobs (those `labq clean` hid are left out)")
-    p.add_argument("--limit", type=int, metavar="N", help="at most N jobs: the newest (with --history, the N that "
-                   "ended last)")
+    p.add_argument("--limit", type=int, metavar="N", help="at most N jobs (up to 5000): the newest (with --history, "
+                   "the N that ended last; with --after, the page's size); 0: every job, unpaged")
+    p.add_argument("--after", type=int, metavar="ID",
+                   help=f"a page: the first jobs after job ID ({LS_PAGE}, or --limit)")
     p.add_argument("--json", action="store_true", help="print JSON: the jobs, each waiting one with its pending "
-                   "reason")
+                   "reason; every job that matches (not paged) unless --limit or --after says otherwise")
     p.add_argument("--watch", action="store_true", help="redraw on every change until Ctrl-C")
 
     p = command(sub, "show", "everything about a job",

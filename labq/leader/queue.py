@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import replace
+from operator import attrgetter
+from typing import NamedTuple
 
 from labq.leader.auth import Principal
 from labq.leader.bookings import Bookings
@@ -24,6 +27,16 @@ from labq.store import CommitFailed, PutJob, PutRecord
 
 CLEANED = "cleaned"  #: the store's table of ``labq clean`` marks: user -> {"up_to": time}
 _REFUSALS = {"conflict": errors.conflict, "forbidden": errors.forbidden, "bad_request": errors.bad_request}
+_BY_ID = attrgetter("id")
+
+
+class Listing(NamedTuple):
+    """What ``Queue.visible`` found: the jobs to send, and what goes with them."""
+
+    jobs: list[Job]  #: the jobs asked for (a page of them)
+    live: dict[int, Job]  #: every unfinished job as it is now
+    total: int  #: how many jobs match the filters, on every page alike
+    next: int | None  #: the ``after`` of the next page; None at the end (and for a listing that is not paged)
 
 
 class Queue:
@@ -90,11 +103,15 @@ class Queue:
 
     def visible(self, who: Principal, *, user: str | None, states: tuple[str, ...], everyone: bool,
                 history: bool, limit: int | None, ids: tuple[int, ...] = (),
-                finished: bool = False) -> tuple[list[Job], dict[int, Job]]:
+                finished: bool = False, after: int | None = None) -> Listing:
         """The jobs ``who`` asked for and the unfinished jobs as they are now. Sorted by id, the last ``limit``;
-        ``finished``: only finished jobs, by when they ended, the ``limit`` that ended last. Finished jobs that
-        their users cleaned away (``labq clean``) are left out."""
+        ``after``: a page instead, the first ``limit`` with ids above ``after``; ``finished``: only finished jobs,
+        by when they ended, the ``limit`` that ended last. Finished jobs that their users cleaned away (``labq
+        clean``) are left out. The filters are applied first; only the jobs returned are worth more than a look."""
         user_only(who)
+        if finished and after is not None:
+            raise errors.bad_request("after pages through jobs by id; finished=1 lists them by when they ended (the "
+                                     "limit that ended last): leave out after", "after")
         with self.state.lock:
             live = dict(self.state.jobs)
         if finished:
@@ -103,14 +120,19 @@ class Queue:
             jobs = [live[i] for i in ids if i in live] if ids else list(live.values())
         if history or finished:
             jobs += [j for j in map(decode_job, self.state.store.history()) if not self._cleaned(j)]
-        if user is not None:
-            jobs = [j for j in jobs if j.user == user]
-        elif not everyone:
-            jobs = [j for j in jobs if j.user == who.name]
+        owner = user if user is not None else None if everyone else who.name
+        if owner is not None:  # the one pass over every job: ``spec.user`` and members, not properties
+            jobs = [j for j in jobs if j.spec.user == owner]
         if states:
-            jobs = [j for j in jobs if j.state.value in states]
-        jobs.sort(key=(lambda j: (j.ended_at or 0.0, j.id)) if finished else (lambda j: j.id))
-        return (jobs[-limit:] if limit else jobs), live
+            wanted = {s for s in JobState if s.value in states}
+            jobs = [j for j in jobs if j.state in wanted]
+        jobs.sort(key=(lambda j: (j.ended_at or 0.0, j.id)) if finished else _BY_ID)
+        if after is None:
+            return Listing(jobs[-limit:] if limit else jobs, live, len(jobs), None)
+        start = bisect_right(jobs, after, key=_BY_ID)
+        page = jobs[start:start + limit] if limit else jobs[start:]
+        more = bool(page) and start + len(page) < len(jobs)
+        return Listing(page, live, len(jobs), page[-1].id if more else None)
 
     def _cleaned(self, job: Job) -> bool:
         mark = self.cleaned.get(job.user)

@@ -23,7 +23,16 @@ from labq.protocol.bookings import encode_answer, encode_windows, parse_reserve
 from labq.protocol.codec import encode_job, encode_pending, encode_reservation, hide_env
 from labq.protocol.names import check_name, check_user_name
 from labq.protocol.identity import join_token
-from labq.protocol.requests import parse_action, parse_join, parse_submit, parse_token, parse_user, require_int
+from labq.protocol.requests import (
+    MAX_PAGE,
+    PAGE,
+    parse_action,
+    parse_join,
+    parse_submit,
+    parse_token,
+    parse_user,
+    require_int,
+)
 
 if TYPE_CHECKING:
     from labq.leader.http import _Handler
@@ -122,18 +131,21 @@ _JOB_TEXTS = _JobTexts()
 
 @route("GET", "/v1/jobs")
 def _jobs(h: _Handler, who) -> tuple[int, bytes]:
-    limit = h.arg("limit")
+    limit, after = h.arg("limit"), h.arg("after")
+    limit = require_int(limit, "limit", low=1, high=MAX_PAGE) if limit is not None else None
+    after = require_int(after, "after") if after is not None else None
     ids = tuple(require_int(i, "id") for i in h.query.get("id", ()))
     if len(ids) > 1000:
         raise errors.bad_request("at most 1000 ids at once", "id")
     queue = h.server.leader.queue
-    jobs, live = queue.visible(
+    found = queue.visible(
         who, user=h.arg("user"), states=tuple(h.query.get("state", ())), everyone=h.arg("all") == "1" or bool(ids),
-        history=h.arg("history") == "1", limit=require_int(limit, "limit") if limit else None, ids=ids,
-        finished=h.arg("finished") == "1")
-    text = '{"jobs":' + _JOB_TEXTS.listing(jobs, live, _whole_for(who))
+        history=h.arg("history") == "1", limit=PAGE if limit is None and after is not None else limit, ids=ids,
+        finished=h.arg("finished") == "1", after=after)
+    text = '{"jobs":' + _JOB_TEXTS.listing(found.jobs, found.live, _whole_for(who))
+    text += f',"total":{found.total},"next":{json.dumps(found.next)}'
     if h.arg("pending") == "1":
-        pending = {str(i): encode_pending(p) for i, p in queue.pending_of(j.id for j in jobs).items()}
+        pending = {str(i): encode_pending(p) for i, p in queue.pending_of(j.id for j in found.jobs).items()}
         text += ',"pending":' + json.dumps(pending, separators=(",", ":"))
     return 200, (text + "}").encode()
 

@@ -280,8 +280,10 @@ def test_ls_says_why_each_queued_job_waits_and_json_carries_the_reason(leader, j
     out = labq(leader, "ls")
     rows = out.stdout.splitlines()
     assert rows[1].split()[-6:] == ["Resources:", "needs", "4", "GPUs;", "2", "free"]
-    assert leader.requests[0]["query"] == {"pending": ["1"]}
+    assert leader.requests[0]["query"] == {"after": ["0"], "limit": ["100"], "pending": ["1"]}  # the first page
+    assert "showing" not in out.stdout  # all there is
     out = labq(leader, "ls", "--json")
+    assert leader.requests[1]["query"] == {"pending": ["1"]}  # every job: --json is not paged
     listed = json.loads(out.stdout)
     assert listed[0]["pending"] == pending[str(queued["id"])] and "pending" not in listed[1]
 

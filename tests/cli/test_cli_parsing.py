@@ -394,7 +394,8 @@ def test_ls_table_and_json(leader, jobs, node):
     assert leader.requests[0]["query"] == {"all": ["1"], "pending": ["1"]}
     out = labq("ls", "--state", "running,queued", env=leader.env())
     assert out.returncode == 0 and "ws1:0,1" in out.stdout
-    assert leader.requests[1]["query"] == {"state": ["running", "queued"], "pending": ["1"]}
+    assert leader.requests[1]["query"] == {"state": ["running", "queued"], "pending": ["1"], "after": ["0"],
+                                           "limit": ["100"]}  # the table: its first page
 
 
 def test_actions_report_per_job_and_exit_1_on_partial_failure(leader, jobs):
