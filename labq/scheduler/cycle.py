@@ -3,9 +3,12 @@
 The queue is served in order (priority, fair share, submit time). Each queued
 job in turn either starts on the best GPU set that is free for it, or preempts
 cheaper lower-priority work and holds the GPUs being freed, or waits with a
-reason. A waiting job near the top of the queue holds the GPUs it will get when
-running jobs end (by their time limits), so lower jobs backfill around it only
-where they cannot delay it.
+reason. GPUs that jobs on their way out give back whatever a pass decides
+(cancelled, at their time limit, or preempted for a job that no longer waits)
+are counted on before anything is preempted: the first job that needs them
+holds them and waits for them. A waiting job near the top of the queue holds
+the GPUs it will get when running jobs end (by their time limits), so lower
+jobs backfill around it only where they cannot delay it.
 
 A pass must stay fast on a long queue (the simulator runs one per event). Most
 jobs take the verdict of an earlier job of the same shape and priority while
@@ -409,15 +412,24 @@ class _Pass(LabView):
                 self.preemptions.append(Preempt(v.job.id, job.id, plan.node, mask_to_indices(v.freeable),
                                                 v.work_at_risk_s))
             self.holds[plan.node].append(Hold(job.id, job.priority, plan.target.mask, None))
+        # the GPUs of jobs on their way out that no one was promised (``leaving``) are this job's from now on
+        gone = {j.id: j for p in plans for mask, j in self.leaving[p.node] if mask & p.target.mask}
         if book is not None:
-            book.promise(job, sum(v.freeable.bit_count() for p in plans for v in p.victims if v.job.id in fresh))
+            book.promise(job, sum(v.freeable.bit_count() for p in plans for v in p.victims if v.job.id in fresh)
+                         + sum((mask & p.target.mask).bit_count() for p in plans for mask, _ in self.leaving[p.node]))
         self.holds_made += 1
         self._changed(touched & self.nodes.keys())
-        waiting = sorted(fresh | {victim for _, _, victim in self.inflight.get(job.id, [])})
+        waiting = sorted(fresh | {victim for _, _, victim in self.inflight.get(job.id, [])}
+                         | {i for i, j in gone.items() if j.state is JobState.PREEMPTING})
+        stopping = sorted(i for i, j in gone.items() if j.state is not JobState.PREEMPTING)
         where = " and ".join(f"GPUs {_gpu_list(p.target.mask)} on {p.node}" for p in plans)
-        detail = (f"job{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} "
-                  f"{'are' if len(waiting) > 1 else 'is'} checkpointing; then it runs on {where}")
-        self._wait(job, PendingReason.PREEMPTING, detail, waiting[0] if waiting else None,
+        said = [f"job {i} {_STOPPING.get(gone[i].stop_requested, 'is stopping')}" for i in stopping]
+        if waiting or not said:
+            said.insert(0, f"job{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} "
+                           f"{'are' if len(waiting) > 1 else 'is'} checkpointing")
+        # waiting only for jobs that stop for their own reasons, it waits for GPUs like any job, on those GPUs
+        self._wait(job, PendingReason.PREEMPTING if waiting else PendingReason.RESOURCES,
+                   f"{'; '.join(said)}; then it runs on {where}", (waiting or stopping or [None])[0],
                    self.now + grace if fresh else None)
         return True
 
@@ -453,8 +465,9 @@ class _Pass(LabView):
                     (e.candidate and (can(job.priority, e.job.priority)
                                       or (overdue is not None and e.job.priority <= overdue)))
                     or (e.job.state is JobState.RUNNING and e.job.spec.preemptible and book.reclaimable(e.job)))]
-            plan = known[key] = (None if not candidates and not self.free[node.name] & ~blocked else
-                                 plan_on_node(node.name, node.topology, self.free[node.name] & ~blocked,
+            available = (self.free[node.name] | self.leaving_mask[node.name]) & ~blocked
+            plan = known[key] = (None if not candidates and not available else
+                                 plan_on_node(node.name, node.topology, available,
                                               job.spec.gpus_per_node, candidates))
         return plan
 
@@ -496,6 +509,13 @@ class _Pass(LabView):
         for where, mask, _ in self.inflight.get(job.id, []):
             if where == node.name:
                 available |= mask & ~blocked
+        # GPUs that come back whatever happens: counted on after the free ones, before any victim (a job whose
+        # preemption is in flight keeps to what it was promised)
+        leaving = 0 if job.id in self.inflight else self.leaving_mask[node.name] & ~blocked
+        if available.bit_count() < job.spec.gpus_per_node:
+            available |= leaving
+        else:
+            leaving = 0
         may = self.policy.can_preempt
         own = self.reservations.get(job.spec.reservation) if job.spec.reservation else None
         reclaim = indices_to_mask(own.gpu_indices) if own is not None and own.node == node.name else 0
@@ -506,7 +526,7 @@ class _Pass(LabView):
                 (e.candidate and (self._may_take(job, e.job, mode) if mode else may(job.priority, e.job.priority)))
                 or (reclaim and self._borrower(e, own)) or (mode and self._reclaims(e, mode)))
         ]
-        if not candidates and job.id not in self.inflight:
+        if not candidates and job.id not in self.inflight and not leaving:
             return None
         if not mode:
             return plan_on_node(node.name, node.topology, available, job.spec.gpus_per_node, candidates)
@@ -721,6 +741,9 @@ class _Pass(LabView):
 
 
 _UNKNOWN = object()
+
+#: what a job that stops for its own reasons (``Job.stop_requested``) is doing, for ``labq why``
+_STOPPING = {"cancel": "is being cancelled", "timeout": "is stopping at its time limit"}
 
 
 def _gpu_list(mask: int) -> str:

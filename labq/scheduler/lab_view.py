@@ -71,6 +71,8 @@ class LabView:
         self.on_gpus: dict[str, list[OnGpus]] = {name: [] for name in self.nodes}
         self.in_use: dict[str, int] = {}
         self.holds: dict[str, list[Hold]] = {name: [] for name in self.nodes}
+        #: jobs on their way out of their GPUs whatever the pass decides: preempted, or stopping (cancelled, at their
+        #: time limit); no job takes them as victims, and they count for no queue
         self.victims: set[int] = set()
         self.inflight: dict[int, list[tuple[str, int, int]]] = {}  # preemptor -> (node, mask, victim)
         self.reservations = {r.name: r for r in self.reservation_list}
@@ -114,13 +116,26 @@ class LabView:
             for preemptor in order_queue((queued[i] for i in self.inflight), self.usage, self.now,
                                          self.policy.aging_s):
                 self._hold_inflight_target(preemptor)
+        #: by node, (GPUs, job) for each job on its way out that no waiting job was promised: a job stopping for its
+        #: own reasons, or a victim whose preemptor no longer waits (it started elsewhere, was cancelled or held).
+        #: Those GPUs come back whatever a pass decides, so a job that needs GPUs counts on them before it preempts
+        self.leaving: dict[str, list[tuple[int, Job]]] = {name: [] for name in self.nodes}
+        self.leaving_mask: dict[str, int] = dict.fromkeys(self.nodes, 0)
+        if self.victims:
+            promised = {victim for where in self.inflight.values() for _, _, victim in where}
+            for name, entries in self.on_gpus.items():
+                for e in entries:
+                    if e.job.id in self.victims and e.job.id not in promised:
+                        self.leaving[name].append((e.mask, e.job))
+                        self.leaving_mask[name] |= e.mask
 
     def _occupy(self, job: Job) -> None:
         """Enter a job that holds GPUs: its GPUs are taken, and it may be a victim or a preemption in flight."""
         spec = job.spec
         self.in_use[spec.user] = self.in_use.get(spec.user, 0) + spec.gpus
         preempting = job.state is _PREEMPTING
-        if preempting:
+        leaving = preempting or job.stop_requested is not None
+        if leaving:
             self.victims.add(job.id)
         end = job.expected_end() or inf
         candidate = self._preemptible(job)
@@ -130,8 +145,8 @@ class LabView:
             if name not in self.nodes:
                 continue
             mask = indices_to_mask(alloc.gpu_indices)
-            if book is not None and not preempting and name in self._up_names:
-                book.take(job, len(alloc.gpu_indices))  # a job being preempted no longer counts for its queue
+            if book is not None and not leaving and name in self._up_names:
+                book.take(job, len(alloc.gpu_indices))  # a job on its way out no longer counts for its queue
             self.free[name] &= ~mask
             self.on_gpus[name].append(OnGpus(job, mask, end, candidate))
             if candidate and spec.priority < self.lowest_victim:
@@ -203,6 +218,7 @@ class LabView:
         return (
             self.policy.preemption
             and job.state is _RUNNING
+            and job.stop_requested is None
             and job.spec.preemptible
             and job.started_at is not None
             and self.now - job.started_at >= self.policy.min_runtime_s

@@ -31,7 +31,8 @@ OUTSIDE = ""
 class QueueBook:
     specs: dict[str, QueueSpec]
     guarantee: dict[str, int]
-    #: GPUs each queue's jobs hold on nodes that are up, less those being preempted
+    #: GPUs each queue's jobs hold on nodes that are up, less those of jobs on their way out (preempted, cancelled,
+    #: at their time limit)
     use: dict[str, int] = field(default_factory=dict)
     #: queues with a job waiting for GPUs within its guarantee: their idle guarantee is lent to no one
     wanted: set[str] = field(default_factory=set)

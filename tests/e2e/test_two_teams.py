@@ -314,11 +314,24 @@ def test_each_gpu_a_reclaim_frees_goes_to_the_job_it_was_freed_for(lab):
     lab.wait_state(slow, "running", timeout=30)
     lab.wait(lambda: all("ready" in log(lab, j, 1) for j in (quick, slow)), "the traps to be set")
     assert gpus(lab.job(quick)["placement"]) == {("ws1", 0)} and gpus(lab.job(slow)["placement"]) == {("ws1", 1)}
+    # slow, submitted while the cancelled placeholder may still hold its GPU, waited for that GPU: it preempted nothing
+    assert (lab.job(quick)["state"], lab.job(quick)["preemptions"]) == ("running", 0), lab.job(quick)
 
     first = lab.submit("sleep", "600", token=bob)
     second = lab.submit("sleep", "600", token=bob)
-    lab.wait(lambda: all(pending_reason(api, b) == "Preempting" for b in (first, second)), "both reclaims",
-             detail=lambda: {j: (api.job(j)[0]["state"], api.job(j)[1]) for j in (first, second, quick, slow)})
+    since, seen = time.monotonic(), []  # (seconds, first's reason, second's reason, quick's state, slow's state)
+
+    def both_reclaim() -> bool:
+        jobs = {j: api.job(j) for j in (first, second, quick, slow)}
+        now = (*((jobs[b][1] or {}).get("reason") for b in (first, second)),
+               *(jobs[v][0]["state"] for v in (quick, slow)))
+        if not seen or seen[-1][1:] != now:
+            seen.append((round(time.monotonic() - since, 1), *now))
+        return now[:2] == ("Preempting", "Preempting")
+
+    lab.wait(both_reclaim, "both reclaims",
+             detail=lambda: ({j: (api.job(j)[0]["state"], api.job(j)[1]) for j in (first, second, quick, slow)},
+                             seen))
     assert (api.job(quick)[0]["preempted_for"], api.job(slow)[0]["preempted_for"]) == (first, second)
 
     gates["quick"].touch()  # the first victim saves; the second is still saving

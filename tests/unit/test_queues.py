@@ -47,6 +47,20 @@ def test_a_lending_queue_reclaims_borrowed_gpus_by_preemption_whatever_their_pri
     assert d.pending_for(b.id).reason is PendingReason.PREEMPTING
 
 
+def test_a_cancelled_job_counts_for_no_queue_so_a_reclaim_leaves_its_queue_at_its_guarantee(jobs):
+    """Its GPUs come back whatever happens: a reclaim counts on them rather than taking the queue below its
+    guarantee, and they are the reclaiming queue's from now on."""
+    node = make_node("ws", "sim:ws-4x3090")
+    a = [jobs.running(node, (i,), user="ann", queue="a", priority=LOW) for i in (0, 1, 2)]
+    cancelled = jobs.running(node, (3,), user="ann", queue="a", priority=LOW, stop_requested="cancel")
+    b = [jobs.queued(1, user="bob", queue="b") for _ in range(2)]
+    d = schedule([*a, cancelled, *b], [node], now=NOW, policy=policy())
+    assert len(d.preemptions) == 1 and d.preemptions[0].job_id in {j.id for j in a}  # a keeps its guarantee of 2
+    waits = {j.id: d.pending_for(j.id) for j in b}
+    assert sorted((w.reason, w.waiting_for) for w in waits.values()) == sorted(
+        [(PendingReason.RESOURCES, cancelled.id), (PendingReason.PREEMPTING, d.preemptions[0].job_id)])
+
+
 def test_reclaim_never_takes_a_queue_below_its_guarantee(jobs):
     node = make_node("ws", "sim:ws-4x3090")
     a = [jobs.running(node, (i,), user="ann", queue="a", priority=LOW) for i in (0, 1)]  # a at its guarantee

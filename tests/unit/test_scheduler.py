@@ -268,6 +268,48 @@ def test_next_pass_waits_for_the_victim_and_keeps_the_promised_gpus(jobs):
     assert gpus_of(d, urgent.id) == [("a", (2, 3))]
 
 
+@pytest.mark.parametrize(("stop", "words"), [("cancel", "is being cancelled"),
+                                            ("timeout", "is stopping at its time limit")])
+def test_gpus_a_stopping_job_gives_back_are_waited_for_not_won_by_preempting(jobs, stop, words):
+    """A job that is stopping for its own reasons (cancelled, at its time limit) leaves its GPUs whatever a pass
+    decides: a job that needs GPUs waits for those rather than preempting other work, and none takes it as a
+    victim. (The race of tests/e2e/test_two_teams.py: a job submitted just after a cancel preempted a low job,
+    then started on the cancelled job's GPU, and its victim lost its work for nothing.)"""
+    node = make_node("a", "sim:ws-4x3090")
+    low = jobs.running(node, (0,), priority=LOW)
+    stopping = jobs.running(node, (1,), priority=LOW, stop_requested=stop)
+    others = [jobs.running(node, (i,)) for i in (2, 3)]
+    normal = jobs.queued(1)
+    d = schedule([low, stopping, *others, normal], [node], now=NOW)
+    assert d.preemptions == ()
+    pending = d.pending_for(normal.id)
+    assert (pending.reason, pending.waiting_for) == (PendingReason.RESOURCES, stopping.id)
+    assert pending.detail == f"job {stopping.id} {words}; then it runs on GPUs 1 on a"
+    # a second job may preempt the low one, not the stopping one, nor take the GPU the first waits for
+    second = jobs.queued(1)
+    d = schedule([low, stopping, *others, normal, second], [node], now=NOW)
+    assert [(p.job_id, p.for_job) for p in d.preemptions] == [(low.id, second.id)]
+    assert d.pending_for(normal.id) == pending
+    # once it has gone, the job starts on its GPU
+    assert gpus_of(schedule([low, *others, normal], [node], now=NOW + 5), normal.id) == [("a", (1,))]
+
+
+def test_a_victim_whose_preemptor_no_longer_waits_frees_its_gpus_for_the_next_job(jobs):
+    """A victim still checkpointing for a job that started elsewhere (or was cancelled) gives its GPUs back all
+    the same: the next job that needs them waits for them instead of preempting another job."""
+    node = make_node("a", "sim:ws-4x3090")
+    low = [jobs.running(node, (i,), priority=LOW) for i in (0, 1, 2)]
+    started = jobs.running(make_node("b", "sim:ws-4x3090"), (0,), priority=URGENT)
+    orphan = jobs.running(node, (3,), priority=LOW, state=JobState.PREEMPTING, preempted_for=started.id)
+    urgent, after = jobs.queued(1, priority=URGENT), jobs.queued(1, priority=URGENT)
+    d = schedule([*low, orphan, started, urgent, after], [node], now=NOW)
+    pending = d.pending_for(urgent.id)
+    assert (pending.reason, pending.waiting_for) == (PendingReason.PREEMPTING, orphan.id)
+    assert pending.detail == f"job {orphan.id} is checkpointing; then it runs on GPUs 3 on a"
+    assert [p.for_job for p in d.preemptions] == [after.id]  # one victim, for the job after it
+    assert d.pending_for(after.id).waiting_for == d.preemptions[0].job_id != orphan.id
+
+
 # -- backfill and estimates ----------------------------------------------------------------
 
 
