@@ -90,6 +90,7 @@ def test_dependencies_are_checked_at_submit_and_a_failed_one_ends_its_waiting_jo
     assert out.returncode == 2 and "job 99999 does not exist" in out.stderr
     go = lab.root / "go"
     gate = lab.submit("sh", "-c", f"while [ ! -e {go} ]; do sleep 0.1; done; exit 3", name="gate")
+    lab.wait_state(gate, "running")  # the reasons below name its state: starting, until the agent says it runs
     after = lab.submit("true", after=gate, name="after")
     then = lab.submit("true", after=after, name="then")
     anyway = lab.submit("true", after_any=gate, name="anyway")
