@@ -18,7 +18,7 @@ from labq.leader.state import LabState
 from labq.models import transitions as t
 from labq.models.actions import timeout_grace
 from labq.models.job import Job, JobState
-from labq.models.node import NodeHealth
+from labq.models.node import Node, NodeHealth
 from labq.leader.auth import Principal
 from labq.leader.users import user_only
 from labq.scheduler import Policy, decay_usage, schedule
@@ -35,9 +35,12 @@ class Scheduling:
         self.failures = 0  #: turns that failed in a row
         self.last_pass: float | None = None  #: when the last pass ran; None: it must run
         self.next_edge: float | None = None  #: when time alone may change its decisions next
+        self.pass_seconds = 0.0  #: how long the last pass took (wall, not the lab's clock)
 
     #: with nothing changed and no edge due, a pass anyway this often (fair share decays, texts age)
     HEARTBEAT_S = 60.0
+    #: the longest a turn waits after a pass, for the changes to gather (see ``step``)
+    COALESCE_MAX_S = 1.0
 
     def loop(self) -> None:
         """The scheduler thread's body: a turn whenever something changes, at least once a second; after a
@@ -55,11 +58,12 @@ class Scheduling:
             pause = self.step(woken)
 
     def step(self, woken: bool) -> float:
-        """One ``turn`` that never raises: 0 when it went well, else how long to pause before the next (2 s,
+        """One ``turn`` that never raises: how long to pause before the next. After a pass, as long as the pass
+        took (at most ``COALESCE_MAX_S``); after a failure, longer each time (2 s,
         doubling to 30 s while it keeps failing), the error logged. A change meanwhile is not lost: the turn
         after a failure always passes."""
         try:
-            self.turn(woken)
+            passed = self.turn(woken)
         except Exception:  # noqa: BLE001 - a bad turn (the store, a bug) must not stop the lab, nor spin on it
             self.failures += 1
             self.last_pass = None
@@ -67,7 +71,9 @@ class Scheduling:
             log.exception("scheduling pass failed (%d in a row)", self.failures)
             return min(30.0, 2.0 ** self.failures)
         self.failures = 0
-        return 0.0
+        # passes coalesce under load: after a pass, changes gather for as long as it took (a long queue's
+        # passes take a whole core otherwise, from the API that brings the changes)
+        return min(self.COALESCE_MAX_S, self.pass_seconds) if passed else 0.0
 
     def turn(self, woken: bool) -> bool:
         """The timers, then a pass if something changed (``woken``, or the timers changed something), an edge
@@ -84,6 +90,9 @@ class Scheduling:
         return True
 
     def schedule_pass(self) -> None:
+        """One pass. Its inputs are taken under the lock, the pass itself runs outside it (the API goes on
+        meanwhile), and its decisions are taken in under the lock where the lab did not change under them: a
+        decision about a job or a node that changed meanwhile is dropped, and the next pass decides again."""
         state = self.state
         with state.lock:
             now = state.clock()
@@ -95,16 +104,28 @@ class Scheduling:
             if never:
                 state.apply(never, wake=False)
             self._decay_usage(now)
-            jobs, policy, reservations = list(state.jobs.values()), self._policy(), self.bookings.current(now)
-            decisions = schedule(jobs, state.nodes(), now=now, usage=self._usage(now), policy=policy,
-                                 finished=finished, reservations=reservations)
+            jobs, nodes, policy = list(state.jobs.values()), state.nodes(), self._policy()
+            reservations, usage = self.bookings.current(now), self._usage(now)
+            finished = {d: finished[d] for j in jobs for d in j.spec.depends_on if d in finished}
+        began = state.monotonic()
+        decisions = schedule(jobs, nodes, now=now, usage=usage, policy=policy, finished=finished,
+                             reservations=reservations)
+        self.pass_seconds = state.monotonic() - began
+        with state.lock:
             self.passes += 1
             self.last_pass, self.next_edge = now, next_edge(jobs, reservations, policy, now)
-            updates = [t.placed(state.jobs[s.job_id], s.placement) for s in decisions.starts]
-            updates += [t.preempting(state.jobs[p.job_id], p.for_job, p.reservation) for p in decisions.preemptions]
-            changed_pending = {p.job_id for p in decisions.pending
-                               if state.pending.get(p.job_id, (None,))[1:3] != p[1:3]}
-            state.pending = {p.job_id: p for p in decisions.pending}
+            seen = {j.id: j for j in jobs}
+            unchanged = _Unchanged(seen, {n.name: n for n in nodes}, state)
+            starts = [s for s in decisions.starts if unchanged.job(s.job_id) and unchanged.nodes(s.placement.nodes)]
+            preemptions = [p for p in decisions.preemptions if unchanged.job(p.job_id)
+                           and (p.for_job is None or unchanged.job(p.for_job)) and unchanged.nodes((p.node,))]
+            if len(starts) < len(decisions.starts) or len(preemptions) < len(decisions.preemptions):
+                state.wake()  # the lab changed under this pass: the next one decides what it dropped
+            updates = [t.placed(state.jobs[s.job_id], s.placement) for s in starts]
+            updates += [t.preempting(state.jobs[p.job_id], p.for_job, p.reservation) for p in preemptions]
+            pending = {p.job_id: p for p in decisions.pending if p.job_id in state.jobs}
+            changed_pending = {i for i, p in pending.items() if state.pending.get(i, (None,))[1:3] != p[1:3]}
+            state.pending = pending
             if updates:
                 state.apply(updates, wake=False)  # what it decided needs no pass after it
         for job_id in changed_pending:
@@ -199,6 +220,21 @@ class Scheduling:
         state = self.state
         state.usage = decay_usage(state.usage, now - state.usage_at, state.config.fair_share_half_life_s)
         state.usage_at = now
+
+
+class _Unchanged:
+    """Which of a pass's inputs are as they are now (the lock is held): jobs and nodes are replaced, never
+    changed in place, so the same object is the same version."""
+
+    def __init__(self, jobs: dict[int, Job], nodes: dict[str, Node], state: LabState) -> None:
+        self._jobs, self._nodes, self._state = jobs, nodes, state
+        self._now = {n.name: n for n in state.nodes()}
+
+    def job(self, job_id: int) -> bool:
+        return self._state.jobs.get(job_id) is self._jobs.get(job_id)
+
+    def nodes(self, names) -> bool:
+        return all(self._now.get(name) is self._nodes.get(name) for name in names)
 
 
 def finished_states(state: LabState, wanted: Iterable[int] = ()) -> dict[int, JobState]:

@@ -103,5 +103,27 @@ def test_a_failing_turn_is_logged_and_paused_after_longer_each_time_and_the_next
     assert "scheduling pass failed (6 in a row)" in caplog.text and "the disk is gone" in caplog.text
     del scheduling.tick  # mended
     passes = scheduling.passes
-    assert scheduling.step(False) == 0.0  # nothing woke it, yet the turn after failures passes
+    pause = scheduling.step(False)  # nothing woke it, yet the turn after failures passes
     assert scheduling.passes == passes + 1 and scheduling.failures == 0
+    assert pause == min(scheduling.COALESCE_MAX_S, scheduling.pass_seconds)  # only what a pass pauses
+
+
+@pytest.mark.parametrize(("took", "pause"), [(0.25, 0.25), (5.0, 1.0)])
+def test_after_a_pass_the_changes_gather_for_as_long_as_it_took_at_most_a_second(lab, monkeypatch, took, pause):
+    """Under a stream of submits, back-to-back passes of a long queue would take a whole core from the API that
+    brings the submits: the scheduler thread waits as long as its pass took (at most COALESCE_MAX_S)."""
+    from labq.leader import scheduling as module
+
+    leader, _ = lab
+    ticks = [0.0]
+    leader.state.monotonic = lambda: ticks[0]
+    real = module.schedule
+
+    def slow(*args, **kwargs):
+        ticks[0] += took
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "schedule", slow)
+    submit(leader, gpus=1)
+    assert leader.scheduling.step(True) == pause
+    assert leader.scheduling.step(False) == 0.0  # a turn with nothing to pass does not pause
