@@ -30,7 +30,7 @@ from labq.store.files import Disk, replace_atomically
 from labq.store.tinydb_store import (
     ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, decode, encode, read_state, recover_hint, take_leader_lock,
 )
-from labq.store.journal import journal_files
+from labq.store.journal import ids_named, journal_files
 
 MANIFEST = "manifest.json"
 FORMAT = "labq-backup"
@@ -289,12 +289,15 @@ def restore(folder: str | os.PathLike, data_dir: str | os.PathLike, *, force: bo
         for entry in manifest.files:  # again: the backup may have changed since it was checked
             if hashlib.sha256(payloads[entry.path]).hexdigest() != entry.sha256:
                 raise BackupError(f"{folder / entry.path} changed while restoring", "Nothing was changed.")
+        # ids continue past every id the lab it replaces names (damaged or not), so jobs submitted after the
+        # backup keep ids of their own
+        named = max((ids_named((data_dir / name).read_bytes()) for name in existing), default=0)
         replaced = _move_aside(data_dir, existing, disk) if existing else None
         data = decode(payloads.pop(DB_NAME), folder / DB_NAME)
         meta = data[META]["1"]
-        # Like a recovery: ids continue past those the backed-up leader had reserved (each commit
-        # reserves the next ID_RESERVE), so jobs submitted after the backup keep ids of their own.
-        meta["next_job_id"] = max(meta["next_job_id"], meta["ids_reserved_until"])
+        # and, like a recovery, past those the backed-up leader had reserved (each commit reserves the next
+        # ID_RESERVE): on an empty folder, that is all there is to go by
+        meta["next_job_id"] = max(meta["next_job_id"], meta["ids_reserved_until"], named + 1)
         if any(name.startswith(ARCHIVE_DIR + "/") for name in payloads):
             (data_dir / ARCHIVE_DIR).mkdir(exist_ok=True)
         for name, payload in payloads.items():

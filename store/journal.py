@@ -148,6 +148,15 @@ def _sound_record_after(raw: bytes, pos: int) -> bool:
     return False
 
 
+_NAMED = re.compile(rb'"(?:id|deleted|next_job_id|reserved|ids_reserved_until)":(\d+)')
+
+
+def ids_named(raw: bytes) -> int:
+    """The highest number any of labq's files ``raw`` gives as a job id, a next id or a reservation (0 if none):
+    read as bytes, so a damaged file still tells."""
+    return max((int(m.group(1)) for m in _NAMED.finditer(raw)), default=0)
+
+
 def ids_mentioned(raw: bytes) -> int:
     """The highest job id any record of ``raw`` may have handed out, sound or not (0 if none): a recovery
     that drops damaged records resumes ids past it."""

@@ -200,6 +200,7 @@ class TinyDBStore:
         self._cond = threading.Condition()
         self._queue: list[_Ticket] = []
         self._writing = False
+        self._swap_wanted = False  #: a compaction waits to swap the journal: commits wait for it
         self._broken: str | None = None
         self._hot_lock = threading.Lock()  #: the hot state changes or is captured; never held across a write
         self._compacting = threading.Lock()
@@ -281,7 +282,7 @@ class TinyDBStore:
         ticket = _Ticket(list(changes))
         with self._cond:
             self._queue.append(ticket)
-            while not ticket.done and self._writing:
+            while not ticket.done and (self._writing or self._swap_wanted):
                 self._cond.wait()
             if ticket.done:
                 return self._result(ticket)
@@ -321,7 +322,7 @@ class TinyDBStore:
         if not accepted:
             return
         seq = self._committed + 1
-        reserved = self._reserved if batch.next_job_id <= self._reserved else batch.next_job_id + ID_RESERVE
+        reserved = max(self._reserved, batch.next_job_id + ID_RESERVE)  # a backup or recovery continues past it
         texts = {job_id: dumps(doc) for job_id, doc in batch.jobs.items() if doc is not None}
         records = [[name, key, record] for (name, key), record in batch.records.items()]
         payload = (b'{"jobs":{' + b",".join(b'"%d":%s' % (job_id, texts.get(job_id, b"null")) for job_id in batch.jobs)
@@ -373,8 +374,12 @@ class TinyDBStore:
         nor the previous copy needs are removed. False when there was nothing to compact."""
         with self._compacting:
             with self._cond:
-                while self._writing:
-                    self._cond.wait()
+                self._swap_wanted = True  # no commit takes the writer's turn first: steady commits never starve it
+                try:
+                    while self._writing:
+                        self._cond.wait()
+                finally:
+                    self._swap_wanted = False
                 self._writing = True  # the writer waits while the journal is swapped
             try:
                 if self._broken or self._committed == self._snapshot_seq:

@@ -19,7 +19,7 @@ import pytest
 
 from labq.store import PutJob, TinyDBStore
 from labq.store.backup import JOIN_TOKEN, MANIFEST, BackupError, backup, check_backup, restore
-from labq.store.tinydb_store import ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME
+from labq.store.tinydb_store import ARCHIVE_DIR, DB_NAME, ID_RESERVE, PREVIOUS_NAME
 from tests.e2e.conftest import Lab, lab  # noqa: F401  (the fixture)
 from tests.store.conftest import job, small_lab
 
@@ -92,7 +92,14 @@ def test_backups_taken_while_commits_go_on_hold_each_committed_job_exactly_once(
         assert state.seq == s
         assert sorted(archived) == sorted({j for j, at in finished.items() if at <= s})
         assert set(state.jobs) == {i for i, at in put.items() if at <= s and not finished.get(i, s + 1) <= s}
-        assert state.next_job_id > max(put)  # ids continue past any handed out after the backup
+        # on an empty folder, ids continue past what the backed-up lab had reserved at that commit
+        assert state.next_job_id > max(i for i, at in put.items() if at <= s) + ID_RESERVE
+        # restored over the lab itself (the usual case: it went wrong after the backup), past every id it handed out
+        over = tmp_path / f"over-{n}"
+        shutil.copytree(data, over)
+        restore(folder, over, force=True)
+        with TinyDBStore(over) as restored:
+            assert restored.load().next_job_id > max(put)
 
 
 def test_a_backup_has_a_manifest_of_its_files_and_restores_byte_for_byte(data, tmp_path):

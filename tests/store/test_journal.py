@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -259,3 +260,35 @@ def test_a_full_disk_in_a_compaction_loses_nothing_and_it_is_tried_again(small_d
     store.close()
     with TinyDBStore(data) as again:
         assert sorted(again.load().jobs) == ids + [41]
+
+
+def test_a_compaction_gets_its_turn_while_commits_never_pause(tmp_path):
+    """A writer that commits back to back must not keep the compaction from swapping the journal for ever."""
+    store = TinyDBStore(tmp_path / "data", compact_bytes=10**9)
+    store.commit([PutJob(job(i)) for i in range(1, 2001)])
+    stop = threading.Event()
+    committed: list[int] = []
+
+    def commit_forever() -> None:
+        i = 2001
+        while not stop.is_set():
+            store.commit([PutJob(job(i))])
+            committed.append(i)
+            i += 1
+
+    writer = threading.Thread(target=commit_forever)
+    writer.start()
+    try:
+        while len(committed) < 50:
+            time.sleep(0.01)
+        compacting = threading.Thread(target=store.compact)
+        compacting.start()
+        compacting.join(60)
+        assert not compacting.is_alive(), "the compaction never got its turn"
+        assert store.compactions == 1
+    finally:
+        stop.set()
+        writer.join(30)
+    store.close()
+    with TinyDBStore(tmp_path / "data") as again:
+        assert sorted(again.load().jobs) == list(range(1, 2001)) + committed
