@@ -105,17 +105,21 @@ class Scheduling:
                 state.apply(never, wake=False)
             self._decay_usage(now)
             jobs, nodes, policy = list(state.jobs.values()), state.nodes(), self._policy()
-            reservations, usage = self.bookings.current(now), self._usage(now)
+            reservations, used = self.bookings.current(now), dict(state.usage)
             finished = {d: finished[d] for j in jobs for d in j.spec.depends_on if d in finished}
         began = state.monotonic()
-        decisions = schedule(jobs, nodes, now=now, usage=usage, policy=policy, finished=finished,
-                             reservations=reservations)
+        decisions = schedule(jobs, nodes, now=now, usage=self._usage(now, jobs, used), policy=policy,
+                             finished=finished, reservations=reservations)
+        edge = next_edge(jobs, reservations, policy, now)
+        pending = {p.job_id: p for p in decisions.pending}
+        before = state.pending  # only this thread replaces it
+        changed_pending = {i for i, p in pending.items() if before.get(i, (None,))[1:3] != p[1:3]}
+        seen, nodes_seen = {j.id: j for j in jobs}, {n.name: n for n in nodes}
         self.pass_seconds = state.monotonic() - began
         with state.lock:
             self.passes += 1
-            self.last_pass, self.next_edge = now, next_edge(jobs, reservations, policy, now)
-            seen = {j.id: j for j in jobs}
-            unchanged = _Unchanged(seen, {n.name: n for n in nodes}, state)
+            self.last_pass, self.next_edge = now, edge
+            unchanged = _Unchanged(seen, nodes_seen, state)
             starts = [s for s in decisions.starts if unchanged.job(s.job_id) and unchanged.nodes(s.placement.nodes)]
             preemptions = [p for p in decisions.preemptions if unchanged.job(p.job_id)
                            and (p.for_job is None or unchanged.job(p.for_job)) and unchanged.nodes((p.node,))]
@@ -123,8 +127,8 @@ class Scheduling:
                 state.wake()  # the lab changed under this pass: the next one decides what it dropped
             updates = [t.placed(state.jobs[s.job_id], s.placement) for s in starts]
             updates += [t.preempting(state.jobs[p.job_id], p.for_job, p.reservation) for p in preemptions]
-            pending = {p.job_id: p for p in decisions.pending if p.job_id in state.jobs}
-            changed_pending = {i for i, p in pending.items() if state.pending.get(i, (None,))[1:3] != p[1:3]}
+            for job_id in pending.keys() - state.jobs.keys():  # ended meanwhile
+                del pending[job_id]
             state.pending = pending
             if updates:
                 state.apply(updates, wake=False)  # what it decided needs no pass after it
@@ -139,10 +143,12 @@ class Scheduling:
                       aging_s=c.aging_s, queues=c.queues,
                       reclaim_grace_s=c.reclaim_grace_s if c.reclaim_grace_s is not None else c.max_grace_s)
 
-    def _usage(self, now: float) -> dict[str, float]:
-        """Finished work, decayed; plus what running attempts have used so far."""
-        usage = dict(self.state.usage)
-        for job in self.state.jobs.values():
+    def _usage(self, now: float, jobs: Iterable[Job] | None = None, finished: dict[str, float] | None = None
+               ) -> dict[str, float]:
+        """Finished work, decayed; plus what running attempts have used so far (of ``jobs`` and ``finished``,
+        taken under the lock, when given: then it needs no lock)."""
+        usage = dict(self.state.usage if finished is None else finished)
+        for job in self.state.jobs.values() if jobs is None else jobs:
             if job.started_at is not None:
                 usage[job.user] = usage.get(job.user, 0.0) + t.gpu_hours(job, now)
         return usage
