@@ -17,6 +17,8 @@ from labq.leader.http import LeaderServer, serve
 from labq.protocol.identity import cluster_id
 from labq.store import StoreError, TinyDBStore, plan_recovery, recover
 
+SWITCH_INTERVAL_S = 0.0005  #: see ``start_leader``
+
 if TYPE_CHECKING:  # the module itself waits for a leader that serves TLS: it loads ``cryptography``
     from labq.leader.certs import ServingCertificate
 
@@ -85,6 +87,10 @@ def start_leader(config: LeaderConfig, *, first_admin: str | None = None) -> tup
     except BaseException:
         store.close()
         raise
+    # A long queue's pass is pure Python work in the scheduler thread; a request thread that wakes from its socket
+    # or its fsync waits for the interpreter lock up to this long each time (5 ms by default: a submit wakes
+    # several times, and waited tens of ms behind a pass at 30,000 queued)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     leader.start()
     if serving is not None:  # a supervised thread, as the scheduler's: ``Leader.check`` restarts it, stop ends it
         leader.workers.spawn("labq-tls-renewal", lambda: serving.keep_renewed(leader.stopping))
