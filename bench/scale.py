@@ -212,7 +212,13 @@ def folder_stamp(folder: Path) -> tuple:
 
 
 def journal_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.glob("journal-*.log"))
+    total = 0
+    for path in folder.glob("journal-*.log"):
+        try:
+            total += path.stat().st_size
+        except FileNotFoundError:  # a compaction removed it meanwhile
+            pass
+    return total
 
 
 def settle(folder: Path, at_most_s: float = 120.0) -> float:

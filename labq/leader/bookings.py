@@ -126,7 +126,7 @@ class Bookings:
 
     def release(self, now: float) -> list[Job]:
         """The jobs whose reservation is over, moved on (the lock is held): run before each scheduling pass."""
-        return t.out_of_reservations(self.state.jobs.values(), self.by_name, now)
+        return t.out_of_reservations(self.state.waiting_on.values(), self.by_name, now)
 
     def check_submit(self, spec: JobSpec, now: float) -> None:
         """A job naming a reservation (the lock is held): it must exist, admit the user, and fit in it."""

@@ -75,7 +75,7 @@ class Queue:
         except CommitFailed as err:
             raise errors.unavailable(f"the job was not saved, so it was not submitted: {err}") from None
         with state.lock:
-            state.jobs[job.id] = job
+            state.add(job)
         state.publish_job(job)
         state.wake()
         return job

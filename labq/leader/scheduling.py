@@ -100,13 +100,14 @@ class Scheduling:
             if released:
                 state.apply(released, wake=False)
             finished = finished_states(state)
-            never = t.out_of_dependencies(state.jobs.values(), finished, now)  # nor for a job that cannot succeed
+            # nor for a job that cannot succeed
+            never = t.out_of_dependencies(state.waiting_on.values(), finished, now, live=state.jobs)
             if never:
                 state.apply(never, wake=False)
             self._decay_usage(now)
             jobs, nodes, policy = list(state.jobs.values()), state.nodes(), self._policy()
             reservations, used = self.bookings.current(now), dict(state.usage)
-            finished = {d: finished[d] for j in jobs for d in j.spec.depends_on if d in finished}
+            finished = {d: finished[d] for j in state.waiting_on.values() for d in j.spec.depends_on if d in finished}
         began = state.monotonic()
         decisions = schedule(jobs, nodes, now=now, usage=self._usage(now, jobs, used), policy=policy,
                              finished=finished, reservations=reservations)
@@ -248,7 +249,7 @@ def finished_states(state: LabState, wanted: Iterable[int] = ()) -> dict[int, Jo
     (the lock is held). The archive is read once, the first time a dependency is not known yet; after that a
     job that is neither unfinished nor here does not exist."""
     known = state.finished
-    wanted = {d for j in state.jobs.values() for d in j.spec.depends_on} | set(wanted)
+    wanted = {d for j in state.waiting_on.values() for d in j.spec.depends_on} | set(wanted)
     if not state.history_loaded and any(d not in known and d not in state.jobs for d in wanted):
         state.history_loaded = True
         for doc in state.store.history():

@@ -66,6 +66,9 @@ class LabState:
         self.jobs: dict[int, Job] = {i: decode_job(doc) for i, doc in loaded.jobs.items()}
         #: the jobs that hold GPUs, kept by ``apply``: the timers look at these every second, not at the queue
         self.on_gpus: dict[int, Job] = {i: j for i, j in self.jobs.items() if j.state.holds_gpus}
+        #: the jobs that wait on more than GPUs, kept by ``apply``: another job (``--after``) or a reservation.
+        #: A pass's bookkeeping of dependencies and bookings looks at these, not at the whole queue
+        self.waiting_on: dict[int, Job] = {i: j for i, j in self.jobs.items() if _waits_on(j)}
         self.next_job_id = loaded.next_job_id
         self.users: dict[str, dict] = dict(loaded.records.get("users", {}))
         self.agents = {name: AgentSession(name, decode_node(rec["node"]), rec["token_sha256"], rec.get("logs_url"),
@@ -78,6 +81,12 @@ class LabState:
         self.history_loaded = False
         #: agents advertising over mDNS, by node name (a hint; admission is by join token)
         self.seen_over_mdns: dict[str, dict] = {}
+
+    def add(self, job: Job) -> None:
+        """Take in a job just submitted and committed (the lock is held)."""
+        self.jobs[job.id] = job
+        if _waits_on(job):
+            self.waiting_on[job.id] = job
 
     def wake(self) -> None:
         self.woken.set()
@@ -117,6 +126,10 @@ class LabState:
                 self.on_gpus[job.id] = job
             else:
                 self.on_gpus.pop(job.id, None)
+            if _waits_on(job) and not job.state.finished:
+                self.waiting_on[job.id] = job
+            else:
+                self.waiting_on.pop(job.id, None)
         for name in touched:
             if name in self.agents:
                 self.agents[name].version += 1
@@ -152,3 +165,7 @@ class LabState:
 
     def nodes(self) -> list[Node]:
         return [s.node for s in self.agents.values()]
+
+
+def _waits_on(job: Job) -> bool:
+    return bool(job.spec.depends_on) or job.spec.reservation is not None

@@ -136,23 +136,33 @@ def dependency_failure(spec_after_any: bool, dep: int, state: JobState | None) -
     return None
 
 
-def out_of_dependencies(jobs: Iterable[Job], finished: Mapping[int, JobState], now: float) -> list[Job]:
+def out_of_dependencies(jobs: Iterable[Job], finished: Mapping[int, JobState], now: float,
+                        live: Mapping[int, Job] | None = None) -> list[Job]:
     """The waiting jobs whose dependencies can never be met, cancelled with the reason in their ``note``.
 
-    Slurm's DependencyNeverSatisfied, but ended rather than stuck; a chain (c after b after a) goes in
-    one call, since each job cancelled here is a dependency that ended too."""
+    ``jobs`` are the unfinished jobs, or with ``live`` (every unfinished job by id) only those that may
+    wait for others. Slurm's DependencyNeverSatisfied, but ended rather than stuck; a chain (c after b
+    after a) goes in one call, since each job cancelled here is a dependency that ended too."""
     jobs = list(jobs)
     waiting = [j for j in jobs if j.spec.depends_on and j.state in (JobState.QUEUED, JobState.HELD)]
     if not waiting:
         return []
-    states = {**finished, **{j.id: j.state for j in jobs}}
+    live = {j.id: j for j in jobs} if live is None else live
+    ended: dict[int, JobState] = {}  #: cancelled here
+
+    def state_of(dep: int) -> JobState | None:
+        if dep in ended:
+            return ended[dep]
+        job = live.get(dep)
+        return job.state if job is not None else finished.get(dep)
+
     cancelled: dict[int, Job] = {}
     while True:
         more = {}
         for job in waiting:
             if job.id in cancelled:
                 continue
-            why = next(filter(None, (dependency_failure(job.spec.after_any, d, states.get(d))
+            why = next(filter(None, (dependency_failure(job.spec.after_any, d, state_of(d))
                                      for d in job.spec.depends_on)), None)
             if why is not None:
                 more[job.id] = job.evolve(state=JobState.CANCELLED, ended_at=now,
@@ -160,7 +170,7 @@ def out_of_dependencies(jobs: Iterable[Job], finished: Mapping[int, JobState], n
         if not more:
             return list(cancelled.values())
         cancelled.update(more)
-        states.update((i, JobState.CANCELLED) for i in more)
+        ended.update((i, JobState.CANCELLED) for i in more)
 
 
 def _noted(job: Job, line: str) -> str:
