@@ -386,23 +386,9 @@ class ProcessRuntime:
     def _sweep(self) -> None:
         """Remove what an agent killed mid-launch or mid-forget left under hidden names."""
         for folder in self._attempts.glob(".*"):
-            if folder.name.startswith(".new-") and self._locked(folder / "lock"):
+            if folder.name.startswith(".new-") and lock_held(folder / "lock"):
                 continue  # a launch in progress in another process
             shutil.rmtree(folder, ignore_errors=True)
-
-    @staticmethod
-    def _locked(path: Path) -> bool:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return False
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
 
     @staticmethod
     def _key(name: str) -> tuple[int, int] | None:
@@ -414,3 +400,18 @@ class ProcessRuntime:
 
     def _forgotten_log(self, job_id: int, attempt: int) -> Path:
         return self._logs / f"{job_id}.{attempt}.log"
+
+
+def lock_held(path: Path) -> bool:
+    """Whether a process holds the flock on ``path`` (an attempt's shim holds its ``lock`` while it runs)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)

@@ -52,7 +52,6 @@ Run:  .venv/bin/python bench/scale.py [--quick] [--levels 0,1000,10000,30000] [-
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
@@ -76,6 +75,7 @@ from figures import print_figures
 from latency import LABQ, Lab, ms, pct, say
 from store import Bench, job_doc, measure_load
 
+from labq.agent.process_runtime import lock_held
 from labq.client import Client
 from labq.protocol.errors import ApiError
 
@@ -334,24 +334,9 @@ def remove_tree(root: Path, at_most_s: float = 10.0) -> None:
     writes the attempt's ``exit.json`` (making its folders again) just after its job was killed."""
     deadline = time.monotonic() + at_most_s
     locks = list(root.glob("data/agents/*/runtime/attempts/*/lock"))
-    while time.monotonic() < deadline and any(held(lock) for lock in locks):
+    while time.monotonic() < deadline and any(lock_held(lock) for lock in locks):
         time.sleep(0.1)
     shutil.rmtree(root, ignore_errors=True)
-
-
-def held(lock: Path) -> bool:
-    """Whether a process holds ``lock`` (an flock)."""
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
 
 
 def timed_compaction(bench: Bench) -> dict:
