@@ -185,12 +185,12 @@ class StopsInCompaction(Disk):
     def fsync(self, fd):
         if os.readlink(f"/proc/self/fd/{fd}").endswith("labq.json.tmp"):
             if where == "before rename":
-                print(json.dumps({"at": where}), flush=True); time.sleep(600)
+                print(json.dumps({"at": where}), flush=True); threading.Event().wait()  # until the test kills it
             self.snapshot_synced = True
         os.fsync(fd)
     def fsync_folder(self, folder):
         if where == "after rename" and self.snapshot_synced:
-            print(json.dumps({"at": where}), flush=True); time.sleep(600)
+            print(json.dumps({"at": where}), flush=True); threading.Event().wait()  # until the test kills it
         super().fsync_folder(folder)
 
 store = TinyDBStore(sys.argv[1], disk=StopsInCompaction(), compact_bytes=4000)
