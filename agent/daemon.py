@@ -42,7 +42,7 @@ from labq.protocol.agents import (
 from labq.protocol.errors import ApiError
 from labq.http_server import bearer_token, same_secret, serve_app
 from labq.protocol.identity import USER_HEADER, lab_of, parse_join_token
-from labq.transport import Request, Response, Transport, socket_transport
+from labq.transport import KeptConnections, Request, Response, Transport
 from labq.workers import Backoff, RetryLog, Supervisor
 
 log = logging.getLogger("labq.agent")
@@ -74,7 +74,7 @@ class Agent:
         self.config = config
         self.clock, self.monotonic = clock, monotonic  #: graces are kept on the wall clock, retries on monotonic
         self.inventory = inventory
-        self.transport = transport or socket_transport  #: how requests reach the leader
+        self.transport = transport or KeptConnections()  #: how requests reach the leader
         self.pin, self.join_secret = parse_join_token(config.join_token)
         self._pinned = None  #: the TLS context, once the lab's CA is fetched and checked against the pin
         config.state_dir.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from urllib.parse import quote, urlencode, urlsplit
 
 from labq.protocol.errors import ApiError
-from labq.transport import Request, Response, Transport, socket_transport, unix_transport
+from labq.transport import KeptConnections, Request, Response, Transport, unix_transport
 
 TYPE_CHECKING = False  # typing's, without importing typing: 3 ms of the CLI's start (type checkers take it as true)
 if TYPE_CHECKING:
@@ -83,7 +83,8 @@ class Client:
             host = None
         if host is None or parts.scheme not in ("http", "https"):
             raise ApiError(0, "bad_credentials", f"{url!r} is not a leader address: use http://HOST:PORT")
-        self.transport = transport or socket_transport  #: where requests go: a socket, or an app in-process
+        #: where requests go: kept connections to the leader, or an app in-process
+        self.transport = transport or KeptConnections()
         self.token = token.strip()
         if not self.token.isprintable() or " " in self.token:
             raise ApiError(0, "bad_credentials", "the labq token has spaces or control characters in it")
@@ -292,6 +293,18 @@ class Client:
 
     def forget_node(self, name: str) -> dict:
         return self._json("DELETE", f"/v1/nodes/{quote(name, safe='')}")
+
+    def close(self) -> None:
+        """Close the connections kept open to the leader (a later request opens a new one)."""
+        close = getattr(self.transport, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close_events(self) -> None:
         """End an ``events()`` stream read in another thread: its blocked read returns at once."""

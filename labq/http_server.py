@@ -26,6 +26,9 @@ from labq.transport import App, Request, in_process
 log = logging.getLogger("labq.http")
 REQUEST_TIMEOUT_S = 10.0  #: the defaults of ``serve_app``, as the leader's config has them
 MAX_CONNECTIONS_PER_ADDRESS = 128
+#: a kept-alive connection waits this long for its next request, then closes: its thread and its share of
+#: ``MAX_CONNECTIONS_PER_ADDRESS`` go back (``labq.transport.KeptConnections`` reuses one for less)
+KEEPALIVE_IDLE_S = 5.0
 APP_MAX_BODY = 1 << 20  #: the largest request body ``serve_app`` reads
 #: the standard library's own refusals (a bad request line, headers too long) by labq's codes
 STDLIB_CODES = {400: "bad_request", 408: "timeout", 413: "too_large", 414: "too_large", 431: "too_large",
@@ -50,6 +53,7 @@ class Server(ThreadingHTTPServer):
         self.max_connections_per_address = max_connections_per_address
         self._open: dict[str, int] = {}
         self._open_lock = threading.Lock()
+        self._connections: set = set()  #: the open connections' sockets, which ``server_close`` closes
         super().__init__(address, handler)
 
     def process_request(self, request, client_address) -> None:
@@ -69,10 +73,26 @@ class Server(ThreadingHTTPServer):
             raise
 
     def process_request_thread(self, request, client_address) -> None:
+        with self._open_lock:
+            self._connections.add(request)
         try:
             super().process_request_thread(request, client_address)
         finally:
+            with self._open_lock:
+                self._connections.discard(request)
             self._closed(client_address[0])
+
+    def server_close(self) -> None:
+        """Stop listening and end the open connections too: a closed server answers nothing more, not even
+        on a connection a client kept alive."""
+        super().server_close()
+        with self._open_lock:
+            connections = list(self._connections)
+        for sock in connections:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _closed(self, host: str) -> None:
         with self._open_lock:
@@ -149,12 +169,27 @@ class JsonHandler(BaseHTTPRequestHandler):
                     pass
 
     def handle(self) -> None:
+        """The requests of one connection, one after the other while the client keeps it alive; between two,
+        it waits ``KEEPALIVE_IDLE_S`` at most (each request itself has the request time limit)."""
         if self.handshake_failed:
             return
         try:
-            super().handle()
+            self.close_connection = True
+            self.handle_one_request()
+            while not self.close_connection and self._next_request():
+                self.handle_one_request()
         except (ConnectionError, TimeoutError):  # the client went away or stalled mid-request: nothing to answer
             self.close_connection = True
+
+    def _next_request(self) -> bool:
+        """Whether a next request starts on this connection within ``KEEPALIVE_IDLE_S``."""
+        try:
+            self.connection.settimeout(min(KEEPALIVE_IDLE_S, self.timeout or KEEPALIVE_IDLE_S))
+            started = bool(self.rfile.peek(1))
+        except (OSError, ValueError):  # idle too long, or closed
+            return False
+        self.connection.settimeout(self.timeout)
+        return started
 
     def log_message(self, fmt: str, *args) -> None:
         self.logger.debug("%s %s", self.address_string(), fmt % args)

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import io
 import json
+from _thread import allocate_lock
 from collections.abc import Callable
+from time import monotonic
 from urllib.parse import parse_qs, urlsplit
 
 from labq.protocol.errors import ApiError
-from labq.wire import Connection
+from labq.wire import Connection, NoAnswer
 
 TYPE_CHECKING = False  # typing's, without importing typing: 3 ms of the CLI's start (type checkers take it as true)
 if TYPE_CHECKING:  # typing.Protocol, for type checkers only
@@ -114,10 +116,10 @@ App = Callable[[Request], Response]  #: a server's side of the seam: what it ans
 
 
 class _SocketBody:
-    """A response body on its connection, which closes with it."""
+    """A response body on its connection, which closes with it (or, read whole, goes back to ``kept``)."""
 
-    def __init__(self, conn: Connection, answer) -> None:
-        self._conn, self._answer = conn, answer
+    def __init__(self, conn: Connection, answer, kept: KeptConnections | None = None, key: tuple = ()) -> None:
+        self._conn, self._answer, self._kept, self._key = conn, answer, kept, key
 
     def read(self) -> bytes:
         return self._answer.read()
@@ -126,21 +128,30 @@ class _SocketBody:
         return self._answer.readline()
 
     def close(self) -> None:
-        self._conn.close()
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._kept is not None and conn.reusable:
+            self._kept.put(self._key, conn)
+        else:
+            conn.close()
 
     def interrupt(self) -> None:
-        self._conn.interrupt()
+        conn = self._conn
+        if conn is not None:
+            conn.interrupt()
 
 
-def _exchange(conn: Connection, request: Request) -> Response:
+def _exchange(conn: Connection, request: Request, kept: KeptConnections | None = None, key: tuple = ()) -> Response:
     """Sends ``request`` on ``conn`` and returns once the answer's headers are in."""
     try:
-        conn.request(request.method, request.target, body=request.body, headers=request.headers)
+        conn.request(request.method, request.target, body=request.body, headers=request.headers,
+                     timeout=request.timeout)
         answer = conn.getresponse()
     except BaseException:
         conn.close()
         raise
-    return Response(answer.status, answer.headers, _SocketBody(conn, answer))
+    return Response(answer.status, answer.headers, _SocketBody(conn, answer, kept, key))
 
 
 def socket_transport(request: Request) -> Response:
@@ -148,6 +159,69 @@ def socket_transport(request: Request) -> Response:
     parts = urlsplit(request.url)
     return _exchange(Connection(parts.hostname or "", parts.port, request.timeout, https=parts.scheme == "https",
                                 context=request.tls), request)
+
+
+#: requests that may be sent again when a kept connection turns out closed before it answered: they change nothing
+_SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class KeptConnections:
+    """A transport that keeps connections open between requests (HTTP/1.1 keep-alive): a client that makes
+    several requests (a command that pages, an agent's syncs, a script's submits) pays for one connection,
+    and the server for one thread, not one each.
+
+    A connection goes back to the pool once its answer was read whole (``close()`` on the response) and is
+    used again for at most ``IDLE_S``, under the server's ``labq.http_server.KEEPALIVE_IDLE_S``, so the server
+    never closes one that is about to carry a request. One found closed anyway (the leader restarted) is
+    dropped before use; a request that meets a closed one all the same is sent again on a new connection
+    only if it changes nothing (a GET), so a submit is never sent twice. Thread-safe; ``close()`` closes the
+    idle ones."""
+
+    IDLE_S = 2.0
+    KEEP = 4  #: idle connections kept to one server
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple, list[tuple[float, Connection]]] = {}
+        self._lock = allocate_lock()
+
+    def __call__(self, request: Request) -> Response:
+        parts = urlsplit(request.url)
+        key = (parts.scheme, parts.hostname or "", parts.port, request.tls)
+        conn = self._take(key)
+        if conn is not None:
+            try:
+                return _exchange(conn, request, self, key)
+            except (NoAnswer, ConnectionError):
+                if request.method not in _SAFE:
+                    raise
+        conn = Connection(parts.hostname or "", parts.port, request.timeout, https=parts.scheme == "https",
+                          context=request.tls, keep_alive=True)
+        return _exchange(conn, request, self, key)
+
+    def _take(self, key: tuple) -> Connection | None:
+        with self._lock:
+            idle = self._idle.get(key)
+            while idle:
+                since, conn = idle.pop()
+                if monotonic() - since <= self.IDLE_S and not conn.stale():
+                    return conn
+                conn.close()
+        return None
+
+    def put(self, key: tuple, conn: Connection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(key, [])
+            if len(idle) < self.KEEP:
+                idle.append((monotonic(), conn))
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for _, conn in conns:
+                conn.close()
 
 
 def unix_transport(path: str) -> Transport:

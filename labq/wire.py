@@ -17,10 +17,16 @@ class WireError(OSError):
     """A malformed answer, as an OSError so callers treat it like a broken connection."""
 
 
+class NoAnswer(WireError):
+    """The connection closed before a byte of an answer came."""
+
+
 class Response:
-    def __init__(self, file) -> None:
+    def __init__(self, file, method: str = "GET") -> None:
         self._file = file
         status_line = file.readline(65537)
+        if not status_line:
+            raise NoAnswer("the connection closed before an answer")
         parts = status_line.split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
             raise WireError(f"not an HTTP answer: {status_line[:80]!r}")
@@ -32,6 +38,12 @@ class Response:
                 break
             name, _, value = line.decode("latin-1").partition(":")
             self._headers[name.strip().lower()] = value.strip()
+        #: the connection can carry another request once this answer's body is read: an HTTP/1.1 answer with
+        #: a Content-Length that does not close (an event stream has none: it ends with the connection)
+        self.keeps = (parts[0] == b"HTTP/1.1" and self.status >= 200 and method != "HEAD"
+                      and "content-length" in self._headers
+                      and self._headers.get("connection", "").lower() != "close")
+        self.done = False  #: the whole body was read
 
     @property
     def headers(self) -> dict[str, str]:
@@ -48,32 +60,50 @@ class Response:
         data = self._file.read(int(length))
         if len(data) != int(length):
             raise WireError(f"the answer ended after {len(data)} of {length} bytes")
+        self.done = True
         return data
 
     def readline(self) -> bytes:
+        self.keeps = False  # read by lines: a stream, not a body of a known length
         return self._file.readline()
 
 
 class Connection:
-    """``http.client.HTTPConnection``'s request/getresponse/close, one request per connection."""
+    """``http.client.HTTPConnection``'s request/getresponse/close. One request per connection; with
+    ``keep_alive``, one after the other on the same socket for as long as the answers allow (``reusable``)."""
 
     def __init__(self, host: str, port: int | None, timeout: float, https: bool = False, context=None,
-                 unix: str | None = None) -> None:
+                 unix: str | None = None, keep_alive: bool = False) -> None:
         self._address = (host, port or (443 if https else 80))
         self._unix = unix  #: a Unix socket's path to connect to instead of (host, port): the local agent
         self._timeout = timeout
         self._https = https
         self._context = context  #: the ssl.SSLContext of an https:// connection (labq.tls: pinned to a lab's CA)
         self._sock: socket.socket | None = None
+        self._file = None  #: the socket's reader, one for the connection's life (it may read ahead)
+        self._keep_alive = keep_alive
+        self._method = "GET"
+        self._answer: Response | None = None
+        self.requests = 0  #: sent on this connection so far
 
-    def request(self, method: str, target: str, body: bytes | None = None, headers: dict | None = None) -> None:
+    def request(self, method: str, target: str, body: bytes | None = None, headers: dict | None = None,
+                timeout: float | None = None) -> None:
         headers = dict(headers or {})
         host, port = self._address
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {host}:{port}", "Connection: close"]
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {host}:{port}"]
+        if not self._keep_alive:
+            lines.append("Connection: close")
         lines += [f"{name}: {value}" for name, value in headers.items()]
         if body is not None:
             lines.append(f"Content-Length: {len(body)}")
-        self._sock = self._connect()
+        if timeout is not None:
+            self._timeout = timeout
+        if self._sock is None:
+            self._sock = self._connect()
+        else:
+            self._sock.settimeout(self._timeout)
+        self._method, self._answer = method, None
+        self.requests += 1
         self._sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
 
     def _connect(self) -> socket.socket:
@@ -101,11 +131,39 @@ class Connection:
 
     def getresponse(self):
         assert self._sock is not None, "request() first"
-        return Response(self._sock.makefile("rb"))
+        if self._file is None:
+            self._file = self._sock.makefile("rb")
+        self._answer = Response(self._file, self._method)
+        return self._answer
+
+    @property
+    def reusable(self) -> bool:
+        """Open, kept alive, and its last answer read whole: it can carry the next request."""
+        answer = self._answer
+        return (self._keep_alive and self._sock is not None and answer is not None and answer.keeps
+                and answer.done)
+
+    def stale(self) -> bool:
+        """An idle kept connection that has something to read: the server closed it (or sent what no request
+        asked for). Either way it cannot carry a request."""
+        import select
+
+        sock = self._sock
+        if sock is None:
+            return True
+        try:
+            pending = getattr(sock, "pending", None)
+            return bool(pending and pending()) or bool(select.select([sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
 
     def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         if self._sock is not None:
             self._sock.close()
+            self._sock = None
 
     def interrupt(self) -> None:
         """From another thread: make a read blocked on this connection return (as the end of the stream)."""

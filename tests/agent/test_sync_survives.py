@@ -36,7 +36,23 @@ class FlakyLeader(ThreadingHTTPServer):
     def __init__(self, script: list[str]) -> None:
         self.script = list(script)
         self.syncs: list[float] = []
+        self.connections: list[socket.socket] = []
         super().__init__(("127.0.0.1", 0), _Handler)
+
+    def process_request(self, request, client_address) -> None:
+        self.connections.append(request)
+        super().process_request(request, client_address)
+
+    def stop(self) -> None:
+        """As the leader's process ending does: no more connections, and the open ones (the agent keeps its
+        connection alive between syncs) closed."""
+        self.shutdown()
+        self.server_close()
+        for conn in self.connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -96,8 +112,7 @@ def flaky(tmp_path):
     yield start
     for server, agent in made:
         agent.stop()
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def _refuse_on(host: str, port: int, until: int, timeout: float = 30.0) -> int:
@@ -143,8 +158,7 @@ def test_an_agent_whose_leader_is_gone_syncs_within_two_seconds_of_its_return(fl
     agent.start()
     assert _wait_for(lambda: len(server.syncs) >= 1, 10)
     host, port = server.server_address[:2]
-    server.shutdown()
-    server.server_close()
+    server.stop()
     tries = _refuse_on(host, port, until=6)  # six failed syncs: an exponential backoff would be far past 2 s
     assert tries >= 6, f"the agent stopped retrying after {tries} failed syncs"
     back = ThreadingHTTPServer((host, port), _Handler)
