@@ -22,12 +22,15 @@ from labq.protocol import errors
 from labq.protocol.codec import decode_job, encode_job
 from labq.protocol.requests import ActionRequest, SubmitRequest
 from labq.scheduler import why_never_fits, why_no_node_runs_user
+from labq.scheduler.inert import waits_whatever_the_order
 from labq.scheduler.queues import lab_gpus, why_never_in_queue
 from labq.store import CommitFailed, PutJob, PutRecord
 
 CLEANED = "cleaned"  #: the store's table of ``labq clean`` marks: user -> {"up_to": time}
 _REFUSALS = {"conflict": errors.conflict, "forbidden": errors.forbidden, "bad_request": errors.bad_request}
 _BY_ID = attrgetter("id")
+#: a submit that can neither start nor preempt (``waits_whatever_the_order``) is taken in by a pass within this
+QUIET_SUBMIT_PASS_S = 1.0
 
 
 class Listing(NamedTuple):
@@ -76,8 +79,15 @@ class Queue:
             raise errors.unavailable(f"the job was not saved, so it was not submitted: {err}") from None
         with state.lock:
             state.add(job)
+            # on a lab whose GPUs are all held by jobs this one may not preempt, a pass would only find its
+            # reason to wait: it waits for the next pass (a second at most), and a stream of such submits costs
+            # one pass, not one each
+            quiet = waits_whatever_the_order(job, state.nodes(), state.on_gpus.values(), state.policy())
+            if quiet:
+                state.defer(QUIET_SUBMIT_PASS_S)
         state.publish_job(job)
-        state.wake()
+        if not quiet:
+            state.wake()
         return job
 
     def _check_lab(self, spec: JobSpec) -> None:

@@ -1,5 +1,6 @@
 """The scheduler thread: the timers once a second, and a pass only when something changed, an edge of time
-is due (``labq.scheduler.edges``) or a minute has gone by.
+is due (``labq.scheduler.edges``) or a minute has gone by. A change that no pass needs at once (a submit that
+can neither start nor preempt: ``LabState.defer``) is taken in by a pass within a second, with the others.
 
 A pass hands the pure scheduler (``labq.scheduler.schedule``) the lab as it is
 and applies its decisions; the timers mark silent nodes lost after their lease,
@@ -21,7 +22,7 @@ from labq.models.job import Job, JobState
 from labq.models.node import Node, NodeHealth
 from labq.leader.auth import Principal
 from labq.leader.users import user_only
-from labq.scheduler import Policy, decay_usage, schedule
+from labq.scheduler import decay_usage, schedule
 from labq.scheduler.edges import next_edge
 from labq.scheduler.queues import lab_gpus, standing
 
@@ -52,7 +53,8 @@ class Scheduling:
                 state.stopping.wait(pause)
                 woken = False
             else:
-                woken = state.woken.wait(timeout=1.0)
+                due = state.pass_by  # a deferred change's pass, if it is due before the next second
+                woken = state.woken.wait(timeout=1.0 if due is None else min(1.0, max(0.0, due - state.monotonic())))
             if state.stopping.is_set():
                 return
             pause = self.step(woken)
@@ -83,7 +85,8 @@ class Scheduling:
         self.tick()
         now = state.clock()
         if not (woken or state.woken.is_set() or self.last_pass is None
-                or (self.next_edge is not None and now >= self.next_edge) or now - self.last_pass >= self.HEARTBEAT_S):
+                or (self.next_edge is not None and now >= self.next_edge) or now - self.last_pass >= self.HEARTBEAT_S
+                or (state.pass_by is not None and state.monotonic() >= state.pass_by)):
             return False
         state.woken.clear()
         self.schedule_pass()
@@ -96,6 +99,7 @@ class Scheduling:
         state = self.state
         with state.lock:
             now = state.clock()
+            state.pass_by = None  # this pass takes in every change so far
             released = self.bookings.release(now)  # so no job waits for a booking that is over
             if released:
                 state.apply(released, wake=False)
@@ -105,7 +109,7 @@ class Scheduling:
             if never:
                 state.apply(never, wake=False)
             self._decay_usage(now)
-            jobs, nodes, policy = list(state.jobs.values()), state.nodes(), self._policy()
+            jobs, nodes, policy = list(state.jobs.values()), state.nodes(), state.policy()
             reservations, used = self.bookings.current(now), dict(state.usage)
             finished = {d: finished[d] for j in state.waiting_on.values() for d in j.spec.depends_on if d in finished}
         began = state.monotonic()
@@ -135,14 +139,6 @@ class Scheduling:
                 state.apply(updates, wake=False)  # what it decided needs no pass after it
         for job_id in changed_pending:
             state.events.publish("job", {"job_id": job_id, "pending": True})
-
-    def _policy(self) -> Policy:
-        c = self.state.config
-        return Policy(max_gpus_per_user=c.max_gpus_per_user, user_gpu_quota=c.user_gpu_quota,
-                      preemption=c.preemption, min_runtime_s=c.min_runtime_s, hold_depth=c.hold_depth,
-                      may_preempt=c.may_preempt, max_preemptions_per_day=c.max_preemptions_per_day,
-                      aging_s=c.aging_s, queues=c.queues,
-                      reclaim_grace_s=c.reclaim_grace_s if c.reclaim_grace_s is not None else c.max_grace_s)
 
     def _usage(self, now: float, jobs: Iterable[Job] | None = None, finished: dict[str, float] | None = None
                ) -> dict[str, float]:

@@ -26,6 +26,7 @@ from labq.models.node import Node, NodeHealth
 from labq.protocol import errors
 from labq.protocol.agents import SyncReply
 from labq.protocol.codec import decode_job, decode_node, encode_job, encode_node
+from labq.scheduler import Policy
 from labq.store import Change, CommitFailed, InvalidChange, PutJob, PutRecord, Store
 
 
@@ -60,6 +61,8 @@ class LabState:
         self.events = EventHub()
         self.stopping = threading.Event()
         self.woken = threading.Event()  #: something changed: the scheduler should pass soon
+        #: something changed that no pass needs at once (``defer``): a pass must take it in by then (monotonic)
+        self.pass_by: float | None = None
         loaded = store.load()
         now = clock()
         self.records = loaded.records  #: as loaded; the services keep their own parts
@@ -90,6 +93,13 @@ class LabState:
 
     def wake(self) -> None:
         self.woken.set()
+
+    def defer(self, within_s: float) -> None:
+        """A change that a pass must take in, but not at once: within ``within_s``, with whatever else came
+        meanwhile (the lock is held)."""
+        due = self.monotonic() + within_s
+        if self.pass_by is None or due < self.pass_by:
+            self.pass_by = due
 
     def commit(self, changes: list[Change]) -> None:
         """Put ``changes`` on disk (the lock is held), or raise the API's error saying it did not happen."""
@@ -165,6 +175,15 @@ class LabState:
 
     def nodes(self) -> list[Node]:
         return [s.node for s in self.agents.values()]
+
+    def policy(self) -> Policy:
+        """The scheduler's knobs, as the config has them now."""
+        c = self.config
+        return Policy(max_gpus_per_user=c.max_gpus_per_user, user_gpu_quota=c.user_gpu_quota,
+                      preemption=c.preemption, min_runtime_s=c.min_runtime_s, hold_depth=c.hold_depth,
+                      may_preempt=c.may_preempt, max_preemptions_per_day=c.max_preemptions_per_day,
+                      aging_s=c.aging_s, queues=c.queues,
+                      reclaim_grace_s=c.reclaim_grace_s if c.reclaim_grace_s is not None else c.max_grace_s)
 
 
 def _waits_on(job: Job) -> bool:

@@ -11,6 +11,7 @@ from labq.models import JobState
 from labq.models import transitions as t
 from labq.protocol.requests import parse_submit
 from tests.conftest import FakeClock
+from labq.leader.queue import QUIET_SUBMIT_PASS_S
 from tests.leader.labs import leader_with_ws1
 
 ALICE = Principal("user", "alice")
@@ -127,3 +128,30 @@ def test_after_a_pass_the_changes_gather_for_as_long_as_it_took_at_most_a_second
     submit(leader, gpus=1)
     assert leader.scheduling.step(True) == pause
     assert leader.scheduling.step(False) == 0.0  # a turn with nothing to pass does not pause
+
+
+def test_submits_that_can_neither_start_nor_preempt_are_taken_in_by_one_pass_within_a_second(lab):
+    """On a full lab, a stream of submits that only wait costs one pass, not one each; a submit that may
+    preempt still brings its pass at once."""
+    leader, clock = lab
+    leader.state.monotonic = clock
+    for _ in range(2):
+        submit(leader, gpus=2)
+    assert turn(leader, clock)
+    run_placed(leader, clock)  # ws1 full of normal jobs
+    assert turn(leader, clock)
+    passes = leader.scheduling.passes
+    waiting = [submit(leader, gpus=1) for _ in range(50)]
+    assert not leader.state.woken.is_set()
+    assert leader.state.pass_by == clock.now + QUIET_SUBMIT_PASS_S
+    assert not turn(leader, clock, seconds=0.5) and leader.scheduling.passes == passes
+    assert all(j not in leader.state.pending for j in waiting)  # "the scheduler has not placed it yet"
+    assert turn(leader, clock, seconds=0.5)  # due: one pass for the fifty
+    assert leader.scheduling.passes == passes + 1 and leader.state.pass_by is None
+    assert {leader.state.pending[j].reason.value for j in waiting} == {"Resources"}
+    assert not turn(leader, clock, seconds=5.0)
+    boss = Principal("user", "boss", admin=True)
+    urgent = leader.queue.submit(boss, parse_submit({"command": ["train"], "priority": "high"})).id
+    # it may preempt a normal job: a pass now
+    assert leader.state.woken.is_set()
+    assert turn(leader, clock, seconds=0.0) and urgent in leader.state.pending
