@@ -15,6 +15,7 @@ import tomllib
 
 import pytest
 
+from labq.store.tinydb_store import read_state
 from tests.e2e.conftest import TEST_CONFIG, Lab
 
 pytestmark = pytest.mark.timeout(120)
@@ -110,8 +111,11 @@ def test_a_job_runs_over_tls_and_no_token_or_environment_value_crosses_loopback_
         finally:
             seen = capture.stop()
         assert capture.to_port(seen, port) and len(seen) > 10_000, "the capture saw the leader's traffic"
+        # this lab's own logs token (the capture sees all of loopback: other tests' labs too)
+        logs_token = next(rec["logs_token"] for _, rec in read_state(lab.data).tables["agents"].values())
+        assert logs_token.startswith("lql_")
         leaked = [what for what, value in (("the token", token), ("the job's environment value", SECRET_ENV),
-                                           ("the job's log", LOG_LINE), ("the logs token", "Bearer lql_"))
+                                           ("the job's log", LOG_LINE), ("the logs token", f"Bearer {logs_token}"))
                   if value.encode() in seen]
         if tls:
             assert leaked == [], f"in clear on loopback: {leaked}"
