@@ -18,7 +18,6 @@ import json
 from _thread import allocate_lock
 from collections.abc import Callable
 from time import monotonic
-from urllib.parse import parse_qs, urlsplit
 
 from labq.protocol.errors import ApiError
 from labq.wire import Connection, NoAnswer
@@ -38,6 +37,62 @@ if TYPE_CHECKING:  # typing.Protocol, for type checkers only
         def close(self) -> None: ...
 
 
+class Url:
+    """An absolute URL's parts as the seam uses them: ``urllib.parse.urlsplit``'s ``scheme``, ``hostname``
+    (lower case) and ``port``, and the ``target`` (path and query) that goes on a request line."""
+
+    __slots__ = ("scheme", "hostname", "port", "path", "query")
+
+    def __init__(self, scheme: str, hostname: str | None, port: int | None, path: str, query: str) -> None:
+        self.scheme, self.hostname, self.port, self.path, self.query = scheme, hostname, port, path, query
+
+    @property
+    def target(self) -> str:
+        return (self.path or "/") + ("?" + self.query if self.query else "")
+
+
+#: a URL any of these is in goes to urllib.parse: IPv6 literals, user info, fragments, backslashes
+_UNUSUAL = frozenset("[]@#\\ \t\r\n")
+
+
+def split_url(url: str) -> Url:
+    """``url``'s parts; ValueError for a port that is not one, as ``urlsplit(url).port`` raises. The plain
+    ``scheme://host:port/path?query`` of labq's addresses is split here; anything else by ``urllib.parse``, whose
+    import (with ``ipaddress``) would be a tenth of the CLI's start."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.isalpha() and _UNUSUAL.isdisjoint(rest):
+        end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+        netloc, tail = rest[:end], rest[end:]
+        path, _, query = tail.partition("?")
+        host, colon, port_text = netloc.rpartition(":")
+        if not colon:
+            host, port_text = netloc, ""
+        if port_text and (not port_text.isdigit() or int(port_text) > 65535):
+            raise ValueError(f"Port out of range or not a number: {port_text!r}")
+        return Url(scheme.lower(), host.lower() or None, int(port_text) if port_text else None, path, query)
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return Url(parts.scheme, parts.hostname, parts.port, parts.path, parts.query)
+
+
+_PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+
+
+def quote_part(text: str) -> str:
+    """``urllib.parse.quote(text, safe="")``: a path segment, every byte but the unreserved ones %-escaped."""
+    return "".join(chr(b) if b in _PLAIN else f"%{b:02X}" for b in text.encode())
+
+
+def encode_query(pairs) -> str:
+    """``urllib.parse.urlencode(pairs)`` for a list of (name, value) pairs: values as ``str()``, spaces as +."""
+    return "&".join(f"{_quote_plus(str(k))}={_quote_plus(str(v))}" for k, v in pairs)
+
+
+def _quote_plus(text: str) -> str:
+    return "".join(chr(b) if b in _PLAIN else "+" if b == 32 else f"%{b:02X}" for b in text.encode())
+
+
 class Request:
     """One HTTP request: ``url`` is absolute (``http://host:port/path?query``); ``timeout`` is per read;
     ``tls`` the ``ssl.SSLContext`` of an ``https://`` one (``labq.tls``: pinned to the lab's CA)."""
@@ -55,16 +110,17 @@ class Request:
     @property
     def target(self) -> str:
         """What goes on the request line: the path and query."""
-        parts = urlsplit(self.url)
-        return (parts.path or "/") + ("?" + parts.query if parts.query else "")
+        return split_url(self.url).target
 
     @property
     def path(self) -> str:
-        return urlsplit(self.url).path or "/"
+        return split_url(self.url).path or "/"
 
     @property
     def query(self) -> dict[str, list[str]]:
-        return parse_qs(urlsplit(self.url).query)
+        from urllib.parse import parse_qs  # a server's side reads queries: it has urllib.parse already
+
+        return parse_qs(split_url(self.url).query)
 
     def header(self, name: str, default: str | None = None) -> str | None:
         """A header by its name, in any case."""
@@ -156,7 +212,7 @@ def _exchange(conn: Connection, request: Request, kept: KeptConnections | None =
 
 def socket_transport(request: Request) -> Response:
     """Sends ``request`` on a new connection (``Connection: close``), over TLS for ``https://``."""
-    parts = urlsplit(request.url)
+    parts = split_url(request.url)
     return _exchange(Connection(parts.hostname or "", parts.port, request.timeout, https=parts.scheme == "https",
                                 context=request.tls), request)
 
@@ -185,7 +241,7 @@ class KeptConnections:
         self._lock = allocate_lock()
 
     def __call__(self, request: Request) -> Response:
-        parts = urlsplit(request.url)
+        parts = split_url(request.url)
         key = (parts.scheme, parts.hostname or "", parts.port, request.tls)
         conn = self._take(key)
         if conn is not None:

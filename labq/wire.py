@@ -6,11 +6,18 @@ Content-Length or by closing the connection (event streams), so a small reader
 suffices. An ``https://`` leader is the same on a socket the caller's ``ssl`` context
 wraps (``labq.tls``: pinned to the lab's CA). The interface is the part of
 ``http.client``'s the client uses.
+
+Plain connections use ``_socket`` and a small reader of their own, not the ``socket`` module: its import
+(with ``selectors`` and the enum classes it builds for every constant) is a tenth of ``labq submit``'s start.
+An ``https://`` connection imports ``ssl``, which brings ``socket`` anyway.
 """
 
 from __future__ import annotations
 
-import socket
+import _socket
+
+#: what one recv asks for: an answer of the leader's is most often whole in one
+_CHUNK = 65536
 
 
 class WireError(OSError):
@@ -68,6 +75,73 @@ class Response:
         return self._file.readline()
 
 
+class _Reader:
+    """The buffered reading of a file made by ``socket.makefile("rb")``, over ``recv``: lines, a number of
+    bytes, or all until the end."""
+
+    def __init__(self, sock) -> None:
+        self._sock = sock
+        self._buffer = bytearray()
+        self._ended = False
+
+    def _fill(self) -> bool:
+        """One more recv into the buffer; False at the end of the stream."""
+        if self._ended:
+            return False
+        data = self._sock.recv(_CHUNK)
+        if not data:
+            self._ended = True
+            return False
+        self._buffer += data
+        return True
+
+    def readline(self, limit: int = -1) -> bytes:
+        start = 0
+        while True:
+            end = self._buffer.find(b"\n", start)
+            if end >= 0:
+                end += 1
+                break
+            if 0 <= limit <= len(self._buffer):
+                end = limit
+                break
+            start = len(self._buffer)
+            if not self._fill():
+                end = len(self._buffer)
+                break
+        if 0 <= limit < end:
+            end = limit
+        line = bytes(self._buffer[:end])
+        del self._buffer[:end]
+        return line
+
+    def read(self, size: int = -1) -> bytes:
+        while (size < 0 or len(self._buffer) < size) and self._fill():
+            pass
+        end = len(self._buffer) if size < 0 else min(size, len(self._buffer))
+        data = bytes(self._buffer[:end])
+        del self._buffer[:end]
+        return data
+
+    def close(self) -> None:
+        self._buffer.clear()
+
+
+def _open_tcp(host, port: int, timeout: float):
+    """``socket.create_connection`` on ``_socket``: the first of the name's addresses that takes the connection."""
+    last: OSError | None = None
+    for family, kind, proto, _, address in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock
+        except OSError as err:
+            sock.close()
+            last = err
+    raise last or OSError(f"no address for {host!r}")
+
+
 class Connection:
     """``http.client.HTTPConnection``'s request/getresponse/close. One request per connection; with
     ``keep_alive``, one after the other on the same socket for as long as the answers allow (``reusable``)."""
@@ -79,8 +153,8 @@ class Connection:
         self._timeout = timeout
         self._https = https
         self._context = context  #: the ssl.SSLContext of an https:// connection (labq.tls: pinned to a lab's CA)
-        self._sock: socket.socket | None = None
-        self._file = None  #: the socket's reader, one for the connection's life (it may read ahead)
+        self._sock = None  #: a ``_socket.socket``, or an ``ssl.SSLSocket`` for https://
+        self._file: _Reader | None = None  #: the socket's reader, one for the connection's life (it reads ahead)
         self._keep_alive = keep_alive
         self._method = "GET"
         self._answer: Response | None = None
@@ -106,9 +180,9 @@ class Connection:
         self.requests += 1
         self._sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
 
-    def _connect(self) -> socket.socket:
+    def _connect(self):
         if self._unix is not None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             try:
                 sock.settimeout(self._timeout)
                 sock.connect(self._unix)
@@ -119,9 +193,12 @@ class Connection:
         host, port = self._address
         # an ASCII name goes to getaddrinfo as bytes: a str is first encoded with the "idna" codec, whose import
         # (with stringprep) costs a plain-HTTP command 1 ms of its start
-        sock = socket.create_connection((host.encode() if host.isascii() else host, port), timeout=self._timeout)
+        name = host.encode() if host.isascii() else host
         if not self._https:
-            return sock
+            return _open_tcp(name, port, self._timeout)
+        import socket  # ssl's sockets are socket.socket's: ssl has imported it already
+
+        sock = socket.create_connection((name, port), timeout=self._timeout)
         try:  # the request goes out in one write, and the answer's parts need no delayed ACK to follow
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return self._context.wrap_socket(sock, server_hostname=self._address[0])
@@ -132,7 +209,7 @@ class Connection:
     def getresponse(self):
         assert self._sock is not None, "request() first"
         if self._file is None:
-            self._file = self._sock.makefile("rb")
+            self._file = _Reader(self._sock)
         self._answer = Response(self._file, self._method)
         return self._answer
 
@@ -170,6 +247,6 @@ class Connection:
         sock = self._sock
         if sock is not None:
             try:
-                sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(_socket.SHUT_RDWR)
             except OSError:
                 pass

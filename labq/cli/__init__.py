@@ -9,8 +9,24 @@ builds CMD's parser alone, so that ``labq`` starts fast and never loads the TUI'
 
 from __future__ import annotations
 
-import argparse
+import sys
 from collections.abc import Sequence
+
+if "argparse" in sys.modules or "gettext" in sys.modules:
+    import argparse
+else:
+    # argparse imports gettext for its few words of its own ("usage:", "error:"). labq speaks English, so a
+    # stand-in gives them as written: the real gettext (whose import compiles a verbose pattern, and whose every
+    # message looks for a catalog on disk) cost each start ~2 ms. It is not left in sys.modules: code that
+    # imports gettext later gets the real one.
+    _as_written = type(sys)("gettext")
+    _as_written.gettext = lambda message: message
+    _as_written.ngettext = lambda singular, plural, n: singular if n == 1 else plural
+    sys.modules["gettext"] = _as_written
+    try:
+        import argparse
+    finally:
+        del sys.modules["gettext"]
 
 EPILOG = """\
 examples:
@@ -47,8 +63,6 @@ COMMANDS = {command: family for family, commands in FAMILIES.items() for command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import sys
-
     from labq.cli.errors import guard
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -62,8 +76,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """``labq``'s parser: for a ``command`` of ``COMMANDS``, with that command's parser alone; else with all."""
-    from importlib import import_module
-
     from labq import __version__
     from labq.cli.common import CommandSet, Help
 
@@ -77,5 +89,5 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     only = command if command in COMMANDS else None
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", action=CommandSet, only=only)
     for family in (COMMANDS[only],) if only else FAMILIES:
-        import_module(f"labq.cli.{family}").add_commands(sub)
+        __import__(f"labq.cli.{family}", fromlist=["add_commands"]).add_commands(sub)  # importlib costs an import
     return parser

@@ -552,7 +552,7 @@ def test_logs_follow_goes_on_to_the_next_attempt_and_ends_with_the_job(leader, j
 PROBE = """
 import contextlib, io, json, sys
 {code}
-print(json.dumps(sorted(m for m in ("textual", "rich", "http.client", "socket") if m in sys.modules)))
+print(json.dumps(sorted(m for m in ("textual", "rich", "http.client", "socket", "_socket") if m in sys.modules)))
 """
 
 
@@ -578,7 +578,7 @@ def test_ls_json_loads_neither_textual_nor_rich(leader):
     code = (f"import os\nos.environ.update({leader.env()!r})\nfrom labq.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n    assert main(['ls', '--json']) == 0")
     leader.json("GET", "/v1/jobs", {"jobs": []})
-    assert loaded_after(code) == ["socket"]  # no http.client either: the socket-level client suffices
+    assert loaded_after(code) == ["_socket"]  # not even socket: labq.wire speaks HTTP on _socket
 
 
 def test_gpus_shows_free_memory_and_utilization_when_the_node_measures_them(leader, node):

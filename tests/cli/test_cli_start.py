@@ -32,7 +32,7 @@ from tests.cli.fake_leader import ROOT, FakeLeader, environment
 #: standard modules labq steps around (each costs milliseconds of a start that has about ten)
 NOT_LOADED = ("textual", "rich", "docker", "zeroconf", "pynvml", "tinydb", "cryptography",
               "ssl", "http.client", "email", "tomllib", "dataclasses", "typing", "shutil", "textwrap", "pathlib",
-              "encodings.idna", "labq.models.job", "labq.protocol.checked", "labq.tls", "labq.scheduler",
+              "encodings.idna", "socket", "selectors", "urllib.parse", "ipaddress", "gettext", "locale", "importlib", "labq.models.job", "labq.protocol.checked", "labq.tls", "labq.scheduler",
               "labq.leader", "labq.agent", "labq.store", "labq.tui", "labq.sim", "labq.demo",
               "labq.cli.daemons", "labq.cli.admin", "labq.cli.tui", "labq.cli.sim", "labq.cli.store")
 
@@ -156,7 +156,7 @@ def test_submit_loads_no_heavy_module(leader, tmp_path, jobs):
     seen = run_probe(["submit", "--", "true"], tmp_path, leader)
     assert (seen["code"], seen["out"]) == (0, "submitted job 1\n")
     assert [r["body"]["command"] for r in leader.sent("POST", "/v1/jobs")] == [["true"]]
-    assert {"labq.cli.jobs", "labq.client", "labq.protocol.requests", "socket"} <= set(seen["loaded"])
+    assert {"labq.cli.jobs", "labq.client", "labq.protocol.requests", "_socket"} <= set(seen["loaded"])
     assert sorted(set(NOT_LOADED) & set(seen["loaded"])) == []
 
 
@@ -166,7 +166,7 @@ def test_ls_loads_no_heavy_module(leader, tmp_path, jobs):
     seen = run_probe(["ls"], tmp_path, leader)
     assert seen["code"] == 0 and re.search(rf"^{job.id}\s.*\bqueued\s+high\b", seen["out"], re.M)
     assert leader.sent("GET", "/v1/jobs")
-    assert {"labq.cli.views", "labq.render", "labq.client", "socket"} <= set(seen["loaded"])
+    assert {"labq.cli.views", "labq.render", "labq.client", "_socket"} <= set(seen["loaded"])
     assert sorted(set(NOT_LOADED) & set(seen["loaded"])) == []
 
 

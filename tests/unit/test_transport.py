@@ -177,3 +177,65 @@ def test_interrupt_ends_a_blocked_read_of_a_stream_from_another_thread():
         listener.close()
         for conn in held:
             conn.close()
+
+
+URLS = ["http://127.0.0.1:7733", "http://127.0.0.1:7733/", "http://h:1/v1/jobs?all=1&id=3&id=4", "https://Leader.Lab:443/x",
+        "http://h:1?x=1", "http://h", "http://h/", "http://h:/p", "http://h:99999", "http://h:12a/p", "http://[::1]:80/x",
+        "http://u@h:1/", "http://h:1/p#frag", "unix:/run/x.sock", "http://h:1/a/b?c=d/e?f", "HTTP://H:2/P?Q=R",
+        "http://:5/x", "http://h:1/p%20q?x=%41", "localhost:7733", "http://h:01/", "http://h:1/a b", "http://h:-1/"]
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_split_url_splits_as_urllib_does(url):
+    """The CLI splits its URLs without importing urllib.parse; where both answer, they answer alike."""
+    from urllib.parse import urlsplit
+
+    from labq.transport import split_url
+
+    def parts(split):
+        try:
+            got = split(url)
+            return got.scheme, got.hostname, got.port, got.path, got.query
+        except ValueError:
+            return "ValueError"
+
+    assert parts(split_url) == parts(urlsplit)
+
+
+def test_query_and_path_quoting_match_urllib_on_any_text():
+    import random
+    from urllib.parse import quote, urlencode
+
+    from labq.transport import encode_query, quote_part
+
+    rng = random.Random(3)
+    alphabet = "aZ09 _.-~/?&=%+é中\x01#:"
+
+    def text() -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
+
+    for _ in range(2000):
+        pairs = [(text(), rng.choice([3, True, None, text()])) for _ in range(rng.randint(1, 3))]
+        assert encode_query(pairs) == urlencode(pairs), pairs
+        part = text()
+        assert quote_part(part) == quote(part, safe=""), part
+
+
+def test_the_wire_reader_reads_lines_sizes_and_the_rest_across_recvs(monkeypatch):
+    """labq.wire reads answers with a reader of its own over ``_socket`` (not ``socket.makefile``): lines (at
+    most ``limit`` long), a number of bytes, all to the end, whatever the sizes each recv brings."""
+    from labq import wire
+
+    monkeypatch.setattr(wire, "_CHUNK", 3)  # every recv brings 3 bytes at most
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(b"HTTP/1.1 200 OK\r\nX: " + b"y" * 20 + b"\r\n\r\nbody-of-12!!tail")
+        theirs.shutdown(socket.SHUT_WR)
+        reader = wire._Reader(ours)
+        assert reader.readline(65537) == b"HTTP/1.1 200 OK\r\n"
+        assert reader.readline(10) == b"X: yyyyyyy"
+        assert reader.readline() == b"y" * 13 + b"\r\n"
+        assert reader.readline() == b"\r\n"
+        assert reader.read(12) == b"body-of-12!!"
+        assert reader.read() == b"tail"
+        assert reader.readline() == b"" and reader.read(5) == b""
