@@ -3,7 +3,7 @@
 #
 #   ./install.sh            # from any directory, as root or as a normal user
 #
-# 1. system packages the test-suite needs (docker.io, busybox-static, iproute2, tmux)
+# 1. system packages the test-suite needs (docker.io, busybox-static, iproute2, tmux, prometheus)
 # 2. a Python >= 3.11 virtual environment in .venv with `pip install -e '.[test]'`
 # 3. a check that `.venv/bin/labq --version` runs
 #
@@ -25,7 +25,7 @@ STAMP="$VENV/.labq-install-stamp"
 PIP_LOG="$VENV/labq-pip.log"
 MIN_PY="3.11"
 
-SYSTEM_PACKAGES=(docker.io busybox-static iproute2 tmux)
+SYSTEM_PACKAGES=(docker.io busybox-static iproute2 tmux prometheus)
 DONE=()            # what this run changed, for the summary
 PENDING_WARN=""    # a warning to repeat in the summary
 
@@ -159,6 +159,13 @@ else
             done
             say "installed: ${missing[*]}"
             DONE+=("installed system packages: ${missing[*]}")
+            # the tests start their own Prometheus; the service Debian's package starts (on :9090) is not
+            # wanted on a workstation that only installed it for them
+            if [[ " ${missing[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null 2>&1 \
+                    && systemctl is-enabled prometheus >/dev/null 2>&1; then
+                "${SUDO[@]}" systemctl disable --now prometheus >/dev/null 2>&1 \
+                    && say "stopped and disabled the prometheus service the package started (the tests run their own)"
+            fi
         fi
     fi
 fi

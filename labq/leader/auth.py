@@ -12,7 +12,7 @@ JOIN_TOKEN_FILE = "join-token"
 class Principal:
     """Who sent a request."""
 
-    kind: str  #: "user", "agent" or "join"
+    kind: str  #: "user", "agent", "join", or "scraper" (the metrics scrape token: `GET /metrics` alone)
     name: str
     admin: bool = False
     token_id: str | None = None  #: the user's token it came with (``labq.leader.tokens``)

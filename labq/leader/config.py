@@ -82,6 +82,11 @@ lease = "30s"                    # an agent silent this long is marked lost
 fence_after = "10m"              # an agent that cannot reach the leader this long stops its jobs
 requeue_after = "15m"            # the jobs of a lost agent are requeued after this long
 auto_requeue = true              # false: an admin requeues them by hand
+
+[metrics]
+# GET /metrics (Prometheus text) answers any person's token; a scrape token reads it and nothing else.
+# Keep this file readable by the leader's account only when it holds one.
+# scrape_token = "..."           # at least 24 characters: python3 -c 'import secrets; print(secrets.token_urlsafe(32))'
 """
 
 
@@ -131,6 +136,8 @@ class LeaderConfig:
     fence_after_s: float = 600.0
     requeue_after_s: float = 900.0
     auto_requeue: bool = True
+    #: a read-only token that may scrape ``/metrics`` and nothing else (``[metrics] scrape_token``); kept out of reprs
+    metrics_scrape_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.lease_s <= 0 or self.fence_after_s <= self.lease_s:
@@ -235,7 +242,7 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
             raise ConfigError(f"{path} is not valid TOML: {err}") from None
     values: dict = {}
     where = str(path or "defaults")
-    sections = {"leader", "scheduling", "quotas", "jobs", "reservations", "groups", "queues", "agents"}
+    sections = {"leader", "scheduling", "quotas", "jobs", "reservations", "groups", "queues", "agents", "metrics"}
     for name in doc:
         if name not in sections:
             raise ConfigError(f"{where}: unknown section [{name}]; sections: {', '.join(sorted(sections))}")
@@ -284,8 +291,19 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         "fence_after": lambda v: values.update(fence_after_s=parse_duration(v, bare_seconds=True)),
         "requeue_after": lambda v: values.update(requeue_after_s=parse_duration(v, bare_seconds=True)),
         "auto_requeue": lambda v: values.update(auto_requeue=_bool(v))})
+    _take(doc.get("metrics", {}), where, "metrics", values, {
+        "scrape_token": lambda v: values.update(metrics_scrape_token=_scrape_token(v))})
     values.update({k: v for k, v in overrides.items() if v is not None})
     return LeaderConfig(**values)
+
+
+def _scrape_token(value) -> str:
+    """A read-only token for Prometheus's scrapes of ``/metrics``: long enough not to be guessed."""
+    text = str(value)
+    if len(text) < 24 or not text.isascii() or not text.isprintable() or " " in text:
+        raise ValueError("must be at least 24 printable ASCII characters without spaces "
+                         "(e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
+    return text
 
 
 def _queues(section, where: str, values: dict) -> None:

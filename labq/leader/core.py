@@ -18,6 +18,7 @@ from labq.leader.audit import AuditLog
 from labq.leader.auth import Principal
 from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
+from labq.leader.metrics import Metrics, TimedStore
 from labq.leader.queue import Queue
 from labq.leader.ratelimit import AuthFailures
 from labq.leader.scheduling import Scheduling
@@ -39,6 +40,11 @@ class Leader:
         self.agents = Agents(self.state, self.users.joins)
         self.agents.epoch = secrets.token_hex(6)
         self.scheduling = Scheduling(self.state, self.bookings)
+        #: ``GET /metrics``: fed by every job taken in, every pass and every commit
+        self.metrics = Metrics(self.state, self.bookings)
+        self.state.watchers.append(self.metrics.watch)
+        self.scheduling.timed = self.metrics.passes.observe
+        self.state.store = TimedStore(self.state.store, self.metrics.commits)
         self.users.ensure_join_token()
         self.workers = Supervisor()
         self.auth_failures = AuthFailures(config.auth_failures_per_minute, 60.0, monotonic)

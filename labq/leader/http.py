@@ -18,14 +18,15 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-from labq.http_server import JsonHandler, Server
+from labq.http_server import JsonHandler, Server, same_secret
 from labq.leader.core import Leader
 from labq.protocol import errors
 from labq.protocol.body import decode_body
 from labq.protocol.errors import ApiError
 from labq.protocol.identity import USER_HEADER
 from labq.protocol.names import check_user_name
-from labq.leader.routes import _NO_HEAD, AUDITED, PUBLIC, ROUTES
+from labq.leader.auth import Principal
+from labq.leader.routes import _NO_HEAD, AUDITED, PUBLIC, ROUTES, SCRAPED, TEMPLATES
 from labq.protocol.requests import MAX_BODY_BYTES
 
 log = logging.getLogger("labq.leader.http")
@@ -33,6 +34,8 @@ DRAIN_LIMIT = 64 << 20  #: an oversized body up to this is read and dropped afte
 DRAIN_S = 30.0  #: and for at most this long
 MAX_QUERY_FIELDS = 2000
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+#: who shows the ``[metrics] scrape_token``: it may read ``/metrics`` (``SCRAPED``), nothing else
+SCRAPER = Principal("scraper", "metrics")
 
 
 class LeaderServer(Server):
@@ -55,7 +58,19 @@ class _Handler(JsonHandler):
     def setup(self) -> None:
         self.allow = None
         self._unread = False
+        self.sent_status: int | None = None  #: the status of this request's answer, for the metrics
         super().setup()
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self.sent_status = code
+        super().send_response(code, message)
+
+    def _scraper(self, handler: Callable) -> Principal | None:
+        """The scraper, for a route the lab's scrape token may call and a request that shows it."""
+        token = self.server.leader.config.metrics_scrape_token
+        if handler in SCRAPED and token and same_secret(self.bearer_token(), token):
+            return SCRAPER
+        return None
 
     def __getattr__(self, name: str):
         """``do_METHOD`` for every method: the routes say which a path takes (405 with ``Allow`` for the others,
@@ -87,8 +102,8 @@ class _Handler(JsonHandler):
                 self.send_json(200, {"allow": self.allow.split(", ")})
                 return
             handler, match = routed
-            who = None if handler in PUBLIC else self.server.leader.authenticate(  # before the body is read
-                self.bearer_token(), self.client_address[0], self._vouched_for(), self._certificate())
+            who = None if handler in PUBLIC else self._scraper(handler) or self.server.leader.authenticate(
+                self.bearer_token(), self.client_address[0], self._vouched_for(), self._certificate())  # before the body
             body = self._body() if method in ("POST", "PUT") else None
             args = (self, who, *match.groups())
             result = handler(*args, body) if method in ("POST", "PUT") else handler(*args)
@@ -109,6 +124,8 @@ class _Handler(JsonHandler):
         finally:
             if handler in AUDITED and outcome is not None:
                 self._audit(handler, match, who, *outcome)
+            if self.sent_status is not None:
+                self.server.leader.metrics.request(TEMPLATES.get(handler, "none"), method, self.sent_status)
             if self._unread:
                 self._drain()
 

@@ -46,12 +46,19 @@ PUBLIC: set[Callable] = set()  #: routes anyone may call, without a token: what 
 #: routes whose every call goes into the audit trail (``labq.leader.audit``), with the action's name; the
 #: path's first part is its job (``job``) or its target (``target``)
 AUDITED: dict[Callable, tuple[str, str]] = {}
+#: routes the ``[metrics] scrape_token`` may call too; everywhere else it is no token at all
+SCRAPED: set[Callable] = set()
+#: each route's path as the metrics name it: its groups as ``{}`` (``/v1/jobs/{}/actions``)
+TEMPLATES: dict[Callable, str] = {}
 
 
 def route(method: str, pattern: str, *, head: bool = True, public: bool = False, audit: str | None = None,
-          about: str = "target"):
+          about: str = "target", scraped: bool = False):
     def register(fn):
         ROUTES.append((method, re.compile(f"^{pattern}$"), fn))
+        TEMPLATES[fn] = re.sub(r"\([^)]*\)", "{}", pattern)
+        if scraped:
+            SCRAPED.add(fn)
         if not head:
             _NO_HEAD.add(fn)
         if public:
@@ -64,6 +71,19 @@ def route(method: str, pattern: str, *, head: bool = True, public: bool = False,
 
 def _job_id(text: str) -> int:
     return require_int(text, "job id")
+
+
+# -- the lab's health ----------------------------------------------------------------------
+
+
+@route("GET", "/metrics", scraped=True)
+def _metrics(h: _Handler, who) -> None:
+    """Prometheus's text format (``labq.leader.metrics``), for any person or the scrape token."""
+    if who.kind != "scraper":
+        user_only(who)
+    from labq.leader.metrics import CONTENT_TYPE
+
+    h.send_answer(200, {"Content-Type": CONTENT_TYPE}, h.server.leader.metrics.exposition())
 
 
 # -- people -------------------------------------------------------------------------------

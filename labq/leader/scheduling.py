@@ -11,7 +11,7 @@ signal jobs a grace before their time limit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from labq.leader.bookings import Bookings
@@ -37,6 +37,8 @@ class Scheduling:
         self.last_pass: float | None = None  #: when the last pass ran; None: it must run
         self.next_edge: float | None = None  #: when time alone may change its decisions next
         self.pass_seconds = 0.0  #: how long the last pass took (wall, not the lab's clock)
+        #: told each pass's duration in seconds (the metrics' histogram)
+        self.timed: Callable[[float], None] = lambda seconds: None
 
     #: with nothing changed and no edge due, a pass anyway this often (fair share decays, texts age)
     HEARTBEAT_S = 60.0
@@ -121,6 +123,7 @@ class Scheduling:
         changed_pending = {i for i, p in pending.items() if before.get(i, (None,))[1:3] != p[1:3]}
         seen, nodes_seen = {j.id: j for j in jobs}, {n.name: n for n in nodes}
         self.pass_seconds = state.monotonic() - began
+        self.timed(self.pass_seconds)
         with state.lock:
             self.passes += 1
             self.last_pass, self.next_edge = now, edge

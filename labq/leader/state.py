@@ -12,6 +12,7 @@ stamped with; ``monotonic`` times long polls. Tests step both.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -27,6 +28,8 @@ from labq.protocol import errors
 from labq.protocol.agents import SyncReply
 from labq.protocol.codec import decode_job, decode_node, encode_job, encode_node
 from labq.scheduler import Policy
+
+log = logging.getLogger("labq.leader")
 from labq.store import Change, CommitFailed, InvalidChange, PutJob, PutRecord, Store
 
 
@@ -84,12 +87,22 @@ class LabState:
         self.history_loaded = False
         #: agents advertising over mDNS, by node name (a hint; admission is by join token)
         self.seen_over_mdns: dict[str, dict] = {}
+        #: called with (old version or None, new version) of each job taken in, under the lock (the metrics)
+        self.watchers: list[Callable[[Job | None, Job], None]] = []
 
     def add(self, job: Job) -> None:
         """Take in a job just submitted and committed (the lock is held)."""
         self.jobs[job.id] = job
         if _waits_on(job):
             self.waiting_on[job.id] = job
+        self._tell_watchers(None, job)
+
+    def _tell_watchers(self, old: Job | None, new: Job) -> None:
+        for watch in self.watchers:
+            try:
+                watch(old, new)
+            except Exception:  # noqa: BLE001 - what watches the lab never stops a change that is made already
+                log.exception("a watcher of job %d failed", new.id)
 
     def wake(self) -> None:
         self.woken.set()
@@ -123,6 +136,7 @@ class LabState:
         touched = set()
         for job in jobs:
             old = self.jobs.get(job.id)
+            self._tell_watchers(old, job)
             for j in (old, job):
                 if j is not None and j.placement is not None:
                     touched.update(j.placement.nodes)

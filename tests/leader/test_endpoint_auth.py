@@ -2,7 +2,7 @@
 ``labq/protocol/API.md`` promises. One table: a route (method, path template) -> its cases (a path with
 real ids, a valid body where it takes one, and the status each caller gets). The callers: no token, a
 wrong token, alice (a non-admin user: the owner of what a case acts on), bob (another non-admin user,
-acting on alice's things), an admin, an agent's token and the join token.
+acting on alice's things), an admin, an agent's token, the join token and the lab's metrics scrape token.
 
 Bodies are valid, so that the only reason for a refusal is who is asking; a refusal is a JSON error
 with the code of its status, and the store's file is byte for byte what it was. What a call changes
@@ -37,7 +37,8 @@ TEMPLATES = {(method, re.sub(r"\([^)]*\)", "{}", pattern.pattern.strip("^$"))): 
              for method, pattern, handler in ROUTES}
 PUBLIC_TEMPLATES = {key for key, handler in TEMPLATES.items() if handler in PUBLIC}
 
-CALLERS = ("none", "wrong", "alice", "bob", "admin", "agent", "join")
+CALLERS = ("none", "wrong", "alice", "bob", "admin", "agent", "join", "scrape")
+SCRAPE_TOKEN = "lab-scrape-" + secrets.token_urlsafe(24)  #: the leader's ``[metrics] scrape_token``
 CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
          409: "conflict", 422: "unprocessable", 503: "unavailable"}
 AGENT_NODE = "n1"  #: the node whose agent token is the "agent" caller; alice's placed job runs there
@@ -57,7 +58,7 @@ class Lab:
         self.lb = lb
         self._n = itertools.count(1)
         self.tokens = {"none": None, "wrong": "lqu_" + secrets.token_urlsafe(32), "admin": lb.admin_token,
-                       "join": lb.join_token}
+                       "join": lb.join_token, "scrape": SCRAPE_TOKEN}
         self.names = {"alice": "alice", "bob": "bob", "admin": "root"}
         for user in ("alice", "bob"):
             status, _, doc = lb.request("POST", "/v1/users", {"name": user, "admin": False})
@@ -127,9 +128,12 @@ class Lab:
         return doc["token"]["id"]
 
 
-def people(alice: int, bob: int, admin: int, *, agent: int = 403, join: int = 403) -> dict[str, int]:
-    """A route behind a token: no token or a wrong one is a 401; the agent and join tokens are for agents."""
-    return {"none": 401, "wrong": 401, "alice": alice, "bob": bob, "admin": admin, "agent": agent, "join": join}
+def people(alice: int, bob: int, admin: int, *, agent: int = 403, join: int = 403, scrape: int = 401
+           ) -> dict[str, int]:
+    """A route behind a token: no token or a wrong one is a 401; the agent and join tokens are for agents; the
+    scrape token opens ``/metrics`` alone: anywhere else it is no token at all."""
+    return {"none": 401, "wrong": 401, "alice": alice, "bob": bob, "admin": admin, "agent": agent, "join": join,
+            "scrape": scrape}
 
 
 def everyone(status: int) -> dict[str, int]:
@@ -144,6 +148,7 @@ class Case:
     body: Callable[[Lab], object] | None = None
     stream: bool = False  #: an event stream: only its status line and headers are read
     ok: Callable[[Lab, str, dict], None] | None = None  #: more to check of a success's body
+    content_type: str = "application/json"  #: a success's; refusals are always JSON
 
 
 def same_user(lab: Lab, caller: str, doc: dict) -> None:
@@ -181,6 +186,8 @@ TABLE: dict[tuple[str, str], list[Case]] = {
     ("GET", "/v1/tls/ca"): [Case("plain HTTP: no CA", everyone(404), lambda lab: "/v1/tls/ca")],
     # API.md: a user token for everything under People; the join token only for registering, an agent's only
     # for /v1/agents/NAME/... The route answers any valid token (routes.py _whoami): agent and join SHOULD be 403
+    ("GET", "/metrics"): [Case("the lab's metrics", people(200, 200, 200, scrape=200), lambda lab: "/metrics",
+                               content_type="text/plain; version=0.0.4; charset=utf-8")],
     ("GET", "/v1/whoami"): [Case("who am I", people(200, 200, 200, agent=403, join=403), lambda lab: "/v1/whoami",
                                  ok=same_user)],
     ("POST", "/v1/jobs"): [
@@ -265,7 +272,8 @@ ROWS = [pytest.param(key, case, caller, id=f"{key[0]} {key[1]} [{case.label}] {c
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     # no limit on failed authentication: the wrong-token rows would get 429s (tests/leader/test_tokens.py tests it)
-    lb = start_loopback_leader(tmp_path_factory.mktemp("endpoint-auth"), auth_failures_per_minute=0)
+    lb = start_loopback_leader(tmp_path_factory.mktemp("endpoint-auth"), auth_failures_per_minute=0,
+                               metrics_scrape_token=SCRAPE_TOKEN)
     try:
         yield Lab(lb)
     finally:
@@ -316,6 +324,10 @@ def test_each_caller_gets_what_the_api_promises(lab, key, case, caller):
     assert status == expected, f"{method} {path} as {caller}: {status}, not {expected}: {raw[:300]!r}"
     if case.stream and status == 200:
         assert headers["content-type"] == "text/event-stream"
+        return
+    if status < 400 and case.content_type != "application/json":
+        assert headers["content-type"] == case.content_type and raw, (headers, raw[:200])
+        assert lab.lb.store_bytes() == before
         return
     assert headers["content-type"] == "application/json", headers
     doc = json.loads(raw)
