@@ -81,6 +81,8 @@ class LabState:
         self.usage_at = now
         self.pending: dict[int, Pending] = {}
         self.finished: dict[int, JobState] = {}  #: finished jobs' states, for dependencies
+        #: called with each job that finishes, once it is committed (the lock is held): ``labq usage`` keeps them
+        self.on_finished: list[Callable[[Job], None]] = []
         self.history_loaded = False
         #: agents advertising over mDNS, by node name (a hint; admission is by join token)
         self.seen_over_mdns: dict[str, dict] = {}
@@ -130,6 +132,8 @@ class LabState:
                 self.jobs.pop(job.id, None)
                 self.pending.pop(job.id, None)
                 self.finished[job.id] = job.state
+                for listener in self.on_finished:
+                    listener(job)
             else:
                 self.jobs[job.id] = job
             if job.state.holds_gpus:
