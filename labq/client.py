@@ -251,6 +251,12 @@ class Client:
         """The lab's queues: guarantee, use, borrowed and lent GPUs, waiting work, members' fair share."""
         return self._json("GET", "/v1/queues")["queues"]
 
+    def usage(self, *, since: float | None = None, until: float | None = None, user: str | None = None) -> dict:
+        """GPU-hours, outcomes, waits and work lost over ``[since, until)`` per user, class, node and GPU model, and
+        in all (``labq usage``): ``user``'s jobs only, or (admins, ``user`` None) the whole lab's."""
+        query = [(k, v) for k, v in (("since", since), ("until", until), ("user", user)) if v is not None]
+        return self._json("GET", "/v1/usage", query)
+
     def users(self) -> list[dict]:
         return self._json("GET", "/v1/users")["users"]
 

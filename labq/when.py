@@ -95,6 +95,70 @@ def parse_for(text: str) -> float:
     return seconds
 
 
+PAST_EXAMPLES = '"7d", "2h ago", "yesterday", "09:00", "mon", "2026-10-01", "2026-10-01 09:00", "27 oct"'
+
+
+def parse_past(text: str, now: float, tz: tzinfo | str | None = None) -> float:
+    """The Unix time a report looks back to (``labq usage --since``/``--until``), read in the zone ``tz``.
+
+    ``parse_when``'s words, with the past meant instead of the future: ``7d`` or ``7d ago`` (any duration back
+    from now), ``now``, ``today``, ``yesterday``, ``09:00`` (today's if it has come, else yesterday's),
+    ``mon 09:00`` (the last Monday whose 09:00 has come), ``27 oct`` (the last 27 October that has come); a date
+    with its year (``2026-10-01``, ``2026-10-01 09:00``, ``27 oct 2026``) is that date, past or not.
+    """
+    zone = local_zone() if tz is None else time_zone(tz)
+    said = _normalise(text).removesuffix(" ago")
+    if said == "now":
+        return float(now)
+    try:
+        return float(now) - parse_duration(said)
+    except ValueError:
+        pass
+    today = datetime.fromtimestamp(now, zone).date()
+    try:
+        days, clock, offset = _read(text, said, today, _past_days)
+    except ValueError as err:  # _read's words are a start's: say what a time in the past looks like
+        raise ValueError(str(err).replace(" as a start time", " as a time").replace(EXAMPLES, PAST_EXAMPLES)) from None
+    for day in days:
+        instant, exists = _wall_clock(day, clock, offset or zone)
+        if instant <= now + PAST_GRACE_S or day is days[-1]:
+            if not exists:
+                raise _does_not_exist(text, day, clock, offset or zone)
+            return instant
+    raise AssertionError("unreachable: the last candidate day is always taken")
+
+
+def _past_days(text: str, words: list[str], today: date) -> list[date] | None:
+    """``_days`` looking back: candidate days latest first, the first whose time has come wins."""
+    match words:
+        case []:
+            return [today, today - timedelta(days=1)]
+        case ["today"]:
+            return [today]
+        case ["yesterday"]:
+            return [today - timedelta(days=1)]
+        case [name] if name in _WEEKDAYS:
+            back = (today.weekday() - _WEEKDAYS[name]) % 7
+            return [today - timedelta(days=back), today - timedelta(days=back + 7)]
+        case [word] if (m := _ISO_DATE.fullmatch(word)):
+            return [_calendar_date(text, *m.groups())]
+        case [_, _] | [_, _, _]:
+            return _month_day(text, words, today, back=True)
+    return None
+
+
+def parse_month(text: str, tz: tzinfo | str | None = None) -> tuple[float, float]:
+    """``2026-10`` -> the Unix times of that month's first midnight and the next month's, in the zone ``tz``."""
+    m = re.fullmatch(r"\s*(\d{4})-(\d{1,2})\s*", str(text))
+    if not m or not 1 <= int(m[2]) <= 12:
+        raise ValueError(f"can't read {str(text).strip()!r} as a month; use YYYY-MM, e.g. 2026-10")
+    zone = local_zone() if tz is None else time_zone(tz)
+    year, month = int(m[1]), int(m[2])
+    start = datetime(year, month, 1, tzinfo=zone)
+    end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=zone)
+    return start.timestamp(), end.timestamp()
+
+
 def local_zone() -> tzinfo:
     """The machine's time zone with its daylight-saving rules, for when the user names none.
 
@@ -144,8 +208,9 @@ def _duration_from_now(text: str, duration: str) -> float:
         raise ValueError(f"can't read {str(text).strip()!r} as a start time: {e}") from None
 
 
-def _read(text: str, said: str, today: date) -> tuple[list[date], time, tzinfo | None]:
-    """The days the text may mean (earliest first; the first not in the past wins), the time, any explicit offset."""
+def _read(text: str, said: str, today: date, days_of=None) -> tuple[list[date], time, tzinfo | None]:
+    """The days the text may mean (in the order they are tried: ``days_of``, by default ``_days``: earliest first,
+    the first not in the past wins), the time, any explicit offset."""
     if iso := _ISO.fullmatch(said):
         day = _calendar_date(text, *_ISO_DATE.fullmatch(iso["date"]).groups())
         clock = _clock(text, iso["clock"]) if iso["clock"] else time(0)
@@ -158,7 +223,7 @@ def _read(text: str, said: str, today: date) -> tuple[list[date], time, tzinfo |
         words = words[1:]
     if not words and clock is None:
         raise _unreadable(text)
-    days = _days(text, words, today)
+    days = (days_of or _days)(text, words, today)
     if days is None:
         raise _unreadable(text)
     return days, clock or time(0), None
@@ -185,8 +250,9 @@ def _days(text: str, words: list[str], today: date) -> list[date] | None:
     return None
 
 
-def _month_day(text: str, words: list[str], today: date) -> list[date] | None:
-    """``nov 27``, ``27 nov``, either with a year: that date, else the next years' (Feb 29 waits for a leap year)."""
+def _month_day(text: str, words: list[str], today: date, back: bool = False) -> list[date] | None:
+    """``nov 27``, ``27 nov``, either with a year: that date, else the next years' (Feb 29 waits for a leap year);
+    ``back``: this year's and the years' before, latest first."""
     first, second, *year = words
     if year and not _YEAR.fullmatch(year[0]):
         return None
@@ -199,7 +265,8 @@ def _month_day(text: str, words: list[str], today: date) -> list[date] | None:
     if year:
         return [_calendar_date(text, year[0], str(month), str(day_number))]
     _calendar_date(text, "2000", str(month), str(day_number))  # a leap year: only a day no year has fails
-    return [date(y, month, day_number) for y in range(today.year, today.year + 9) if _is_date(y, month, day_number)]
+    years = range(today.year, today.year - 9, -1) if back else range(today.year, today.year + 9)
+    return [date(y, month, day_number) for y in years if _is_date(y, month, day_number)]
 
 
 def _is_date(year: int, month: int, day: int) -> bool:

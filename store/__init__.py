@@ -10,10 +10,10 @@ from labq.store.contract import (
 )
 from labq.store.memory import MemoryStore
 from labq.store.recovery import RecoveryPlan, plan_recovery, recover
-from labq.store.tinydb_store import TinyDBStore
+from labq.store.tinydb_store import TinyDBStore, collector_paused
 
 __all__ = [
     "Change", "CommitFailed", "CorruptDatabase", "DeleteJob", "DeleteRecord", "InvalidChange", "MemoryStore",
     "PutJob", "PutRecord", "RecoveryPlan", "SchemaMismatch", "Store", "StoreError", "StoreLocked", "StoredState",
-    "TinyDBStore", "plan_recovery", "recover",
+    "TinyDBStore", "collector_paused", "plan_recovery", "recover",
 ]

@@ -209,7 +209,7 @@ class TinyDBStore:
         self.compactions = 0
         self._lock_fd = take_leader_lock(self.data_dir)
         try:
-            with _collector_paused():  # loading makes many objects and frees none: collections only cost time
+            with collector_paused(freeze=True):  # loading makes many objects and frees none: collections only cost time
                 self._open()
         except BaseException:
             os.close(self._lock_fd)
@@ -257,7 +257,7 @@ class TinyDBStore:
     # -- reading -------------------------------------------------------------------------
 
     def load(self) -> StoredState:
-        with self._hot_lock, _collector_paused():
+        with self._hot_lock, collector_paused(freeze=True):
             hot = self._hot
             jobs = {job_id: dict(doc) for job_id, doc in hot.jobs.items()}
             records = {name: {key: record for key, (_, record) in table.items()} for name, table in hot.tables.items()}
@@ -445,15 +445,17 @@ class TinyDBStore:
 
 
 @contextlib.contextmanager
-def _collector_paused():
-    """No garbage collection while the lab is loaded (it makes many objects and frees none), and what it
-    loaded is kept out of later collections (``gc.freeze``): they would walk every job again and again."""
+def collector_paused(freeze: bool = False):
+    """No garbage collection while many objects are made and none freed (the lab loaded, the archive read):
+    collections in between would walk them again and again. With ``freeze``, what was made is kept out of later
+    collections too (``gc.freeze``): the loaded lab lives as long as the leader."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.freeze()
+        if freeze:
+            gc.freeze()
         if enabled:
             gc.enable()
 

@@ -1,10 +1,10 @@
 """The ``labq`` command. Thin: parse, call one function, print.
 
 One module per command family registers its commands on the parser: ``tools`` (topo, place, checkpoint),
-``jobs``, ``admin``, ``events``, ``reserve``, ``tui``, ``daemons``, ``sim`` and ``store`` (``FAMILIES``). Each command
-runs under the one guard of ``labq.cli.errors``. Imports stay lazy, and ``labq CMD`` loads CMD's family alone and
-builds CMD's parser alone, so that ``labq`` starts fast and never loads the TUI's libraries for a plain command
-(``bench/cli_start.py`` times ``labq submit`` and ``labq ls``).
+``jobs``, ``admin``, ``events``, ``usage``, ``reserve``, ``tui``, ``daemons``, ``sim`` and ``store`` (``FAMILIES``).
+Each command runs under the one guard of ``labq.cli.errors``. Imports stay lazy, and ``labq CMD`` loads CMD's family
+alone and builds CMD's parser alone, so that ``labq`` starts fast and never loads the TUI's libraries for a plain
+command (``bench/cli_start.py`` times ``labq submit`` and ``labq ls``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ examples:
   labq topo sim:dgx1                     a DGX-1's GPUs and how they are linked
   labq place sim:dgx1 --gpus 2           the GPU pair labq would give a 2-GPU job
   labq place sim:ws-4x3090 --gpus 1 --busy 0
+  labq usage --me --since 7d             your GPU-hours this week
   labq store check                       is the leader's database sound?
   labq store backup DIR                  a consistent copy of the lab, while the leader runs
   labq checkpoint                        (inside a job) report a finished checkpoint
@@ -53,6 +54,7 @@ FAMILIES = {
              "clean", "nodes", "queues", "gpus", "whoami"),
     "admin": ("login", "admin"),
     "events": ("events",),
+    "usage": ("usage",),
     "reserve": ("reserve", "reservations"),
     "tui": ("tui",),
     "daemons": ("leader", "agent", "up", "demo"),

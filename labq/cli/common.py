@@ -233,6 +233,18 @@ def parse_signal(text: str, option: str = "--checkpoint-signal") -> str:
     return name
 
 
+def zone_arg(args: argparse.Namespace):
+    """The zone of ``--tz``, else the machine's (``labq.when.local_zone``): where times are read and shown."""
+    from labq.when import local_zone, time_zone
+
+    if not args.tz:
+        return local_zone()
+    try:
+        return time_zone(args.tz)
+    except ValueError as err:
+        raise CliError(f"--tz: {err}") from None
+
+
 def parse_ids(values: list[str], what: str = "job id") -> list[int]:
     """``12 13`` or ``12,13`` -> [12, 13]."""
     ids = []

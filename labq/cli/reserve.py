@@ -12,7 +12,7 @@ import argparse
 import json
 import time
 
-from labq.cli.common import command, leader_client, leader_option, parse_size_mib
+from labq.cli.common import command, leader_client, leader_option, parse_size_mib, zone_arg
 from labq.cli.errors import CliError
 from labq.terminal_text import escape_controls
 
@@ -77,17 +77,6 @@ def _window_args(args: argparse.Namespace, now: float, tz) -> tuple:
     return start, end, None, None
 
 
-def _zone(args: argparse.Namespace):
-    from labq.when import local_zone, time_zone
-
-    if not args.tz:
-        return local_zone()
-    try:
-        return time_zone(args.tz)
-    except ValueError as err:
-        raise CliError(f"--tz: {err}") from None
-
-
 def _reserve(args: argparse.Namespace) -> int:
     if args.action is not None:
         if args.action != "cancel" or not args.target:
@@ -95,7 +84,7 @@ def _reserve(args: argparse.Namespace) -> int:
         r = leader_client(args).cancel_reservation(args.target)
         print(json.dumps(r, indent=2) if args.json else f"cancelled {escape_controls(r['name'])}")
         return 0
-    now, tz = time.time(), _zone(args)
+    now, tz = time.time(), zone_arg(args)
     from labq.render import answer_text
 
     answer = leader_client(args).reserve(build_reserve_body(args, now, tz))
@@ -115,7 +104,7 @@ def _reservations(args: argparse.Namespace) -> int:
 
     found = leader_client(args).reservations(everything=args.all)
     now = time.time()
-    print(json.dumps(found, indent=2) if args.json else reservations_table(found, now, _zone(args)))
+    print(json.dumps(found, indent=2) if args.json else reservations_table(found, now, zone_arg(args)))
     return 0
 
 

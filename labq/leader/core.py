@@ -3,8 +3,9 @@
 ``Leader`` puts the parts together over one ``LabState`` (``labq.leader.state``):
 ``users`` (people, tokens, the join token), ``queue`` (submit, look, act on
 jobs), ``agents`` (joining and the sync long poll), ``bookings``
-(reservations) and ``scheduling`` (the scheduler thread and the timers). The
-HTTP routes call these services; each takes the lab's lock itself.
+(reservations), ``scheduling`` (the scheduler thread and the timers) and
+``accounting`` (``labq usage``). The HTTP routes call these services; each
+takes the lab's lock itself.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import secrets
 import time
 from collections.abc import Callable
 
+from labq.leader.accounting import Accounting
 from labq.leader.agents import Agents
 from labq.leader.audit import AuditLog
 from labq.leader.auth import Principal
@@ -45,6 +47,8 @@ class Leader:
         self.state.watchers.append(self.metrics.watch)
         self.scheduling.timed = self.metrics.passes.observe
         self.state.store = TimedStore(self.state.store, self.metrics.commits)
+        #: ``labq usage``: who used the GPUs over a window
+        self.accounting = Accounting(self.state)
         self.users.ensure_join_token()
         self.workers = Supervisor()
         self.auth_failures = AuthFailures(config.auth_failures_per_minute, 60.0, monotonic)

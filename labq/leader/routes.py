@@ -23,6 +23,7 @@ from labq.protocol.bookings import encode_answer, encode_windows, parse_reserve
 from labq.protocol.codec import encode_job, encode_pending, encode_reservation, hide_env
 from labq.protocol.names import check_name, check_user_name
 from labq.protocol.identity import join_token
+from labq.protocol.usage import encode_usage, parse_usage_query
 from labq.protocol.requests import (
     MAX_PAGE,
     PAGE,
@@ -265,6 +266,13 @@ def _nodes(h: _Handler, who) -> tuple[int, dict]:
 @route("GET", "/v1/queues")
 def _queues(h: _Handler, who) -> tuple[int, dict]:
     return 200, {"queues": h.server.leader.scheduling.queues(who)}
+
+
+@route("GET", "/v1/usage")
+def _usage(h: _Handler, who) -> tuple[int, dict]:
+    """GPU-hours and outcomes over a window (``labq usage``): a user's own, or an admin's view of anyone's."""
+    query = parse_usage_query(h.arg("since"), h.arg("until"), h.arg("user"))
+    return 200, encode_usage(h.server.leader.accounting.usage(who, query))
 
 
 @route("DELETE", r"/v1/nodes/([^/]+)", audit="forget node")

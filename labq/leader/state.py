@@ -87,7 +87,8 @@ class LabState:
         self.history_loaded = False
         #: agents advertising over mDNS, by node name (a hint; admission is by join token)
         self.seen_over_mdns: dict[str, dict] = {}
-        #: called with (old version or None, new version) of each job taken in, under the lock (the metrics)
+        #: called with (old version or None, new version) of each job taken in, under the lock: the metrics
+        #: count what changed, ``labq usage`` keeps the jobs that finish
         self.watchers: list[Callable[[Job | None, Job], None]] = []
 
     def add(self, job: Job) -> None:

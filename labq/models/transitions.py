@@ -7,6 +7,7 @@ job (next attempt, same class and submit time).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
@@ -196,14 +197,22 @@ def gpu_hours(job: Job, now: float) -> float:
     """GPU-hours the job's current attempt has used, for fair share."""
     if job.started_at is None:
         return 0.0
-    end = job.ended_at if job.ended_at is not None else now
-    return max(0.0, end - job.started_at) * job.spec.gpus / 3600.0
+    return held_gpu_hours(job.started_at, job.ended_at if job.ended_at is not None else now, job.spec.gpus)
 
 
 def attempt_gpu_hours(attempt: Attempt, gpus: int) -> float:
     if attempt.started_at is None:
         return 0.0
-    return max(0.0, attempt.ended_at - attempt.started_at) * gpus / 3600.0
+    return held_gpu_hours(attempt.started_at, attempt.ended_at, gpus)
+
+
+def held_gpu_hours(started_at: float, ended_at: float, gpus: int, since: float = -math.inf,
+                   until: float = math.inf) -> float:
+    """GPU-hours of ``gpus`` GPUs held from ``started_at`` to ``ended_at``; with ``since``/``until``, only the
+    part within them. The one definition of an attempt's use: fair share counts it whole, ``labq usage``
+    (``labq.models.usage``) clips it to a report's window, so an attempt that straddles two windows is
+    counted once, split between them."""
+    return max(0.0, min(ended_at, until) - max(started_at, since)) * gpus / 3600.0
 
 
 def _attempt(job: Job, ended_at: float, end: AttemptEnd, exit_code: int | None, reason: StopReason | None,

@@ -31,6 +31,7 @@ COMMANDS = [
     ("restart", "1"), ("wait", "1", "--retry-for", "1s"), ("clean",), ("nodes",), ("gpus",), ("whoami",),
     ("reservations",), ("reserve", "--gpus", "1", "--start", "in 1h", "--for", "1h"), ("reserve", "cancel", "paper"),
     ("admin", "user", "add", "bob", "--print"), ("admin", "user", "ls"), ("admin", "user", "rm", "bob"),
+    ("usage", "--me", "--since", "7d"), ("usage", "--month", "2026-10", "--by", "node", "--csv"),
 ]
 
 #: the leader's answer -> the exit status (README: "Exit codes")

@@ -222,6 +222,11 @@ TABLE: dict[tuple[str, str], list[Case]] = {
                                              lambda lab: f"/v1/reservations/{lab.fresh_reservation()}")],
     ("GET", "/v1/nodes"): [Case("nodes", people(200, 200, 200), lambda lab: "/v1/nodes")],
     ("GET", "/v1/queues"): [Case("queues", people(200, 200, 200), lambda lab: "/v1/queues")],
+    # a user's own usage for anyone; another user's, or the whole lab's, for admins
+    ("GET", "/v1/usage"): [
+        Case("alice's usage (hers; admins)", people(200, 403, 200), lambda lab: "/v1/usage?user=alice"),
+        Case("the lab's usage (admins)", people(403, 403, 200), lambda lab: "/v1/usage"),
+    ],
     ("DELETE", "/v1/nodes/{}"): [Case("forget a node (admins)", people(403, 403, 200),
                                       lambda lab: f"/v1/nodes/{lab.fresh_node()}")],
     ("GET", "/v1/joins"): [Case("join tokens (admins)", people(403, 403, 200), lambda lab: "/v1/joins")],

@@ -1,13 +1,15 @@
-"""`labq reserve --start` reads the start time as the user typed it, in the user's own time zone."""
+"""`labq reserve --start` reads the start time as the user typed it, in the user's own time zone; `labq usage --since`
+reads a time looked back to the same way, and `--month` a calendar month."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, UTC
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from labq.when import format_when, local_zone, parse_for, parse_when
+from labq.when import format_when, local_zone, parse_for, parse_month, parse_past, parse_when
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")
@@ -266,3 +268,52 @@ def test_local_zone_follows_tz(monkeypatch):
 def test_no_zone_means_the_local_one(monkeypatch):
     monkeypatch.setenv("TZ", "Asia/Tokyo")
     assert parse_when("2026-11-28 09:00", FRI_0800) == parse_when("2026-11-28 09:00", FRI_0800, TOKYO)
+
+
+# -- looking back: labq usage --since/--until and --month ------------------------------------------
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("now", "2026-11-27 08:00"),
+    ("7d", "2026-11-20 08:00"),
+    ("2h ago", "2026-11-27 06:00"),
+    ("today", "2026-11-27 00:00"),
+    ("yesterday", "2026-11-26 00:00"),
+    ("yesterday 18:00", "2026-11-26 18:00"),
+    ("07:30", "2026-11-27 07:30"),  # has come today
+    ("09:00", "2026-11-26 09:00"),  # has not: yesterday's
+    ("fri", "2026-11-27 00:00"),  # today is a Friday
+    ("fri 09:00", "2026-11-20 09:00"),  # today's 09:00 has not come: last week's
+    ("mon", "2026-11-23 00:00"),
+    ("27 oct", "2026-10-27 00:00"),
+    ("28 nov", "2025-11-28 00:00"),  # this year's has not come
+    ("2026-10-01", "2026-10-01 00:00"),  # CEST, a month before the change
+    ("2026-10-01 09:00", "2026-10-01 09:00"),
+    ("2026-12-24", "2026-12-24 00:00"),  # a date with its year is that date, even to come (an --until)
+])
+def test_a_time_looked_back_to_on_a_friday_morning_in_berlin(text, expected):
+    assert parse_past(text, FRI_0800, BERLIN) == wall(expected)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("last tuesday-ish", "can't read 'last tuesday-ish' as a time; use e.g. \"7d\""),
+    ("2026-02-30", "no such date"),
+    ("25:00", "no time of day"),
+])
+def test_a_time_looked_back_to_that_is_none_says_what_works(text, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        parse_past(text, FRI_0800, BERLIN)
+
+
+@pytest.mark.parametrize(("text", "zone", "start", "end"), [
+    ("2026-10", BERLIN, "2026-10-01 00:00", "2026-11-01 00:00"),  # 31 days and the hour of the fall-back change
+    ("2026-12", NEW_YORK, "2026-12-01 00:00", "2027-01-01 00:00"),
+    (" 2027-2 ", TOKYO, "2027-02-01 00:00", "2027-03-01 00:00"),
+])
+def test_a_month_is_its_first_midnight_to_the_next_ones(text, zone, start, end):
+    assert parse_month(text, zone) == (wall(start, zone), wall(end, zone))
+
+
+@pytest.mark.parametrize("text", ["2026-13", "2026-0", "oct", "2026/10", "26-10"])
+def test_a_month_that_is_none_says_how_to_write_one(text):
+    with pytest.raises(ValueError, match="use YYYY-MM, e.g. 2026-10"):
+        parse_month(text, BERLIN)

@@ -1,0 +1,91 @@
+"""``labq usage``: the lab's accounting over a window, from the finished jobs and the jobs on GPUs now.
+
+Finished jobs never change, and a report of years needs hundreds of thousands of them: reading and decoding the
+archive for every report would take seconds a year of history. So the first report reads the archive once, into
+what a report needs of each job (``labq.models.usage.JobUse``, about half a kilobyte a job), and from then on
+each job that finishes is added as ``LabState.apply`` commits it (``LabState.watchers``); a later report reads no file.
+The jobs that finish while the archive is being read are kept aside and added after it, so a job is never lost
+between the two; a job read twice is one entry, by id.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from labq.leader.auth import Principal
+from labq.leader.state import LabState
+from labq.leader.users import user_only
+from labq.models.job import Job
+from labq.models.usage import JobUse, UsageReport, job_use, node_gpu_models, report
+from labq.protocol import errors
+from labq.protocol.usage import DEFAULT_WINDOW_S, UsageQuery, decode_use
+from labq.store import collector_paused
+
+
+class Accounting:
+    def __init__(self, state: LabState) -> None:
+        self.state = state
+        self._finished: dict[int, JobUse] | None = None  #: by job id, once the archive was read
+        self._while_reading: list[Job] | None = None  #: the jobs that finished while it was read
+        self._reading = threading.Lock()  #: one reading of the archive at a time
+        state.watchers.append(self._watch)
+
+    def usage(self, who: Principal, query: UsageQuery) -> UsageReport:
+        """The report ``who`` asked for: their own jobs' use, or (admins) anyone's, or the whole lab's."""
+        user_only(who)
+        user = query.user
+        if user is None and not who.admin:
+            raise errors.forbidden(f"only admins may see the whole lab's usage; yours is user={who.name} "
+                                   "(`labq usage --me`)")
+        if user not in (None, who.name) and not who.admin:
+            raise errors.forbidden(f"only admins may see another user's usage; yours is user={who.name} "
+                                   "(`labq usage --me`)")
+        self._read_archive()
+        state = self.state
+        with state.lock:  # a job leaves ``jobs`` and enters ``_finished`` under it: each is in one of the two
+            now = state.clock()
+            live = [job for job in state.jobs.values() if user is None or job.spec.user == user]
+            finished = list(self._finished.values())
+            gpus = node_gpu_models(state.nodes())
+        until = now if query.until is None else min(query.until, now)
+        since = until - DEFAULT_WINDOW_S if query.since is None else query.since
+        if not since < until:
+            raise errors.bad_request("the window is empty: since must be before until, and before now", "since")
+        if user is not None:
+            finished = [use for use in finished if use.user == user]
+        return report([job_use(job, now) for job in live] + finished, since, until, gpus, now, user)
+
+    def _watch(self, old: Job | None, job: Job) -> None:
+        """A job's new version, committed (``LabState.watchers``; the lab's lock is held): a finished one is kept."""
+        if job.state.finished and (old is None or not old.state.finished):
+            self._ended(job)
+
+    def _ended(self, job: Job) -> None:
+        """A job finished and is committed (the lab's lock is held)."""
+        if self._finished is not None:
+            self._finished[job.id] = job_use(job, job.ended_at or self.state.clock())
+        elif self._while_reading is not None:
+            self._while_reading.append(job)
+
+    def _read_archive(self) -> None:
+        """Read the archive into ``_finished``, the first time (outside the lab's lock: it takes a while)."""
+        if self._finished is not None:
+            return
+        state = self.state
+        with self._reading:
+            if self._finished is not None:
+                return
+            with state.lock:
+                self._while_reading = []
+            try:
+                now = state.clock()
+                with collector_paused():  # it makes many objects and frees none
+                    found = {doc["id"]: decode_use(doc, now) for doc in state.store.history()}
+            except BaseException:
+                with state.lock:
+                    self._while_reading = None
+                raise
+            with state.lock:
+                for job in self._while_reading:
+                    found[job.id] = job_use(job, job.ended_at or now)
+                self._finished, self._while_reading = found, None
