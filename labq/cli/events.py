@@ -29,20 +29,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _when(text: str | None, flag: str, now: float) -> float | None:
+    """A time in the past, as ``--since``/``--until`` mean it (``labq.when.parse_past``: a duration back from
+    now, ``yesterday 9:00``, ``14:00`` today or yesterday, a date)."""
     from labq.cli.errors import CliError
-    from labq.units import parse_duration
-    from labq.when import parse_when
+    from labq.when import parse_past
 
     if text is None:
         return None
     try:
-        return now - parse_duration(text)
-    except ValueError:
-        pass
-    try:
-        return parse_when(text, now)
+        return parse_past(text, now)
     except ValueError as err:
-        raise CliError(f"{flag}: {err} (or a duration back from now: 1d, 2h)") from None
+        raise CliError(f"{flag}: {err}") from None
 
 
 def _events(args: argparse.Namespace) -> int:

@@ -730,3 +730,21 @@ def test_reserve_answers_for_people():
     text = answer_text(refused, BERLIN_FRIDAY_8AM, "Europe/Berlin")
     assert text.splitlines()[0] == "cannot book it: capacity: overlapping bookings: thesis"
     assert text.endswith('labq reserve --gpus 2 --start "2026-11-27 10:00" --for 1h')
+
+
+def test_events_reads_since_and_until_as_times_in_the_past():
+    """``labq events --since`` looks back: a date, yesterday's morning, a clock time that has come today or
+    yesterday, a duration; never a time to come."""
+    from datetime import datetime
+
+    from labq.cli.errors import CliError
+    from labq.cli.events import _when
+
+    now = datetime(2026, 11, 26, 12, 0).timestamp()  # local time, as the command reads it
+    assert _when("2026-10-01", "--since", now) == datetime(2026, 10, 1).timestamp()
+    assert _when("yesterday 9:00", "--since", now) == datetime(2026, 11, 25, 9, 0).timestamp()
+    assert _when("14:00", "--since", now) == datetime(2026, 11, 25, 14, 0).timestamp()
+    assert _when("2h", "--since", now) == now - 7200
+    assert _when(None, "--since", now) is None
+    with pytest.raises(CliError, match="--since"):
+        _when("next tuesday-ish", "--since", now)
