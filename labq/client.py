@@ -251,6 +251,11 @@ class Client:
         """The lab's queues: guarantee, use, borrowed and lent GPUs, waiting work, members' fair share."""
         return self._json("GET", "/v1/queues")["queues"]
 
+    def history(self, since: float, until: float) -> dict:
+        """The lab's finished jobs submitted in [since, until) (admins; ``labq sim --from-history``):
+        ``{"since", "until", "jobs": [JOB]}``, their environments' values hidden."""
+        return self._json("GET", "/v1/history", [("since", repr(since)), ("until", repr(until))])
+
     def usage(self, *, since: float | None = None, until: float | None = None, user: str | None = None) -> dict:
         """GPU-hours, outcomes, waits and work lost over ``[since, until)`` per user, class, node and GPU model, and
         in all (``labq usage``): ``user``'s jobs only, or (admins, ``user`` None) the whole lab's."""

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from labq.cli.common import command
+from labq.cli.common import command, leader_option
 from labq.cli.errors import CliError
 
 EXAMPLES = """\
@@ -17,7 +17,12 @@ EXAMPLES = """\
   labq sim --trace philly.csv --vc 11cb48 --cluster 16xsim:dgx1 --from 2017-10-01 --to 2017-12-01
   labq sim --trace jobs.csv --cluster 2xsim:ws-4x3090,1xsim:dgx-a100 --json > report.json
   labq sim --generate --cluster 4xsim:dgx1 --png queue.png        also draw the queue and utilization
+  labq sim --trace philly.csv --per-vc --cluster 4xsim:dgx1       each virtual cluster on a cluster of its own
   labq sim --generate --cluster 4xsim:dgx1 --class ana=low --class ben=low   what if ana and ben were low?
+  labq sim --from-history --since 30d                             the lab's last 30 days again, beside what happened
+  labq sim --from-history --since 30d --policy new-leader.toml    ... under other scheduling settings
+  labq sim --from-history --since 30d --quota ana=4 --class ben=high
+  labq sim --from-history --since 2026-10-01 --until 2026-11-01 --cluster 6xsim:dgx1   with other machines
 
 trace formats (--format, else guessed):
   philly  the Microsoft Philly trace: timestamp,duration,num_gpus,gpu_time,cluster
@@ -32,19 +37,33 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                 "generated lab workload, through the same scheduling code the leader runs (policy labq), or "
                 "through plain FIFO or shortest-job-first for comparison, on simulated nodes and a virtual "
                 "clock that jumps from event to event. Reports queueing delay, job completion time (JCT), "
-                "makespan, GPU utilization and preemptions, overall, per class and per user.",
-                EXAMPLES, _sim, [])
+                "makespan, GPU utilization and preemptions, overall, per class and per user. With "
+                "--from-history (admins), the workload is the lab's own finished jobs (their submit times, sizes, "
+                "classes and the work they measured) on the lab's own nodes, and what really happened to them "
+                "is reported beside the replay, as policy 'real'.",
+                EXAMPLES, _sim, [leader_option()])
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", metavar="FILE", help="a trace to replay")
     source.add_argument("--generate", action="store_true", help="generate a typical lab's workload (see --seed)")
+    source.add_argument("--from-history", action="store_true",
+                        help="the lab's own finished jobs, from the leader (admins; see --since/--until)")
+    p.add_argument("--since", metavar="WHEN", default="30d",
+                   help="with --from-history: jobs submitted from then (30d, 2026-10-01, yesterday; default 30d)")
+    p.add_argument("--until", metavar="WHEN", help="with --from-history: jobs submitted before then (default now)")
+    p.add_argument("--quota", dest="quotas", action="append", default=[], metavar="USER=N",
+                   help="what if USER could hold at most N GPUs at once (repeat it; '*=N' for everyone)")
     p.add_argument("--format", choices=("philly", "csv", "jsonl"), help="the trace's format (default: guessed)")
-    p.add_argument("--cluster", required=True, metavar="SPEC",
+    p.add_argument("--cluster", metavar="SPEC",
                    help="the simulated nodes: COUNTxsim:INVENTORY[,...], e.g. 16xsim:dgx1 (see `labq topo --list`)")
-    p.add_argument("--policy", default="labq", metavar="NAMES",
-                   help="labq, fifo or sjf; several with commas to compare them (default: labq)")
+    p.add_argument("--policy", default="labq", metavar="NAMES|FILE",
+                   help="labq, fifo or sjf; several with commas to compare them (default: labq); or a leader.toml, "
+                        "whose scheduling settings ([scheduling], [quotas], [queues]) labq's policy then runs with, "
+                        "instead of --min-runtime and --aging")
     p.add_argument("--from", dest="start", metavar="DATE", help="only jobs submitted from then (UTC), e.g. 2017-10-01")
     p.add_argument("--to", dest="end", metavar="DATE", help="only jobs submitted before then (UTC)")
     p.add_argument("--vc", metavar="NAME", help="only this virtual cluster's jobs (Philly)")
+    p.add_argument("--per-vc", action="store_true",
+                   help="one simulation per virtual cluster of the trace, each on its own --cluster")
     p.add_argument("--seed", type=int, default=0, help="the generated workload's seed (default 0)")
     p.add_argument("--days", type=int, default=14, help="days of generated workload (default 14)")
     p.add_argument("--users", type=int, default=6, help="users in the generated workload (default 6)")
@@ -77,25 +96,35 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def _sim(args: argparse.Namespace) -> int:
     from labq.sim.cluster import parse_cluster
-    from labq.sim.engine import POLICIES, SimOptions, simulate
+    from labq.sim.engine import SimOptions, simulate
     from labq.units import parse_duration
 
-    policies = [p.strip().lower() for p in args.policy.split(",") if p.strip()]
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown or not policies:
-        raise CliError(f"unknown policy {', '.join(unknown) or '(none)'}: choose from {', '.join(POLICIES)}")
     try:
-        nodes = parse_cluster(args.cluster)
         options = SimOptions(checkpoint_every_s=parse_duration(args.checkpoint_every, bare_seconds=True),
                              grace_s=parse_duration(args.grace, bare_seconds=True),
                              min_runtime_s=parse_duration(args.min_runtime, bare_seconds=True),
                              aging_s=parse_duration(args.aging, bare_seconds=True) or None)
     except ValueError as err:
         raise CliError(str(err)) from None
-    workload, notes, meta = _workload(args, sum(n.gpu_count for n in nodes))
+    history = _history(args) if args.from_history else None
+    policies, options = _policies(args.policy, options, args.quotas, history[5] if history else None)
+    if history is None and args.cluster is None:
+        raise CliError("--cluster is needed (e.g. --cluster 4xsim:dgx1), except with --from-history (the lab's nodes)")
+    try:
+        nodes = parse_cluster(args.cluster) if args.cluster else history[2]
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    cluster = args.cluster or f"the lab's {len(nodes)} nodes"
+    if history is not None:
+        workload, real, notes = history[0], history[1], list(history[3])
+        meta = {"workload": f"the lab's history, {_day(workload.epoch)} to {_day(history[4])}"}
+    else:
+        workload, notes, meta = _workload(args, sum(n.gpu_count for n in nodes))
     if args.classes:
         workload = _reclassed(workload, args.classes)
         meta["classes"] = ", ".join(args.classes)
+    if args.quotas:
+        meta["quotas"] = ", ".join(args.quotas)
     if args.queues or args.queue_rules:
         from dataclasses import replace
 
@@ -111,11 +140,18 @@ def _sim(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"labq sim: {note}", file=sys.stderr)
     if not workload.jobs:
-        raise CliError("no jobs to simulate: check --from/--to/--vc against the trace")
+        raise CliError("no jobs to simulate: check --since/--until against the lab's history" if history else
+                       "no jobs to simulate: check --from/--to/--vc against the trace")
+    if args.per_vc:
+        return _print(args, _per_vc(args, workload, nodes, cluster, policies, options, meta))
     results = []
+    if history is not None:
+        from dataclasses import replace
+
+        results.append(replace(history[1], cluster=cluster, gpus=sum(n.gpu_count for n in nodes), meta=dict(meta)))
     for policy in policies:
-        result = simulate(workload, nodes, policy, cluster=args.cluster, options=options,
-                          progress=_progress(policy, workload.epoch), meta=meta)
+        result = simulate(workload, nodes, policy, cluster=cluster, options=options,
+                          progress=_progress(policy, workload.epoch, len(workload.jobs)), meta=meta)
         _clear_progress()
         for reason, count in result.meta.get("never_started", {}).items():
             print(f"labq sim: {policy}: {count} jobs never started ({reason})", file=sys.stderr)
@@ -123,6 +159,118 @@ def _sim(args: argparse.Namespace) -> int:
             print(f"labq sim: {policy}: reservation refused: {refused}", file=sys.stderr)
         results.append(result)
     return _print(args, results)
+
+
+def _per_vc(args: argparse.Namespace, workload, nodes, cluster: str, policies: list[str], options, meta: dict):
+    """``--per-vc``: each virtual cluster's jobs on a cluster of their own, one run per policy; each result
+    named by its policy and its virtual cluster."""
+    from dataclasses import replace
+
+    from labq.sim.engine import simulate
+
+    if args.vc or not args.trace:
+        raise CliError("--per-vc replays every virtual cluster of a --trace: leave out --vc")
+    vcs = sorted({job.vc for job in workload.jobs if job.vc})
+    if not vcs:
+        raise CliError("--per-vc: the trace names no virtual clusters (Philly's have them; a csv's vc column)")
+    results = []
+    for number, vc in enumerate(vcs, 1):
+        part = replace(workload, jobs=tuple(job for job in workload.jobs if job.vc == vc))
+        for policy in policies:
+            label = f"{policy} ({vc})"
+            result = simulate(part, nodes, policy, cluster=cluster, options=options, meta={**meta, "vc": vc},
+                              progress=_progress(f"{label}, {number} of {len(vcs)}", part.epoch, len(part.jobs)))
+            _clear_progress()
+            results.append(replace(result, policy=label))
+    return results
+
+
+def _day(when: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(when))
+
+
+def _policies(text: str, options, quotas: list[str], lab=None):
+    """``--policy``: policy names, or a leader.toml whose scheduling settings labq's policy runs with; else
+    ``lab``'s (a replay of the lab's history runs with the lab's own settings); and ``--quota USER=N`` on top.
+    Returns the names and the options."""
+    from dataclasses import replace
+
+    from labq.scheduler import Policy
+    from labq.sim.engine import POLICIES
+
+    if Path(text).suffix == ".toml" or Path(text).is_file():
+        from labq.leader.config import ConfigError, load_config
+
+        try:
+            config = load_config(Path(text))
+        except ConfigError as err:
+            raise CliError(f"--policy {text}: {err}") from None
+        options = _with_settings(options, config.policy())
+        policies = ["labq"]
+    else:
+        policies = [p.strip().lower() for p in text.split(",") if p.strip()]
+        unknown = [p for p in policies if p not in POLICIES]
+        if unknown or not policies:
+            raise CliError(f"unknown policy {', '.join(unknown) or '(none)'}: choose from {', '.join(POLICIES)}, "
+                           "or give a leader.toml")
+        if lab is not None:
+            options = _with_settings(options, lab)
+    if quotas:
+        settings = options.settings or Policy()
+        limits = dict(settings.user_gpu_quota)
+        everyone = settings.max_gpus_per_user
+        for rule in quotas:
+            user, sep, count = rule.partition("=")
+            if not sep or not user.strip() or not count.strip().isdigit() or int(count) < 1:
+                raise CliError(f"--quota {rule!r}: write USER=N with N a number of GPUs, e.g. ana=4 or '*=8'")
+            if user.strip() == "*":
+                everyone = int(count)
+            else:
+                limits[user.strip()] = int(count)
+        options = replace(options, settings=replace(settings, user_gpu_quota=limits, max_gpus_per_user=everyone))
+    return policies, options
+
+
+def _with_settings(options, policy):
+    """``options`` running labq's policy with a lab's scheduling settings (the checkpoint model stays)."""
+    from dataclasses import replace
+
+    return replace(options, settings=policy, min_runtime_s=policy.min_runtime_s, aging_s=policy.aging_s,
+                   queues=policy.queues, reclaim_grace_s=policy.reclaim_grace_s)
+
+
+def _history(args: argparse.Namespace):
+    """``--from-history``: (workload, what really happened, the lab's nodes, notes, until, the lab's scheduling
+    settings) from the leader."""
+    from dataclasses import replace
+
+    from labq.cli.common import leader_client
+    from labq.models.node import NodeHealth
+    from labq.protocol.codec import decode_job, decode_node
+    from labq.protocol.history import policy_fields
+    from labq.scheduler import Policy
+    from labq.sim.history import workload_from_history
+    from labq.when import parse_past
+
+    now = time.time()
+    try:
+        since = parse_past(args.since, now)
+        until = parse_past(args.until, now) if args.until else now
+    except ValueError as err:
+        raise CliError(f"--since/--until: {err}") from None
+    if not since < until:
+        raise CliError("--since must come before --until (and before now)")
+    client = leader_client(args)
+    answer = client.history(since, until)
+    jobs = [decode_job(doc) for doc in answer["jobs"]]
+    nodes = [replace(decode_node(doc), health=NodeHealth.UP) for doc in client.nodes()]
+    if not nodes and not args.cluster:
+        raise CliError("the lab has no nodes to replay on: name some with --cluster (e.g. 2xsim:dgx1)")
+    workload, real, notes = workload_from_history(jobs, since, until)
+    if answer.get("queues") and not args.queues:
+        notes.append("the lab has queues: this replay runs without them (--policy LEADER.TOML or --queues FILE "
+                     "replays them)")
+    return workload, real, nodes, notes, until, Policy(**policy_fields(answer["policy"]))
 
 
 def _workload(args: argparse.Namespace, gpus: int):
@@ -232,8 +380,8 @@ def _queued(workload, settings: str | None, rules: list[str]):
     return replace(workload, jobs=tuple(replace(j, queue=queue(j)) for j in workload.jobs)), tuple(queues)
 
 
-def _progress(policy: str, epoch: float):
-    """A line on stderr every second or so while a long run goes (only on a terminal)."""
+def _progress(policy: str, epoch: float, jobs: int):
+    """A line on stderr every second or so while a long run goes (only on a terminal), with how far it got."""
     if not sys.stderr.isatty():
         return None
     last = [0.0]
@@ -243,7 +391,8 @@ def _progress(policy: str, epoch: float):
             return
         last[0] = time.monotonic()
         day = time.strftime("%Y-%m-%d %H:%M", time.gmtime(epoch + now))
-        sys.stderr.write(f"\r{policy}: virtual time {day} UTC, {done:,} of {total:,} jobs done ")
+        sys.stderr.write(f"\r{policy}: virtual time {day} UTC, {done:,} of {total or jobs:,} jobs done "
+                         f"({done / max(1, total or jobs):.0%}) ")
         sys.stderr.flush()
 
     return show
@@ -281,7 +430,7 @@ def _print(args: argparse.Namespace, results: list) -> int:
     console = Console()
     for report, result in zip(reports, results):
         console.print(report_table(report))
-        if not args.no_plot:
+        if not args.no_plot and result.samples:  # what really happened has no samples of the queue
             from labq.sim.plot import terminal_plot
 
             console.print(terminal_plot(result.samples, result.gpus, width=min(console.width - 8, 100),

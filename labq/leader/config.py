@@ -11,6 +11,7 @@ from labq.models.queues import QueueSpec, queues_of
 from labq.paths import default_data_dir
 from labq.protocol.agents import FENCE_LOOK_EVERY_S, KILL_AFTER_TERM_S
 from labq.protocol.names import name_problem
+from labq.scheduler.policy import Policy
 from labq.units import parse_duration
 
 DEFAULT_TOML = """\
@@ -138,6 +139,14 @@ class LeaderConfig:
     auto_requeue: bool = True
     #: a read-only token that may scrape ``/metrics`` and nothing else (``[metrics] scrape_token``); kept out of reprs
     metrics_scrape_token: str | None = field(default=None, repr=False)
+
+    def policy(self) -> Policy:
+        """The scheduler's knobs these settings give (the leader's, and ``labq sim --policy FILE``'s)."""
+        return Policy(max_gpus_per_user=self.max_gpus_per_user, user_gpu_quota=self.user_gpu_quota,
+                      preemption=self.preemption, min_runtime_s=self.min_runtime_s, hold_depth=self.hold_depth,
+                      may_preempt=self.may_preempt, max_preemptions_per_day=self.max_preemptions_per_day,
+                      aging_s=self.aging_s, queues=self.queues,
+                      reclaim_grace_s=self.reclaim_grace_s if self.reclaim_grace_s is not None else self.max_grace_s)
 
     def __post_init__(self) -> None:
         if self.lease_s <= 0 or self.fence_after_s <= self.lease_s:

@@ -12,14 +12,14 @@ from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
 from labq.leader.scheduling import finished_states
 from labq.leader.state import LabState
-from labq.leader.users import user_only
+from labq.leader.users import admin_only, user_only
 from labq.models.actions import ActionRefused, Rules, Wish, acted
 from labq.models.decisions import Pending
 from labq.models.job import Job, JobSpec, JobState, Runtime
 from labq.models.priority import priority_name
 from labq.models.transitions import dependency_failure
 from labq.protocol import errors
-from labq.protocol.codec import decode_job, encode_job
+from labq.protocol.codec import decode_job, encode_job, hide_env
 from labq.protocol.requests import ActionRequest, SubmitRequest
 from labq.scheduler import why_never_fits, why_no_node_runs_user
 from labq.scheduler.inert import waits_whatever_the_order
@@ -89,6 +89,13 @@ class Queue:
         if not quiet:
             state.wake()
         return job
+
+    def history_window(self, who: Principal, since: float, until: float) -> list[dict]:
+        """The lab's finished jobs submitted in [since, until), encoded, their environments' values hidden (what a
+        replay needs: ``labq sim --from-history``). Admins only: it is everyone's work."""
+        admin_only(who, "replay the lab's history")
+        docs = self.state.store.history(since=since)  # ended since then: every job submitted since then
+        return [hide_env(doc) for doc in docs if since <= doc["submitted_at"] < until]
 
     def _check_lab(self, spec: JobSpec) -> None:
         """What a submit must find in the lab as it is now (the lock is held): one check a line."""

@@ -23,7 +23,8 @@ from labq.protocol.bookings import encode_answer, encode_windows, parse_reserve
 from labq.protocol.codec import encode_job, encode_pending, encode_reservation, hide_env
 from labq.protocol.names import check_name, check_user_name
 from labq.protocol.identity import join_token
-from labq.protocol.usage import encode_usage, parse_usage_query
+from labq.protocol.history import encode_policy
+from labq.protocol.usage import DEFAULT_WINDOW_S, encode_usage, parse_usage_query
 from labq.protocol.requests import (
     MAX_PAGE,
     PAGE,
@@ -273,6 +274,18 @@ def _usage(h: _Handler, who) -> tuple[int, dict]:
     """GPU-hours and outcomes over a window (``labq usage``): a user's own, or an admin's view of anyone's."""
     query = parse_usage_query(h.arg("since"), h.arg("until"), h.arg("user"))
     return 200, encode_usage(h.server.leader.accounting.usage(who, query))
+
+
+@route("GET", "/v1/history")
+def _history(h: _Handler, who) -> tuple[int, dict]:
+    """The lab's finished jobs submitted in a window, for a what-if replay (``labq sim --from-history``; admins)."""
+    query = parse_usage_query(h.arg("since"), h.arg("until"), None)
+    leader = h.server.leader
+    until = query.until if query.until is not None else leader.state.clock()
+    since = query.since if query.since is not None else until - DEFAULT_WINDOW_S
+    jobs = leader.queue.history_window(who, since, until)
+    return 200, {"since": since, "until": until, "policy": encode_policy(leader.config.policy()),
+                 "queues": bool(leader.config.queues), "jobs": jobs}
 
 
 @route("DELETE", r"/v1/nodes/([^/]+)", audit="forget node")

@@ -22,7 +22,7 @@ from labq.models.job import Job, JobState
 from labq.models.node import Node, NodeHealth
 from labq.leader.auth import Principal
 from labq.leader.users import user_only
-from labq.scheduler import decay_usage, schedule
+from labq.scheduler import schedule
 from labq.scheduler.edges import next_edge
 from labq.scheduler.queues import lab_gpus, standing
 
@@ -110,7 +110,7 @@ class Scheduling:
             never = t.out_of_dependencies(state.waiting_on.values(), finished, now, live=state.jobs)
             if never:
                 state.apply(never, wake=False)
-            self._decay_usage(now)
+            state.decay_usage(now)
             jobs, nodes, policy = list(state.jobs.values()), state.nodes(), state.policy()
             reservations, used = self.bookings.current(now), dict(state.usage)
             finished = {d: finished[d] for j in state.waiting_on.values() for d in j.spec.depends_on if d in finished}
@@ -160,7 +160,7 @@ class Scheduling:
         state, config = self.state, self.state.config
         with state.lock:
             now = state.clock()
-            self._decay_usage(now)
+            state.decay_usage(now)
             usage = self._usage(now)
             jobs = list(state.jobs.values())
             up = [n for n in state.nodes() if n.schedulable and n.gpus]
@@ -222,10 +222,6 @@ class Scheduling:
                         updates.append(t.lost(job, now) if job.stop_requested != "cancel" else t.cancelled(job, now))
         return updates
 
-    def _decay_usage(self, now: float) -> None:
-        state = self.state
-        state.usage = decay_usage(state.usage, now - state.usage_at, state.config.fair_share_half_life_s)
-        state.usage_at = now
 
 
 class _Unchanged:

@@ -27,7 +27,7 @@ from labq.models.node import Node, NodeHealth
 from labq.protocol import errors
 from labq.protocol.agents import SyncReply
 from labq.protocol.codec import decode_job, decode_node, encode_job, encode_node
-from labq.scheduler import Policy
+from labq.scheduler import Policy, decay_usage
 
 log = logging.getLogger("labq.leader")
 from labq.store import Change, CommitFailed, InvalidChange, PutJob, PutRecord, Store
@@ -164,9 +164,17 @@ class LabState:
         if jobs and wake:
             self.wake()
 
+    def decay_usage(self, now: float) -> None:
+        """Fair share's GPU-hours, decayed to ``now`` (the lock is held)."""
+        self.usage = decay_usage(self.usage, now - self.usage_at, self.config.fair_share_half_life_s)
+        self.usage_at = now
+
     def _spent(self, jobs: list[Job], now: float) -> dict[str, float]:
-        """Each user's decayed GPU-hours after the finished or requeued attempts among ``jobs``."""
+        """Each user's decayed GPU-hours after the finished or requeued attempts among ``jobs``: what they had,
+        decayed to ``now``, and then the new attempts' hours (added undecayed: they were spent just now)."""
         spent: dict[str, float] = {}
+        if any(job.state.finished or job.history for job in jobs):
+            self.decay_usage(now)
         for job in jobs:
             old = self.jobs.get(job.id)
             if job.state.finished:
@@ -193,12 +201,7 @@ class LabState:
 
     def policy(self) -> Policy:
         """The scheduler's knobs, as the config has them now."""
-        c = self.config
-        return Policy(max_gpus_per_user=c.max_gpus_per_user, user_gpu_quota=c.user_gpu_quota,
-                      preemption=c.preemption, min_runtime_s=c.min_runtime_s, hold_depth=c.hold_depth,
-                      may_preempt=c.may_preempt, max_preemptions_per_day=c.max_preemptions_per_day,
-                      aging_s=c.aging_s, queues=c.queues,
-                      reclaim_grace_s=c.reclaim_grace_s if c.reclaim_grace_s is not None else c.max_grace_s)
+        return self.config.policy()
 
 
 def _waits_on(job: Job) -> bool:

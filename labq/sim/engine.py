@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil, inf
 
 from labq.models import transitions as t
@@ -47,6 +47,15 @@ class SimOptions:
     #: the lab's queues (teams; ``labq.models.queues``): a job's is its trace job's ``queue``
     queues: tuple[QueueSpec, ...] = ()
     reclaim_grace_s: float | None = None  #: only jobs with at most this grace borrow; None: any
+    #: the rest of a lab's scheduling settings (quotas, hold depth, preemption rules: ``LeaderConfig.policy``);
+    #: the fields above win over its own
+    settings: Policy | None = None
+
+    @classmethod
+    def of(cls, policy: Policy, **more) -> SimOptions:
+        """Options that run labq's policy with a lab's scheduling settings (its ``LeaderConfig.policy()``)."""
+        return cls(min_runtime_s=policy.min_runtime_s, aging_s=policy.aging_s, queues=policy.queues,
+                   reclaim_grace_s=policy.reclaim_grace_s, settings=policy, **more)
 
 
 class _Clock:
@@ -166,8 +175,8 @@ class _Simulation:
 
     def _policy(self) -> Policy:
         o = self.options
-        return Policy(min_runtime_s=o.min_runtime_s, aging_s=o.aging_s, queues=o.queues,
-                      reclaim_grace_s=o.reclaim_grace_s)
+        return replace(o.settings or Policy(), min_runtime_s=o.min_runtime_s, aging_s=o.aging_s, queues=o.queues,
+                       reclaim_grace_s=o.reclaim_grace_s)
 
     def why_waiting(self) -> dict[str, int]:
         """For jobs still waiting when nothing more can happen: the scheduler's reasons, counted."""

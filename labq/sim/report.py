@@ -238,6 +238,12 @@ def _wall(seconds: float) -> str:
     return f"{seconds:.2f}s" if seconds < 60 else format_duration(seconds)
 
 
+def format_mean(seconds: float) -> str:
+    """A mean: to the second under ten minutes (``format_duration`` says ``2m`` for 2 min 59 s), else as any
+    duration."""
+    return f"{seconds:.0f}s" if seconds < 600 else format_duration(seconds)
+
+
 def _percent(fraction: float) -> str:
     return f"{fraction * 100:.1f}%"
 
@@ -246,7 +252,7 @@ def _spread(s: Stats) -> str:
     if not s.count:
         return "-"
     return (f"p50 {format_duration(s.p50)} · p95 {format_duration(s.p95)} · "
-            f"p99 {format_duration(s.p99)} · mean {format_duration(s.mean)}")
+            f"p99 {format_duration(s.p99)} · mean {format_mean(s.mean)}")
 
 
 def _skipped_text(report: Report, shown: int = 3) -> str:
@@ -353,7 +359,7 @@ def _durations(s: Stats) -> list[Text]:
 
     if not s.count:
         return [Text("-")] * 3
-    return [Text(format_duration(s.p50)), Text(format_duration(s.p95)), Text(format_duration(s.mean))]
+    return [Text(format_duration(s.p50)), Text(format_duration(s.p95)), Text(format_mean(s.mean))]
 
 
 def report_table(report: Report, *, title: str | None = None) -> Group:
@@ -379,10 +385,10 @@ _COMPARED = (
     _Column("jobs\ndone", lambda r: r.finished, lambda v: f"{int(v):,}", "high"),
     _Column("delay\np50", lambda r: r.queueing_delay.p50, format_duration),
     _Column("delay\np95", lambda r: r.queueing_delay.p95, format_duration),
-    _Column("delay\nmean", lambda r: r.queueing_delay.mean, format_duration),
+    _Column("delay\nmean", lambda r: r.queueing_delay.mean, format_mean),
     _Column("JCT\np50", lambda r: r.jct.p50, format_duration),
     _Column("JCT\np95", lambda r: r.jct.p95, format_duration),
-    _Column("JCT\nmean", lambda r: r.jct.mean, format_duration),
+    _Column("JCT\nmean", lambda r: r.jct.mean, format_mean),
     _Column("make-\nspan", lambda r: r.makespan_s, format_duration),
     _Column("util.", lambda r: r.utilization, _percent, "high"),
     _Column("pre-\nempted", lambda r: r.preemptions, lambda v: f"{int(v):,}"),

@@ -229,6 +229,8 @@ TABLE: dict[tuple[str, str], list[Case]] = {
     ],
     ("DELETE", "/v1/nodes/{}"): [Case("forget a node (admins)", people(403, 403, 200),
                                       lambda lab: f"/v1/nodes/{lab.fresh_node()}")],
+    ("GET", "/v1/history"): [Case("the lab's finished jobs, for a replay (admins)", people(403, 403, 200),
+                                  lambda lab: "/v1/history")],
     ("GET", "/v1/joins"): [Case("join tokens (admins)", people(403, 403, 200), lambda lab: "/v1/joins")],
     ("POST", "/v1/joins"): [Case("a join token (admins)", people(403, 403, 201), lambda lab: "/v1/joins",
                                  lambda lab: {"expires_s": 3600})],

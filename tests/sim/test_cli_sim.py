@@ -131,3 +131,29 @@ def test_help_teaches_the_formats_and_examples():
     assert out.returncode == 0
     for words in ("--cluster", "16xsim:dgx1", "philly", "jsonl", "fifo", "sjf", "--png"):
         assert words in out.stdout
+
+
+def test_per_vc_runs_each_virtual_cluster_on_a_cluster_of_its_own(tmp_path):
+    trace = tmp_path / "two-vcs.csv"
+    rows = ["submit,duration,gpus,user,class,preemptible,time_limit,vc"]
+    rows += [f"{60 * i},{600 + 30 * i},{1 + i % 2},u{i % 3},normal,true,,{'vision' if i % 3 else 'nlp'}"
+             for i in range(12)]
+    trace.write_text("\n".join(rows) + "\n")
+    doc = report("--trace", str(trace), "--per-vc", "--cluster", "1xsim:ws-4x3090", "--policy", "labq,fifo")
+    reports = doc["reports"]
+    assert [r["policy"] for r in reports] == ["labq (nlp)", "fifo (nlp)", "labq (vision)", "fifo (vision)"]
+    assert [r["jobs"] for r in reports] == [4, 4, 8, 8] and all(r["gpus"] == 4 for r in reports)
+    assert {r["meta"]["vc"] for r in reports} == {"nlp", "vision"}
+    refused = labq("--trace", str(trace), "--per-vc", "--vc", "nlp", "--cluster", "1xsim:ws-4x3090")
+    assert refused.returncode == 2 and "leave out --vc" in refused.stderr
+    plain = tmp_path / "no-vcs.csv"
+    plain.write_text("submit,duration,gpus\n0,60,1\n")
+    refused = labq("--trace", str(plain), "--per-vc", "--cluster", "1xsim:ws-4x3090")
+    assert refused.returncode == 2 and "no virtual clusters" in refused.stderr
+
+
+def test_the_summary_shows_short_means_to_the_second():
+    from labq.sim.report import format_mean
+
+    assert [format_mean(s) for s in (0.4, 59.6, 179.0, 599.4, 600.0, 3725.0)] == [
+        "0s", "60s", "179s", "599s", "10m", "1h02m"]
