@@ -285,10 +285,11 @@ class Client:
 
     def audit(self, *, user: str | None = None, job: int | None = None, action: str | None = None,
               since: float | None = None, until: float | None = None, after: int | None = None,
-              limit: int = 100) -> list[dict]:
+              limit: int = 100, kind: str | None = None) -> list[dict]:
         """The audit trail's entries that match, oldest first (``labq events``)."""
         query = [(k, v) for k, v in (("user", user), ("job", job), ("action", action), ("since", since),
-                                     ("until", until), ("after", after), ("limit", limit)) if v is not None]
+                                     ("until", until), ("after", after), ("limit", limit), ("kind", kind))
+                 if v is not None]
         return self._json("GET", "/v1/audit", query)["events"]
 
     def joins(self) -> list[dict]:

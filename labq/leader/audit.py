@@ -7,7 +7,8 @@ the answer's status (a refusal too, with its sentence). No body is written: no c
 value, no token. A line is written when the answer is known, flushed at once (a leader that dies keeps
 it), and the file is rotated at ``ROTATE_BYTES`` into ``audit.jsonl.1`` .. ``.N``, the oldest dropped.
 ``labq events`` reads it back (``GET /v1/audit``): admins everything, a user what they did and what was
-done to their jobs.
+done to their jobs. The lab's own steps (a job placed, started, preempted, requeued, ended; a reservation's
+start and end) are lines too, of ``kind: "lab"`` (``labq.leader.lab_trail``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class AuditQuery:
     until: float | None = None
     after: int | None = None  #: entries after this seq (``--follow``)
     limit: int = 100
+    #: "user", "agent", "join" (who made the request) or "lab" (the lab's own steps: ``labq.leader.lab_trail``)
+    kind: str | None = None
 
 
 class AuditLog:
@@ -176,5 +179,6 @@ def _matches(entry: dict, q: AuditQuery) -> bool:
     return ((q.user is None or q.user in (entry.get("user"), entry.get("owner")))
             and (q.job is None or entry.get("job") == q.job)
             and (q.action is None or entry.get("action") == q.action)
+            and (q.kind is None or entry.get("kind") == q.kind)
             and (q.since is None or at >= q.since) and (q.until is None or at < q.until)
             and (q.after is None or entry["seq"] > q.after))

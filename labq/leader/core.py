@@ -20,6 +20,7 @@ from labq.leader.audit import AuditLog
 from labq.leader.auth import Principal
 from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
+from labq.leader.lab_trail import LabTrail
 from labq.leader.metrics import Metrics, TimedStore
 from labq.leader.queue import Queue
 from labq.leader.ratelimit import AuthFailures
@@ -54,6 +55,11 @@ class Leader:
         self.auth_failures = AuthFailures(config.auth_failures_per_minute, 60.0, monotonic)
         #: who did what, from where (``labq events``)
         self.audit = AuditLog(config.data_dir, clock)
+        #: the lab's own steps in it: jobs placed, started, preempted, requeued, ended; bookings begun and over
+        self.trail = LabTrail(self.audit)
+        self.state.watchers.append(self.trail.watch)
+        self.trail.bookings(list(self.bookings.by_name.values()), clock(), quiet=True)
+        self.scheduling.ticked = lambda now: self.trail.bookings(list(self.bookings.by_name.values()), now)
         #: the lab CA's certificate (PEM) and pin when the leader serves TLS (``labq.leader.certs``)
         self.tls_ca: str | None = None
         self.tls_pin: str | None = None

@@ -381,7 +381,10 @@ def _audit(h: _Handler, who) -> tuple[int, dict]:
     query = AuditQuery(user=user, job=require_int(job, "job") if job else None, action=h.arg("action"),
                        since=number("since"), until=number("until"),
                        after=require_int(after, "after") if after else None,
-                       limit=require_int(limit, "limit", low=1, high=MAX_ANSWER) if limit else 100)
+                       limit=require_int(limit, "limit", low=1, high=MAX_ANSWER) if limit else 100,
+                       kind=h.arg("kind"))
+    if query.kind not in (None, "user", "agent", "join", "lab"):
+        raise errors.bad_request("kind is user, agent, join or lab (the lab's own steps)", "kind")
     if query.action is not None and (len(query.action) > 64 or not query.action.isprintable()):
         raise errors.bad_request("action must be a short printable name (submit, cancel, add user, ...)", "action")
     mine = (lambda e: True) if who.admin else (lambda e: e.get("user") == who.name and e.get("kind") == "user"

@@ -748,3 +748,14 @@ def test_events_reads_since_and_until_as_times_in_the_past():
     assert _when(None, "--since", now) is None
     with pytest.raises(CliError, match="--since"):
         _when("next tuesday-ish", "--since", now)
+
+
+def test_events_shows_the_lab_own_steps_in_one_escaped_line():
+    from labq.cli.events import line
+
+    text = line({"seq": 9, "at": 0, "kind": "lab", "action": "preempting", "job": 12, "owner": "alice",
+                 "detail": "for job 14\x1b[2J"})
+    assert "  labq  preempting job 12 (alice's): for job 14" in text and "\x1b" not in text
+    booked = line({"seq": 10, "at": 0, "kind": "lab", "action": "reservation started", "target": "paper",
+                   "owner": "bob", "detail": "ws1 GPUs 0,1"})
+    assert booked.endswith("labq  reservation started paper (bob's): ws1 GPUs 0,1")

@@ -80,10 +80,15 @@ def test_who_did_what_to_which_job_from_where_and_how(lab):
 
     # bob sees what he did and what was done to his jobs, nothing else
     his = events(lab, "--since", "1d", token=bob)
-    assert {(e["action"], e.get("job")) for e in his} == {("submit", bobs_job), ("cancel", mine),
-                                                          ("cancel", bobs_job)}
+    assert {(e["action"], e.get("job")) for e in his if e["kind"] != "lab"} == {
+        ("submit", bobs_job), ("cancel", mine), ("cancel", bobs_job)}
+    # and the lab's own steps of his job (its placement at least; its end once the agent reports it), of no other
+    lab_steps = [e for e in his if e["kind"] == "lab"]
+    assert {e["job"] for e in lab_steps} == {bobs_job} and all(e["owner"] == "bob" for e in lab_steps)
+    assert "placed" in [e["action"] for e in lab_steps]
+    assert set(e["action"] for e in lab_steps) <= {"placed", "started", "cancelled"}
     assert labq(lab, "events", "--user", "root", token=bob).returncode == 1
-    assert [e["job"] for e in events(lab, "--job", str(bobs_job))] == [bobs_job, bobs_job]
+    assert [e["job"] for e in events(lab, "--job", str(bobs_job), "--kind", "user")] == [bobs_job, bobs_job]
     assert [e["action"] for e in events(lab, "--user", "bob", "--action", "submit")] == ["submit"]
 
     text = lab.labq("events", "--job", str(mine)).stdout

@@ -150,7 +150,8 @@ def test_two_people_on_one_workstation_use_the_queue_without_tokens_each_as_thei
     assert code == 0, err
     job_id = json.loads(out)["id"]
     assert lab.job(job_id)["spec"]["user"] == alice.pw_name
-    trail = [json.loads(line) for line in lab.labq("events", "--json", "--job", str(job_id)).stdout.splitlines()]
+    trail = [json.loads(line) for line in
+             lab.labq("events", "--json", "--job", str(job_id), "--kind", "user").stdout.splitlines()]
     assert [(e["action"], e["user"], e.get("via"), e.get("token")) for e in trail] == [
         ("submit", alice.pw_name, "ws1", None)]  # the audit trail says how she came: ws1's agent vouched
     code, out, err = as_account(bob, path, "ls", "--json")
