@@ -10,6 +10,7 @@ between the two; a job read twice is one entry, by id.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from labq.leader.auth import Principal
@@ -20,6 +21,8 @@ from labq.models.usage import JobUse, UsageReport, job_use, node_gpu_models, rep
 from labq.protocol import errors
 from labq.protocol.usage import DEFAULT_WINDOW_S, UsageQuery, decode_use
 from labq.store import collector_paused
+
+log = logging.getLogger("labq.leader")
 
 
 class Accounting:
@@ -34,12 +37,13 @@ class Accounting:
         """The report ``who`` asked for: their own jobs' use, or (admins) anyone's, or the whole lab's."""
         user_only(who)
         user = query.user
-        if user is None and not who.admin:
-            raise errors.forbidden(f"only admins may see the whole lab's usage; yours is user={who.name} "
-                                   "(`labq usage --me`)")
-        if user not in (None, who.name) and not who.admin:
-            raise errors.forbidden(f"only admins may see another user's usage; yours is user={who.name} "
-                                   "(`labq usage --me`)")
+        if not who.admin and not self.state.config.usage_for_everyone:  # ([usage] everyone: no secret here)
+            if user is None:
+                raise errors.forbidden(f"only admins may see the whole lab's usage; yours is user={who.name} "
+                                       "(`labq usage --me`)")
+            if user != who.name:
+                raise errors.forbidden(f"only admins may see another user's usage; yours is user={who.name} "
+                                       "(`labq usage --me`)")
         self._read_archive()
         state = self.state
         with state.lock:  # a job leaves ``jobs`` and enters ``_finished`` under it: each is in one of the two
@@ -66,6 +70,20 @@ class Accounting:
             self._finished[job.id] = job_use(job, job.ended_at or self.state.clock())
         elif self._while_reading is not None:
             self._while_reading.append(job)
+
+    def warm_up(self) -> threading.Thread:
+        """Read the archive in the background now (the leader just started), so the first report is as quick as
+        the later ones. A read that fails is logged; the first report then reads it itself, and says why not."""
+
+        def read() -> None:
+            try:
+                self._read_archive()
+            except Exception:  # noqa: BLE001 - only a head start: the first report tries again and answers
+                log.exception("reading the archive for labq usage failed; the first report will read it")
+
+        thread = threading.Thread(target=read, name="labq-usage-warm-up", daemon=True)
+        thread.start()
+        return thread
 
     def _read_archive(self) -> None:
         """Read the archive into ``_finished``, the first time (outside the lab's lock: it takes a while)."""

@@ -84,6 +84,9 @@ fence_after = "10m"              # an agent that cannot reach the leader this lo
 requeue_after = "15m"            # the jobs of a lost agent are requeued after this long
 auto_requeue = true              # false: an admin requeues them by hand
 
+[usage]
+everyone = false                 # true: every user sees the whole lab's `labq usage`, not only admins
+
 [metrics]
 # GET /metrics (Prometheus text) answers any person's token; a scrape token reads it and nothing else.
 # Keep this file readable by the leader's account only when it holds one.
@@ -137,6 +140,8 @@ class LeaderConfig:
     fence_after_s: float = 600.0
     requeue_after_s: float = 900.0
     auto_requeue: bool = True
+    #: ``labq usage`` shows the whole lab (everyone's use) to every user, not only to admins (``[usage] everyone``)
+    usage_for_everyone: bool = False
     #: a read-only token that may scrape ``/metrics`` and nothing else (``[metrics] scrape_token``); kept out of reprs
     metrics_scrape_token: str | None = field(default=None, repr=False)
 
@@ -251,7 +256,8 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
             raise ConfigError(f"{path} is not valid TOML: {err}") from None
     values: dict = {}
     where = str(path or "defaults")
-    sections = {"leader", "scheduling", "quotas", "jobs", "reservations", "groups", "queues", "agents", "metrics"}
+    sections = {"leader", "scheduling", "quotas", "jobs", "reservations", "groups", "queues", "agents", "metrics",
+                "usage"}
     for name in doc:
         if name not in sections:
             raise ConfigError(f"{where}: unknown section [{name}]; sections: {', '.join(sorted(sections))}")
@@ -300,6 +306,8 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         "fence_after": lambda v: values.update(fence_after_s=parse_duration(v, bare_seconds=True)),
         "requeue_after": lambda v: values.update(requeue_after_s=parse_duration(v, bare_seconds=True)),
         "auto_requeue": lambda v: values.update(auto_requeue=_bool(v))})
+    _take(doc.get("usage", {}), where, "usage", values, {
+        "everyone": lambda v: values.update(usage_for_everyone=_bool(v))})
     _take(doc.get("metrics", {}), where, "metrics", values, {
         "scrape_token": lambda v: values.update(metrics_scrape_token=_scrape_token(v))})
     values.update({k: v for k, v in overrides.items() if v is not None})

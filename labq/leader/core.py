@@ -95,6 +95,7 @@ class Leader:
 
     def start(self) -> None:
         self.workers.spawn("labq-scheduler", self.scheduling.loop)
+        self.accounting.warm_up()
 
     def check(self) -> list[str]:
         """For the process's main thread: restart the scheduler thread if it died (``WorkerFailed`` if it keeps

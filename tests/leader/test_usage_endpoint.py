@@ -155,3 +155,47 @@ def test_a_job_that_finishes_after_the_first_report_is_in_the_next(tmp_path):
         assert alice()["alice"] == 232.0  # 29 h x 8: it ended an hour after the last report
     finally:
         lb.stop()
+
+
+def test_a_leader_reads_the_archive_for_usage_as_it_starts_so_the_first_report_reads_no_file(tmp_path):
+    from tests.leader.usage_history import store_history
+    from tests.leader.loopback_leader import start_loopback_leader
+
+    store_history(tmp_path / "data")
+    lb = start_loopback_leader(tmp_path / "data")
+    try:
+        accounting = lb.leader.accounting
+        assert accounting._finished is None
+        accounting.warm_up().join(timeout=30)  # what Leader.start does
+        assert accounting._finished is not None and len(accounting._finished) > 0
+        read = []
+        real = lb.leader.state.store.history
+        lb.leader.state.store.history = lambda *a, **k: read.append(1) or real(*a, **k)
+        assert usage(lb)["total"]["jobs"] > 0 and read == []
+    finally:
+        lb.stop()
+
+
+def test_where_the_admin_says_so_every_user_sees_the_whole_lab(lab):
+    from dataclasses import replace
+
+    alice = lab.tokens["alice"]
+    leader = lab.leader
+    before = leader.config
+    leader.config = leader.state.config = replace(before, usage_for_everyone=True)
+    try:
+        whole = usage(lab, alice, since=OCTOBER[0], until=OCTOBER[1])
+        assert whole["user"] is None and set(table(whole["by"]["user"])) == set(BY_USER)
+        assert table(usage(lab, alice, since=OCTOBER[0], until=OCTOBER[1], user="bob")["by"]["user"]) == {
+            "bob": BY_USER["bob"]}
+    finally:
+        leader.config = leader.state.config = before
+    assert usage(lab, alice, 403, since=OCTOBER[0])["error"]["code"] == "forbidden"
+
+
+def test_the_setting_is_read_from_the_leader_toml(tmp_path):
+    from labq.leader.config import load_config
+
+    path = tmp_path / "leader.toml"
+    path.write_text("[usage]\neveryone = true\n")
+    assert load_config(path).usage_for_everyone and not load_config(None).usage_for_everyone
