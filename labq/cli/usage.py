@@ -167,7 +167,24 @@ def usage_text(report: dict, by: str, tz) -> str:
     numbers = sum(max(len(h), *(len(r[i + 1]) for r in body)) + 2 for i, h in enumerate(HEADERS))
     room = max(len(TOTAL), len(first), WIDTH - numbers)
     lines += ["", table((first, *HEADERS), body, max_width={first: room}), "", LEGEND]
+    if report.get("reservations"):
+        lines += ["", reservations_text(report["reservations"], tz)]
     return "\n".join(lines)
+
+
+def reservations_text(bookings: list[dict], tz) -> str:
+    """The bookings in the window: GPU-hours booked there, and used by the jobs that ran in them."""
+    from labq.render import table
+
+    body = [[b["name"], b["owner"], b["node"] or "-", _clock(b["start"], tz), _hours(b["booked_gpu_hours"]),
+             _hours(b["used_gpu_hours"]),
+             f"{b['used_gpu_hours'] / b['booked_gpu_hours'] * 100:.0f}%" if b["booked_gpu_hours"] else "-"]
+            for b in bookings]
+    booked = sum(b["booked_gpu_hours"] for b in bookings)
+    used = sum(b["used_gpu_hours"] for b in bookings)
+    body.append([TOTAL, "", "", "", _hours(booked), _hours(used), f"{used / booked * 100:.0f}%" if booked else "-"])
+    return "reservations (GPU-hours in the window: booked, and used by the jobs in them):\n" + table(
+        ("BOOKING", "OWNER", "NODE", "FROM", "BOOKED", "USED", "USED%"), body, max_width={"BOOKING": 16})
 
 
 def csv_text(report: dict, by: str) -> str:

@@ -14,6 +14,7 @@ import logging
 import threading
 
 from labq.leader.auth import Principal
+from labq.leader.bookings import Bookings
 from labq.leader.state import LabState
 from labq.leader.users import user_only
 from labq.models.job import Job
@@ -26,8 +27,8 @@ log = logging.getLogger("labq.leader")
 
 
 class Accounting:
-    def __init__(self, state: LabState) -> None:
-        self.state = state
+    def __init__(self, state: LabState, bookings: Bookings) -> None:
+        self.state, self.bookings = state, bookings
         self._finished: dict[int, JobUse] | None = None  #: by job id, once the archive was read
         self._while_reading: list[Job] | None = None  #: the jobs that finished while it was read
         self._reading = threading.Lock()  #: one reading of the archive at a time
@@ -51,13 +52,14 @@ class Accounting:
             live = [job for job in state.jobs.values() if user is None or job.spec.user == user]
             finished = list(self._finished.values())
             gpus = node_gpu_models(state.nodes())
+            booked = [b for b in self.bookings.bookings() if user is None or b.owner == user]
         until = now if query.until is None else min(query.until, now)
         since = until - DEFAULT_WINDOW_S if query.since is None else query.since
         if not since < until:
             raise errors.bad_request("the window is empty: since must be before until, and before now", "since")
         if user is not None:
             finished = [use for use in finished if use.user == user]
-        return report([job_use(job, now) for job in live] + finished, since, until, gpus, now, user)
+        return report([job_use(job, now) for job in live] + finished, since, until, gpus, now, user, booked)
 
     def _watch(self, old: Job | None, job: Job) -> None:
         """A job's new version, committed (``LabState.watchers``; the lab's lock is held): a finished one is kept."""

@@ -20,6 +20,7 @@ from labq.models import transitions as t
 from labq.models.job import Job, JobSpec, JobState
 from labq.models.node import NodeHealth
 from labq.models.reservation import BookingAnswer, DeadlineWindows, Reservation
+from labq.models.usage import Booking
 from labq.protocol import errors
 from labq.protocol.bookings import ReserveRequest
 from labq.protocol.codec import decode_reservation, encode_reservation
@@ -31,6 +32,7 @@ from labq.store import DeleteRecord, PutRecord
 
 #: an ended or cancelled reservation stays listed (``--all``) this long, then is forgotten
 KEEP_OVER_S = 7 * 86400.0
+LEDGER = "booked"  #: the store's table of forgotten bookings: name@start -> ``labq.models.usage.Booking``
 
 
 class Bookings:
@@ -38,6 +40,12 @@ class Bookings:
         self.state = state
         records = state.records.get("reservations", {})
         self.by_name: dict[str, Reservation] = {name: decode_reservation(doc) for name, doc in records.items()}
+        #: the bookings forgotten once long over (``KEEP_OVER_S``), kept for ``labq usage`` (booked vs used)
+        self.ledger: dict[str, Booking] = {key: Booking(**doc) for key, doc in state.records.get(LEDGER, {}).items()}
+
+    def bookings(self) -> list[Booking]:
+        """Every booking a report can know: the ones kept, and the ledger of those forgotten."""
+        return list(self.ledger.values()) + [_booking(r) for r in self.by_name.values()]
 
     def current(self, now: float) -> list[Reservation]:
         """The reservations the scheduler must honour: not ended, not cancelled."""
@@ -160,6 +168,10 @@ class Bookings:
             if r.over_at() + KEEP_OVER_S <= now:
                 changes.append(DeleteRecord("reservations", r.name))
                 del self.by_name[r.name]
+                booking = _booking(r)
+                key = f"{r.name}@{r.start:.0f}"
+                changes.append(PutRecord(LEDGER, key, booking._asdict()))
+                self.ledger[key] = booking
             elif r.live(now) and health.get(r.node) in (NodeHealth.LOST, NodeHealth.DOWN, None):
                 changes += self._repin_lost(r, nodes, health, now)
             elif r.start > now and displacing.get(r.node, 0) & indices_to_mask(r.gpu_indices):
@@ -227,3 +239,7 @@ def _window(request: ReserveRequest, windows: DeadlineWindows | None, now: float
 def _hours(seconds: float) -> str:
     hours = seconds / 3600
     return f"{hours:g} h" if hours < 48 else f"{hours / 24:g} days"
+
+
+def _booking(r: Reservation) -> Booking:
+    return Booking(r.name, r.owner, r.node, r.gpus, r.start, r.end, r.cancelled_at)

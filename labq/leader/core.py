@@ -49,7 +49,7 @@ class Leader:
         self.scheduling.timed = self.metrics.passes.observe
         self.state.store = TimedStore(self.state.store, self.metrics.commits)
         #: ``labq usage``: who used the GPUs over a window
-        self.accounting = Accounting(self.state)
+        self.accounting = Accounting(self.state, self.bookings)
         self.users.ensure_join_token()
         self.workers = Supervisor()
         self.auth_failures = AuthFailures(config.auth_failures_per_minute, 60.0, monotonic)

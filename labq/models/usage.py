@@ -83,10 +83,58 @@ class UsageReport:
     capacity_gpu_hours: float | None  #: ``gpus`` x the window's hours
     rows: Mapping[Grouping, tuple[UsageRow, ...]]  #: per grouping, the most GPU-hours first
     total: UsageRow
+    #: each booking that overlaps the window: its GPU-hours booked and used there, by start
+    reserved: tuple[ReservedRow, ...] = ()
 
     @property
     def hours(self) -> float:
         return (self.until - self.since) / 3600.0
+
+
+class Booking(NamedTuple):
+    """A reservation as a report needs it: who booked how many GPUs for when (until it was cancelled)."""
+
+    name: str
+    owner: str
+    node: str | None
+    gpus: int
+    start: float
+    end: float  #: exclusive
+    cancelled_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ReservedRow:
+    """One booking's use inside the window: booked is its GPUs x its hours there (up to a cancel), used the
+    GPU-hours of the jobs that ran in it there."""
+
+    name: str
+    owner: str
+    node: str | None
+    start: float
+    end: float
+    booked_gpu_hours: float
+    used_gpu_hours: float
+
+
+def reserved_rows(bookings: Iterable[Booking], uses: Iterable[JobUse], since: float, until: float
+                  ) -> tuple[ReservedRow, ...]:
+    """The bookings that overlap ``[since, until)``, by start: booked and used GPU-hours inside it. A job's runs
+    count for the booking of its name whose time they started in (a name is used again once a booking is over)."""
+    chosen = sorted((b for b in bookings if b.start < until and min(b.end, b.cancelled_at or b.end) > since),
+                    key=lambda b: (b.start, b.name))
+    used = {b: 0.0 for b in chosen}
+    by_name: dict[str, list[Booking]] = {}
+    for b in chosen:
+        by_name.setdefault(b.name, []).append(b)
+    for use in uses:
+        for booking in by_name.get(use.reservation, ()) if use.reservation else ():
+            for run in use.runs:
+                if booking.start <= run.started_at < booking.end:
+                    used[booking] += held_gpu_hours(run.started_at, run.ended_at, run.gpus, since, until)
+    return tuple(ReservedRow(b.name, b.owner, b.node, b.start, b.end,
+                             held_gpu_hours(b.start, min(b.end, b.cancelled_at or b.end), b.gpus, since, until),
+                             used[b]) for b in chosen)
 
 
 class Run(NamedTuple):
@@ -111,6 +159,7 @@ class JobUse(NamedTuple):
     outcome: str | None  #: ``FAILED`` or ``CANCELLED`` once it ended so, else None
     runs: tuple[Run, ...]  #: the attempts that started, oldest first
     ended_in_last_run: bool  #: it ended in its last run (not waiting again after a requeue, or never placed)
+    reservation: str | None = None  #: the booking it ran in
 
 
 def job_use(job: Job, now: float) -> JobUse:
@@ -126,7 +175,7 @@ def job_use(job: Job, now: float) -> JobUse:
     ended_in_last_run = job.started_at is not None or (not current and last.started_at is not None)
     return JobUse(job.id, sys.intern(job.spec.user), sys.intern(class_of(job.spec.priority).name.lower()),
                   job.submitted_at, job.ended_at if job.state.finished else None, _OUTCOMES.get(job.state),
-                  tuple(runs), ended_in_last_run)
+                  tuple(runs), ended_in_last_run, job.spec.reservation)
 
 
 def _run(started_at: float, ended_at: float, placement, gpus: int, preempted: bool, work_lost_s: float) -> Run:
@@ -164,12 +213,14 @@ def usage_report(finished: Iterable[Job], live: Iterable[Job], since: float, unt
 
 
 def report(uses: Iterable[JobUse], since: float, until: float, gpus: Mapping[str, Sequence[str]], now: float,
-           user: str | None = None) -> UsageReport:
-    """``usage_report`` of jobs already reduced (``job_use``), each job once."""
+           user: str | None = None, bookings: Iterable[Booking] = ()) -> UsageReport:
+    """``usage_report`` of jobs already reduced (``job_use``), each job once; with the ``bookings`` (the
+    user's own, for a user's report), each one's GPU-hours booked and used in the window."""
     until = min(until, now)
     if not since < until:
         raise ValueError("the window is empty: its start must be before its end and before now")
     tally = _Tally(since, until, gpus)
+    uses = list(uses)
     for use in uses:
         tally.take(use)
     lab_gpus = sum(len(models) for models in gpus.values())
@@ -177,7 +228,8 @@ def report(uses: Iterable[JobUse], since: float, until: float, gpus: Mapping[str
     rows = {g: tuple(sorted((c.row(name, capacity) for name, c in tally.groups[g].items()),
                             key=lambda r: (-r.gpu_hours, r.name)))
             for g in Grouping}
-    return UsageReport(since, until, user, lab_gpus, capacity, rows, tally.total.row("total", capacity))
+    return UsageReport(since, until, user, lab_gpus, capacity, rows, tally.total.row("total", capacity),
+                       reserved_rows(bookings, uses, since, until))
 
 
 def nearest_rank(ordered: Sequence[float], percent: int) -> float | None:

@@ -66,7 +66,10 @@ def encode_usage(report: UsageReport) -> dict:
             "gpus": report.gpus,
             "capacity_gpu_hours": None if report.capacity_gpu_hours is None else round(report.capacity_gpu_hours, 4),
             "by": {g.value: [encode_row(r) for r in report.rows[g]] for g in Grouping},
-            "total": encode_row(report.total)}
+            "total": encode_row(report.total),
+            "reservations": [{"name": r.name, "owner": r.owner, "node": r.node, "start": r.start, "end": r.end,
+                              "booked_gpu_hours": round(r.booked_gpu_hours, 4),
+                              "used_gpu_hours": round(r.used_gpu_hours, 4)} for r in report.reserved]}
 
 
 def decode_use(doc: dict, now: float) -> JobUse:
@@ -88,7 +91,8 @@ def decode_use(doc: dict, now: float) -> JobUse:
         runs.append(_run(started, ended if ended is not None else now, doc.get("placement"), gpus, False, 0.0))
     return JobUse(doc["id"], sys.intern(spec["user"]), _class_name(spec.get("priority", PriorityClass.NORMAL)),
                   doc["submitted_at"], ended if state in _FINISHED else None, _OUTCOMES.get(state), tuple(runs),
-                  started is not None or (not current and last.get("started_at") is not None))
+                  started is not None or (not current and last.get("started_at") is not None),
+                  spec.get("reservation"))
 
 
 def _class_name(priority: int) -> str:

@@ -119,3 +119,24 @@ def test_bad_times_are_refused_before_any_request(monkeypatch, capsys, argv, wor
     code = main(["usage", "--tz", "UTC", *argv] if "--tz" not in argv else ["usage", *argv])
     err = capsys.readouterr().err
     assert code == USAGE and words in err, err
+
+
+def test_the_text_report_ends_with_the_bookings_booked_and_used():
+    from labq.cli.usage import usage_text
+
+    row = {"name": "alice", "gpu_hours": 12.0, "share": 0.5, "jobs": 1, "failed": 0, "preempted": 0, "cancelled": 0,
+           "mean_wait_s": 60.0, "p90_wait_s": 60.0, "lost_gpu_hours": 0.0}
+    report = {"since": 0.0, "until": 86400.0, "hours": 24.0, "user": None, "gpus": 1, "capacity_gpu_hours": 24.0,
+              "by": {"user": [row]}, "total": row | {"name": "total"},
+              "reservations": [{"name": "paper-deadline-final-final", "owner": "alice", "node": "ws1", "start": 3600.0,
+                                "end": 7200.0, "booked_gpu_hours": 16.0, "used_gpu_hours": 12.0},
+                               {"name": "demo", "owner": "bob", "node": None, "start": 9000.0, "end": 9900.0,
+                                "booked_gpu_hours": 0.0, "used_gpu_hours": 0.0}]}
+    from datetime import timezone
+
+    text = usage_text(report, "user", timezone.utc)
+    tail = text.split("reservations (GPU-hours in the window", 1)[1].splitlines()
+    assert tail[1].split() == ["BOOKING", "OWNER", "NODE", "FROM", "BOOKED", "USED", "USED%"]
+    assert tail[2].split()[-3:] == ["16.0", "12.0", "75%"] and tail[2].startswith("paper-deadline-…")
+    assert tail[3].split()[-1] == "-" and tail[4].split() == ["(all)", "16.0", "12.0", "75%"]
+    assert all(len(line) <= 80 for line in text.splitlines())
