@@ -14,12 +14,14 @@ from labq.cli.errors import CliError
 
 GROUPINGS = ("user", "class", "node", "model")
 WIDTH = 80  #: the text report fits a terminal of this many columns
-HEADERS = ("GPU-H", "SHARE", "JOBS", "FAILED", "PREEMPT", "CANCEL", "WAIT", "P90", "LOST")
-CSV_FIELDS = ("gpu_hours", "share", "jobs", "failed", "preempted", "cancelled", "mean_wait_s", "p90_wait_s",
-              "lost_gpu_hours")
+HEADERS = ("GPU-H", "SHARE", "UTIL", "JOBS", "F/P/C", "WAIT", "P90", "LOST")
+CSV_FIELDS = ("gpu_hours", "share", "utilization", "memory_gib", "jobs", "failed", "preempted", "cancelled",
+              "mean_wait_s", "p90_wait_s", "lost_gpu_hours")
 TOTAL = "(all)"  #: the last row's name: no user, node or class name has parentheses
 LEGEND = ("GPU-H: GPU-hours allocated in the window; SHARE: of the lab's capacity;\n"
-          "JOBS: jobs that ran; WAIT, P90: mean and 90th-percentile wait from submit to\n"
+          "UTIL: the GPUs' mean utilisation while allocated, as NVML measured it (low:\n"
+          "allocated but idle; -: not measured); JOBS: jobs that ran; F/P/C: jobs failed,\n"
+          "preempted, cancelled; WAIT, P90: mean and 90th-percentile wait from submit to\n"
           "first start; LOST: GPU-hours of work lost to preemptions and lost nodes")
 #: what the text table leaves out of a GPU model's name, for room (JSON and CSV keep it whole)
 MODEL_PREFIXES = ("NVIDIA ", "GeForce ", "Tesla ")
@@ -129,8 +131,8 @@ def _cells(row: dict) -> list[str]:
     from labq.render import format_duration
 
     share = row.get("share")
-    return [_hours(row["gpu_hours"]), _percent(share), str(row["jobs"]),
-            str(row["failed"]), str(row["preempted"]), str(row["cancelled"]),
+    return [_hours(row["gpu_hours"]), _percent(share), _percent(row.get("utilization")), str(row["jobs"]),
+            f"{row['failed']}/{row['preempted']}/{row['cancelled']}",
             "-" if row["mean_wait_s"] is None else format_duration(row["mean_wait_s"]),
             "-" if row["p90_wait_s"] is None else format_duration(row["p90_wait_s"]), _hours(row["lost_gpu_hours"])]
 

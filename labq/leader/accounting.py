@@ -49,7 +49,7 @@ class Accounting:
         state = self.state
         with state.lock:  # a job leaves ``jobs`` and enters ``_finished`` under it: each is in one of the two
             now = state.clock()
-            live = [job for job in state.jobs.values() if user is None or job.spec.user == user]
+            live = [state.with_measure(job) for job in state.jobs.values() if user is None or job.spec.user == user]
             finished = list(self._finished.values())
             gpus = node_gpu_models(state.nodes())
             booked = [b for b in self.bookings.bookings() if user is None or b.owner == user]

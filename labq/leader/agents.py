@@ -199,6 +199,7 @@ class Agents:
             changed = True
         if report.gpu_usage is not None:
             session.gpu_usage = report.gpu_usage
+            state.measure(session.name, report.gpu_usage, now)  # before the attempts it reports ended
         if report.unmanaged_busy is not None and report.unmanaged_busy != session.node.unmanaged_busy:
             session.node = replace(session.node, unmanaged_busy=report.unmanaged_busy)
             changed = True

@@ -30,6 +30,7 @@ from labq.protocol.codec import decode_job, decode_node, encode_job, encode_node
 from labq.scheduler import Policy, decay_usage
 
 log = logging.getLogger("labq.leader")
+MEASURE_GAP_S = 300.0  #: the longest stretch one GPU measurement stands for
 from labq.store import Change, CommitFailed, InvalidChange, PutJob, PutRecord, Store
 
 
@@ -87,6 +88,9 @@ class LabState:
         self.history_loaded = False
         #: agents advertising over mDNS, by node name (a hint; admission is by join token)
         self.seen_over_mdns: dict[str, dict] = {}
+        #: what each job's GPUs did since its version was last taken in (``measure``): [GPU-s, busy, MiB x s]
+        self.gpu_measure: dict[int, list[float]] = {}
+        self._measured_at: dict[str, float] = {}  #: each node's last measurement
         #: called with (old version or None, new version) of each job taken in, under the lock: the metrics
         #: count what changed, ``labq usage`` keeps the jobs that finish
         self.watchers: list[Callable[[Job | None, Job], None]] = []
@@ -127,8 +131,8 @@ class LabState:
     def apply(self, jobs: Iterable[Job], records: Iterable[Change] = (), *, wake: bool = True) -> None:
         """Commit new versions of ``jobs`` and ``records``, then take them in (the lock is held); ``wake``: the
         scheduler passes again (a pass's own decisions need no pass after them)."""
-        jobs = list(jobs)
         now = self.clock()
+        jobs = [self._measured(job) if not job.state.holds_gpus else job for job in jobs]
         spent = self._spent(jobs, now)
         changes: list[Change] = [PutJob(encode_job(j)) for j in jobs]
         changes += [PutRecord("usage", user, {"gpu_hours": hours, "at": now}) for user, hours in spent.items()]
@@ -163,6 +167,44 @@ class LabState:
             self.publish_job(job)
         if jobs and wake:
             self.wake()
+
+    def measure(self, node: str, usage: dict[int, dict], now: float) -> None:
+        """An agent's measurement of its GPUs (utilisation, free memory) at ``now``: what they did since its
+        last one is the doing of the jobs on them (the lock is held). A gap over ``MEASURE_GAP_S`` (an agent
+        that was away) counts as that long at most."""
+        last = self._measured_at.get(node)
+        self._measured_at[node] = now
+        if last is None or now <= last:
+            return
+        seconds = min(now - last, MEASURE_GAP_S)
+        session = self.agents.get(node)
+        memory = {g.index: g.memory_mib for g in session.node.gpus} if session else {}
+        for job in self.on_gpus.values():
+            for allocation in job.placement.allocations if job.placement is not None else ():
+                if allocation.node != node:
+                    continue
+                for index in allocation.gpu_indices:
+                    sample = usage.get(index) or {}
+                    busy, free = sample.get("utilization_pct"), sample.get("memory_free_mib")
+                    if busy is None or free is None or index not in memory:
+                        continue
+                    acc = self.gpu_measure.setdefault(job.id, [0.0, 0.0, 0.0])
+                    acc[0] += seconds
+                    acc[1] += busy / 100.0 * seconds
+                    acc[2] += max(0, memory[index] - free) * seconds
+
+    def _measured(self, job: Job) -> Job:
+        """``job`` leaving its GPUs, with what they did since it was last taken in."""
+        acc = self.gpu_measure.pop(job.id, None)
+        return self.with_measure(job, acc) if acc else job
+
+    def with_measure(self, job: Job, acc: list[float] | None = None) -> Job:
+        """``job`` with what its GPUs did so far added (``acc``, else its running total, kept)."""
+        acc = acc if acc is not None else self.gpu_measure.get(job.id)
+        if not acc:
+            return job
+        return replace(job, measured_gpu_s=job.measured_gpu_s + acc[0], busy_gpu_s=job.busy_gpu_s + acc[1],
+                       memory_mib_gpu_s=job.memory_mib_gpu_s + acc[2])
 
     def decay_usage(self, now: float) -> None:
         """Fair share's GPU-hours, decayed to ``now`` (the lock is held)."""

@@ -213,6 +213,12 @@ class Job:
     #: the checkpoint signal its image or the job itself declared, when its spec declared none
     learned_signal: str | None = None
     learned_from: SignalSource | None = None
+    #: what its GPUs did while it held them, as their agents measured (NVML): GPU-seconds measured, and over
+    #: them the busy GPU-seconds (utilisation x time) and the memory used (MiB x GPU-seconds). Taken in when an
+    #: attempt leaves its GPUs; ``labq usage`` shows "allocated but idle" from it
+    measured_gpu_s: float = 0.0
+    busy_gpu_s: float = 0.0
+    memory_mib_gpu_s: float = 0.0
 
     @property
     def user(self) -> str:

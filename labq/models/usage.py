@@ -72,6 +72,11 @@ class UsageRow:
     mean_wait_s: float | None  #: mean queue wait of the jobs that first started inside the window; None: none did
     p90_wait_s: float | None  #: their 90th percentile (nearest rank)
     lost_gpu_hours: float  #: work lost to requeues inside the window, in GPU-hours
+    #: the GPUs' mean utilisation (0..1) and memory used (GiB) while allocated, as their agents measured it,
+    #: over the GPU-hours of the jobs that were measured; None: none was (no NVML, simulated GPUs)
+    utilization: float | None = None
+    memory_gib: float | None = None
+    measured_gpu_hours: float = 0.0  #: the GPU-hours those figures are over
 
 
 @dataclass(frozen=True)
@@ -160,6 +165,8 @@ class JobUse(NamedTuple):
     runs: tuple[Run, ...]  #: the attempts that started, oldest first
     ended_in_last_run: bool  #: it ended in its last run (not waiting again after a requeue, or never placed)
     reservation: str | None = None  #: the booking it ran in
+    utilization: float | None = None  #: its GPUs' mean utilisation while it held them (0..1); None: not measured
+    memory_gib: float | None = None  #: their mean memory used, GiB
 
 
 def job_use(job: Job, now: float) -> JobUse:
@@ -175,7 +182,15 @@ def job_use(job: Job, now: float) -> JobUse:
     ended_in_last_run = job.started_at is not None or (not current and last.started_at is not None)
     return JobUse(job.id, sys.intern(job.spec.user), sys.intern(class_of(job.spec.priority).name.lower()),
                   job.submitted_at, job.ended_at if job.state.finished else None, _OUTCOMES.get(job.state),
-                  tuple(runs), ended_in_last_run, job.spec.reservation)
+                  tuple(runs), ended_in_last_run, job.spec.reservation, *measured(job.measured_gpu_s, job.busy_gpu_s,
+                                                                                   job.memory_mib_gpu_s))
+
+
+def measured(gpu_s: float, busy_gpu_s: float, memory_mib_gpu_s: float) -> tuple[float | None, float | None]:
+    """A job's mean utilisation and memory used (GiB) from its ``Job.measured_gpu_s``...; (None, None) unmeasured."""
+    if not gpu_s:
+        return None, None
+    return busy_gpu_s / gpu_s, memory_mib_gpu_s / gpu_s / 1024.0
 
 
 def _run(started_at: float, ended_at: float, placement, gpus: int, preempted: bool, work_lost_s: float) -> Run:
@@ -246,19 +261,23 @@ class _Counts:
     runs do, so each count remembers the last job it counted."""
 
     __slots__ = ("gpu_hours", "lost_gpu_hours", "waits", "run", "run_by", "preempted", "preempted_by",
-                 "failed", "cancelled")
+                 "failed", "cancelled", "measured", "busy", "memory")
 
     def __init__(self) -> None:
         self.gpu_hours = self.lost_gpu_hours = 0.0
+        self.measured = self.busy = self.memory = 0.0  #: measured GPU-hours; x utilisation; x GiB
         self.waits: list[float] = []
         self.run = self.preempted = self.failed = self.cancelled = 0
         self.run_by = self.preempted_by = -1  #: the job last counted
 
     def row(self, name: str, capacity: float | None) -> UsageRow:
         waits = sorted(self.waits)
+        measured = self.measured
         return UsageRow(name, self.gpu_hours, self.gpu_hours / capacity if capacity else None, self.run,
                         self.failed, self.preempted, self.cancelled,
-                        sum(waits) / len(waits) if waits else None, nearest_rank(waits, 90), self.lost_gpu_hours)
+                        sum(waits) / len(waits) if waits else None, nearest_rank(waits, 90), self.lost_gpu_hours,
+                        self.busy / measured if measured else None, self.memory / measured if measured else None,
+                        measured)
 
 
 class _Tally:
@@ -313,6 +332,10 @@ class _Tally:
             for counts, n in [(c, run.gpus) for c in whole] + self.where(run.allocations):
                 counts.gpu_hours += per_gpu * n
                 counts.lost_gpu_hours += lost * n
+                if use.utilization is not None:  # the job's means, over its GPU-hours in the window
+                    counts.measured += per_gpu * n
+                    counts.busy += per_gpu * n * use.utilization
+                    counts.memory += per_gpu * n * use.memory_gib
                 if ran and counts.run_by != job:
                     counts.run_by = job
                     counts.run += 1

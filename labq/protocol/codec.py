@@ -60,6 +60,8 @@ def decode_placement(doc: dict | None) -> Placement | None:
 
 _JOB_SCALARS = ("attempt", "submitted_at", "started_at", "ended_at", "exit_code", "last_checkpoint_at",
                 "preemptions", "work_lost_s", "preempted_for", "drained_for", "stop_requested", "note")
+#: what its GPUs did (``Job.measured_gpu_s``...): only in the documents of jobs that were measured
+_MEASURED = ("measured_gpu_s", "busy_gpu_s", "memory_mib_gpu_s")
 
 
 def encode_attempt(a: Attempt) -> dict:
@@ -79,6 +81,8 @@ def decode_attempt(doc: dict) -> Attempt:
 def encode_job(job: Job) -> dict:
     doc = {"id": job.id, "state": job.state.value, "spec": encode_spec(job.spec)}
     doc.update({name: getattr(job, name) for name in _JOB_SCALARS})
+    if job.measured_gpu_s:
+        doc.update({name: round(getattr(job, name), 1) for name in _MEASURED})
     if job.learned_signal is not None and job.learned_from is not None:
         doc["learned_signal"], doc["learned_from"] = job.learned_signal, job.learned_from.value
     doc["placement"] = encode_placement(job.placement)
@@ -101,7 +105,7 @@ def decode_job(doc: dict) -> Job:
                history=tuple(decode_attempt(a) for a in doc.get("attempts", ())),
                learned_signal=doc.get("learned_signal"),
                learned_from=SignalSource(doc["learned_from"]) if doc.get("learned_from") else None,
-               **{name: doc[name] for name in _JOB_SCALARS if name in doc})
+               **{name: doc[name] for name in _JOB_SCALARS + _MEASURED if name in doc})
 
 
 def encode_topology(topology: Topology) -> dict:

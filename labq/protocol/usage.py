@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from labq.models.job import JobState
 from labq.models.priority import PriorityClass, class_of
-from labq.models.usage import CANCELLED, FAILED, Grouping, JobUse, Run, UsageReport, UsageRow, shared
+from labq.models.usage import CANCELLED, FAILED, Grouping, JobUse, Run, UsageReport, UsageRow, measured, shared
 from labq.protocol.errors import bad_request
 from labq.protocol.names import check_user_name
 
@@ -57,7 +57,10 @@ def encode_row(row: UsageRow) -> dict:
             "failed": row.failed, "preempted": row.preempted, "cancelled": row.cancelled,
             "mean_wait_s": None if row.mean_wait_s is None else round(row.mean_wait_s, 1),
             "p90_wait_s": None if row.p90_wait_s is None else round(row.p90_wait_s, 1),
-            "lost_gpu_hours": round(row.lost_gpu_hours, 4)}
+            "lost_gpu_hours": round(row.lost_gpu_hours, 4),
+            "utilization": None if row.utilization is None else round(row.utilization, 4),
+            "memory_gib": None if row.memory_gib is None else round(row.memory_gib, 3),
+            "measured_gpu_hours": round(row.measured_gpu_hours, 4)}
 
 
 def encode_usage(report: UsageReport) -> dict:
@@ -92,7 +95,8 @@ def decode_use(doc: dict, now: float) -> JobUse:
     return JobUse(doc["id"], sys.intern(spec["user"]), _class_name(spec.get("priority", PriorityClass.NORMAL)),
                   doc["submitted_at"], ended if state in _FINISHED else None, _OUTCOMES.get(state), tuple(runs),
                   started is not None or (not current and last.get("started_at") is not None),
-                  spec.get("reservation"))
+                  spec.get("reservation"), *measured(doc.get("measured_gpu_s", 0.0), doc.get("busy_gpu_s", 0.0),
+                                                     doc.get("memory_mib_gpu_s", 0.0)))
 
 
 def _class_name(priority: int) -> str:

@@ -57,13 +57,13 @@ def test_the_text_report_fits_80_columns(lab, monkeypatch, capsys, by):
 
 def test_the_text_report_says_octobers_figures(lab, monkeypatch, capsys):
     _, out, _ = labq(lab, monkeypatch, capsys, *MONTH)
-    # GPU-H SHARE JOBS FAILED PREEMPT CANCEL WAIT P90 LOST
+    # GPU-H SHARE UTIL JOBS F/P/C WAIT P90 LOST (UTIL: no NVML measured these GPUs)
     assert rows(out) == {
-        "bob": ["64.0", "0.7%", "1", "0", "1", "1", "1h00m", "1h00m", "10.0"],
-        "alice": ["38.0", "0.4%", "2", "0", "0", "0", "2h00m", "2h00m", "0.0"],
-        "dave": ["6.0", "0.1%", "1", "0", "0", "1", "1h00m", "1h00m", "0.0"],
-        "carol": ["3.0", "<0.1%", "2", "1", "0", "0", "45m", "1h00m", "0.0"],
-        "(all)": ["111", "1.2%", "6", "1", "1", "2", "1h06m", "2h00m", "10.0"],
+        "bob": ["64.0", "0.7%", "-", "1", "0/1/1", "1h00m", "1h00m", "10.0"],
+        "alice": ["38.0", "0.4%", "-", "2", "0/0/0", "2h00m", "2h00m", "0.0"],
+        "dave": ["6.0", "0.1%", "-", "1", "0/0/1", "1h00m", "1h00m", "0.0"],
+        "carol": ["3.0", "<0.1%", "-", "2", "1/0/0", "45m", "1h00m", "0.0"],
+        "(all)": ["111", "1.2%", "-", "6", "1/1/2", "1h06m", "2h00m", "10.0"],
     }
     _, out, _ = labq(lab, monkeypatch, capsys, *MONTH, "--by", "model")
     assert {name: cells[0] for name, cells in rows(out).items()} == {"V100-SXM2-32GB": "90.0", "RTX 3090": "21.0",
@@ -76,8 +76,8 @@ def test_csv_is_the_chosen_table_with_a_header(lab, monkeypatch, capsys):
     found = list(csv.DictReader(io.StringIO(out)))
     assert [(r["node"], float(r["gpu_hours"]), int(r["jobs"]), float(r["lost_gpu_hours"])) for r in found] == [
         ("dgx", 90.0, 3, 2.0), ("ws1", 21.0, 4, 8.0)]
-    assert out.splitlines()[0] == ("node,gpu_hours,share,jobs,failed,preempted,cancelled,mean_wait_s,p90_wait_s,"
-                                   "lost_gpu_hours")
+    assert out.splitlines()[0] == ("node,gpu_hours,share,utilization,memory_gib,jobs,failed,preempted,cancelled,"
+                                   "mean_wait_s,p90_wait_s,lost_gpu_hours")
 
 
 def test_json_is_the_whole_report_in_one_object(lab, monkeypatch, capsys):
