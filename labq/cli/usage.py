@@ -12,7 +12,7 @@ import time
 from labq.cli.common import command, leader_client, leader_option, zone_arg
 from labq.cli.errors import CliError
 
-GROUPINGS = ("user", "class", "node", "model")
+GROUPINGS = ("user", "group", "class", "node", "model")
 WIDTH = 80  #: the text report fits a terminal of this many columns
 HEADERS = ("GPU-H", "SHARE", "UTIL", "JOBS", "F/P/C", "WAIT", "P90", "LOST")
 CSV_FIELDS = ("gpu_hours", "share", "utilization", "memory_gib", "jobs", "failed", "preempted", "cancelled",
@@ -30,6 +30,7 @@ EXAMPLES = """\
   labq usage --me                          your GPU-hours over the last 30 days
   labq usage --month 2026-10               the whole lab in October, per user (admins)
   labq usage --since 7d --by node          each node over the last week
+  labq usage --month 2026-10 --by group    per group of [groups] in leader.toml
   labq usage --since 2026-10-01 --until 2026-10-15 --by class
   labq usage --me --since yesterday --by model
   labq usage --month 2026-10 --by user --csv > october.csv
@@ -38,7 +39,7 @@ EXAMPLES = """\
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    p = command(sub, "usage", "GPU-hours per user, class, node and GPU model over a window",
+    p = command(sub, "usage", "GPU-hours per user, group, class, node and GPU model over a window",
                 "Who used the lab's GPUs over a window: GPU-hours allocated (every attempt's GPUs from its start "
                 "to its end, the part inside the window; running jobs count so far), each row's share of the "
                 "lab's capacity (its nodes' GPUs x the window's hours), jobs run, failed (or timed out), "

@@ -59,7 +59,11 @@ class Accounting:
             raise errors.bad_request("the window is empty: since must be before until, and before now", "since")
         if user is not None:
             finished = [use for use in finished if use.user == user]
-        return report([job_use(job, now) for job in live] + finished, since, until, gpus, now, user, booked)
+        groups: dict[str, list[str]] = {}
+        for group, members in sorted(state.config.groups.items()):
+            for member in members:
+                groups.setdefault(member, []).append(group)
+        return report([job_use(job, now) for job in live] + finished, since, until, gpus, now, user, booked, groups)
 
     def _watch(self, old: Job | None, job: Job) -> None:
         """A job's new version, committed (``LabState.watchers``; the lab's lock is held): a finished one is kept."""

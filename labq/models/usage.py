@@ -44,6 +44,7 @@ from labq.models.node import Node
 from labq.models.priority import class_of
 from labq.models.transitions import held_gpu_hours
 
+NO_GROUP = "(none)"  #: the group row of the users in no group
 UNKNOWN_MODEL = "unknown"  #: the model of a GPU on a node the leader does not know (any more)
 FAILED, CANCELLED = "failed", "cancelled"  #: the ends a report counts (``JobUse.outcome``)
 _OUTCOMES = {JobState.FAILED: FAILED, JobState.TIMEOUT: FAILED, JobState.CANCELLED: CANCELLED}
@@ -53,6 +54,7 @@ class Grouping(str, Enum):
     """What a report's rows are: ``labq usage --by``."""
 
     USER = "user"  #: the job's submitter
+    GROUP = "group"  #: each of the submitter's groups (``[groups]``; ``NO_GROUP`` for none)
     CLASS = "class"  #: the priority class its priority falls in (``class_of``: 250 is normal)
     NODE = "node"  #: the node an attempt ran on
     MODEL = "model"  #: the model of the GPUs an attempt held
@@ -228,13 +230,14 @@ def usage_report(finished: Iterable[Job], live: Iterable[Job], since: float, unt
 
 
 def report(uses: Iterable[JobUse], since: float, until: float, gpus: Mapping[str, Sequence[str]], now: float,
-           user: str | None = None, bookings: Iterable[Booking] = ()) -> UsageReport:
+           user: str | None = None, bookings: Iterable[Booking] = (),
+           groups: Mapping[str, Sequence[str]] | None = None) -> UsageReport:
     """``usage_report`` of jobs already reduced (``job_use``), each job once; with the ``bookings`` (the
     user's own, for a user's report), each one's GPU-hours booked and used in the window."""
     until = min(until, now)
     if not since < until:
         raise ValueError("the window is empty: its start must be before its end and before now")
-    tally = _Tally(since, until, gpus)
+    tally = _Tally(since, until, gpus, groups or {})
     uses = list(uses)
     for use in uses:
         tally.take(use)
@@ -283,8 +286,10 @@ class _Counts:
 class _Tally:
     """The rows of every grouping and the total, filled one job at a time."""
 
-    def __init__(self, since: float, until: float, gpus: Mapping[str, Sequence[str]]) -> None:
+    def __init__(self, since: float, until: float, gpus: Mapping[str, Sequence[str]],
+                 groups: Mapping[str, Sequence[str]]) -> None:
         self.since, self.until, self.gpus = since, until, gpus
+        self.groups_of = groups  #: user -> the groups they are in
         self.groups: dict[Grouping, dict[str, _Counts]] = {g: {} for g in Grouping}
         self.total = _Counts()
         self._where: dict[tuple[str, tuple[int, ...]], list[tuple[_Counts, int]]] = {}
@@ -322,6 +327,7 @@ class _Tally:
         if not counted and not waited and not ended:
             return
         whole = [self._counts(Grouping.USER, use.user), self._counts(Grouping.CLASS, use.klass), self.total]
+        whole += [self._counts(Grouping.GROUP, group) for group in self.groups_of.get(use.user) or (NO_GROUP,)]
         job = use.id
         for run in counted:
             per_gpu = held_gpu_hours(run.started_at, run.ended_at, 1, since, until)

@@ -83,7 +83,7 @@ def test_csv_is_the_chosen_table_with_a_header(lab, monkeypatch, capsys):
 def test_json_is_the_whole_report_in_one_object(lab, monkeypatch, capsys):
     code, out, _ = labq(lab, monkeypatch, capsys, *MONTH, "--by", "class", "--json")
     report = json.loads(out)
-    assert code == 0 and set(report["by"]) == {"user", "class", "node", "model"}
+    assert code == 0 and set(report["by"]) == {"user", "group", "class", "node", "model"}
     assert (report["total"]["gpu_hours"], report["capacity_gpu_hours"]) == (111.0, 8928.0)
 
 

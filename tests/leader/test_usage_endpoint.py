@@ -199,3 +199,19 @@ def test_the_setting_is_read_from_the_leader_toml(tmp_path):
     path = tmp_path / "leader.toml"
     path.write_text("[usage]\neveryone = true\n")
     assert load_config(path).usage_for_everyone and not load_config(None).usage_for_everyone
+
+
+def test_a_group_row_adds_up_its_members_and_a_user_in_two_groups_counts_in_both(lab):
+    from dataclasses import replace
+
+    leader = lab.leader
+    before = leader.config
+    leader.config = leader.state.config = replace(before, groups={"vision": ("alice", "bob"), "nlp": ("bob",)})
+    try:
+        found = table(usage(lab, since=OCTOBER[0], until=OCTOBER[1])["by"]["group"])
+    finally:
+        leader.config = leader.state.config = before
+    alice, bob, carol, dave = (BY_USER[u] for u in ("alice", "bob", "carol", "dave"))
+    assert found["vision"][:5] == (alice[0] + bob[0], alice[1] + bob[1], 0, 1, 1)
+    assert found["nlp"] == bob
+    assert found["(none)"][:2] == (carol[0] + dave[0], carol[1] + dave[1])
