@@ -16,7 +16,6 @@ import argparse
 import os
 from collections.abc import Mapping
 
-from labq.cli import actions, views
 from labq.cli.common import (
     command,
     emit,
@@ -160,6 +159,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Registers the job commands on ``labq``'s subparsers (called from ``labq.cli``)."""
     c = [leader_option()]
     _add_submit(sub, c)
+    if getattr(sub, "only", None) == "submit":  # built alone: the views and actions are not even imported
+        return
+    from labq.cli import actions, views
+
     views.add_views(sub, c)
     actions.add_actions(sub, c)
     views.add_lab(sub, c)

@@ -157,6 +157,7 @@ def test_submit_loads_no_heavy_module(leader, tmp_path, jobs):
     assert (seen["code"], seen["out"]) == (0, "submitted job 1\n")
     assert [r["body"]["command"] for r in leader.sent("POST", "/v1/jobs")] == [["true"]]
     assert {"labq.cli.jobs", "labq.client", "labq.protocol.requests", "_socket"} <= set(seen["loaded"])
+    assert not {"labq.cli.views", "labq.cli.actions"} & set(seen["loaded"])  # only submit's parser is built
     assert sorted(set(NOT_LOADED) & set(seen["loaded"])) == []
 
 
