@@ -62,16 +62,12 @@ def scrape(port: int) -> tuple[float, bytes]:
     return (time.perf_counter() - began) * 1000.0, body
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--nodes", type=int, default=10)
-    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
-    args = parser.parse_args(argv)
+def measure(jobs: int = 10_000, nodes: int = 10) -> tuple[dict, list[str]]:
+    """The scrape figures of a lab of ``nodes`` x 8 GPUs and ``jobs`` jobs, and the problems the checks found."""
     with tempfile.TemporaryDirectory(prefix="labq-bench-metrics-") as folder:
         lb = start_loopback_leader(Path(folder), metrics_scrape_token=TOKEN)
         try:
-            for i in range(args.nodes):
+            for i in range(nodes):
                 name = f"n{i:02d}"
                 status, _, doc = lb.request("POST", "/v1/agents/register", {"node": node_doc(name), "version": "0"},
                                             token=lb.join_token)
@@ -82,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                 assert status == 200, doc
             admin = Principal("user", "root", admin=True)
             began = time.perf_counter()
-            for n in range(args.jobs):
+            for n in range(jobs):
                 lb.leader.queue.submit(admin, parse_submit({"command": ["train"], "gpus": 1 + n % 4,
                                                             "workdir": "/tmp"}))
             fill_s = time.perf_counter() - began
@@ -98,17 +94,27 @@ def main(argv: list[str] | None = None) -> int:
     text = body.decode()
     lines = [line for line in text.splitlines() if line.startswith("labq_jobs{")]
     counted = sum(float(line.rsplit(" ", 1)[1]) for line in lines)
-    nodes = {line.split('node="', 1)[1].split('"', 1)[0] for line in text.splitlines()
-             if line.startswith("labq_gpu_utilization_ratio{")}
+    seen = {line.split('node="', 1)[1].split('"', 1)[0] for line in text.splitlines()
+            if line.startswith("labq_gpu_utilization_ratio{")}
     problems = []
-    if counted != args.jobs:
-        problems.append(f"the scrape counts {counted:.0f} jobs, not {args.jobs}")
-    if len(nodes) != args.nodes or text.count("labq_gpu_utilization_ratio{") != 8 * args.nodes:
-        problems.append(f"the scrape has {len(nodes)} nodes' GPUs, not {args.nodes} x 8")
+    if counted != jobs:
+        problems.append(f"the scrape counts {counted:.0f} jobs, not {jobs}")
+    if len(seen) != nodes or text.count("labq_gpu_utilization_ratio{") != 8 * nodes:
+        problems.append(f"the scrape has {len(seen)} nodes' GPUs, not {nodes} x 8")
     times.sort()
-    fig = {"nodes": args.nodes, "gpus": 8 * args.nodes, "jobs": args.jobs, "fill_s": fill_s,
+    fig = {"nodes": nodes, "gpus": 8 * nodes, "jobs": jobs, "fill_s": fill_s,
            "scrape_median_ms": statistics.median(times), "scrape_p90_ms": times[int(0.9 * len(times))],
            "scrape_max_ms": times[-1], "scrape_bytes": len(body)}
+    return fig, problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--nodes", type=int, default=10)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    args = parser.parse_args(argv)
+    fig, problems = measure(args.jobs, args.nodes)
     if args.json:
         print(json.dumps(fig))
     else:
