@@ -173,10 +173,24 @@ class Bookings:
                 if (r is not None and job.state is JobState.RUNNING and not job.stop_requested
                         and now >= r.end - min(job.spec.grace_s, (r.end - r.start) / 2)):
                     updates.append(job.evolve(stop_requested="timeout"))
+        told, notices, outbox = self._moments(now)
+        changes += [PutRecord("reservations", r.name, encode_reservation(r)) for r in told]
         if changes:
-            state.commit(changes)
+            state.commit(changes + outbox)
             state.wake()
+        self.by_name.update((r.name, r) for r in told)
+        if notices:
+            state.notify.committed(notices, outbox)
         return updates
+
+    def _moments(self, now: float) -> tuple[list[Reservation], list, list]:
+        """The reservations that started or ended since the last look, marked told; and the notices of those
+        their owners asked to hear of, with their outbox records (the lock is held)."""
+        notify = self.state.notify
+        if notify is None:
+            return [], [], []
+        told, notices = notify.reservation_moments(list(self.by_name.values()), now)
+        return told, notices, notify.records(notices, now) if notices else []
 
     def _repin_lost(self, r: Reservation, nodes: list, health: dict, now: float) -> list:
         """A live booking whose node is lost, down or gone: onto GPUs that are up, or a note saying none fit."""

@@ -21,6 +21,7 @@ from labq.leader.auth import Principal
 from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
 from labq.leader.metrics import Metrics, TimedStore
+from labq.leader.notify import Notify
 from labq.leader.queue import Queue
 from labq.leader.ratelimit import AuthFailures
 from labq.leader.scheduling import Scheduling
@@ -49,6 +50,9 @@ class Leader:
         self.state.store = TimedStore(self.state.store, self.metrics.commits)
         #: ``labq usage``: who used the GPUs over a window
         self.accounting = Accounting(self.state)
+        #: notifications: the notices a commit causes go into the outbox with it; a thread per channel delivers
+        self.notify = Notify(self.state, config.notify)
+        self.state.notify = self.notify
         self.users.ensure_join_token()
         self.workers = Supervisor()
         self.auth_failures = AuthFailures(config.auth_failures_per_minute, 60.0, monotonic)
@@ -89,10 +93,11 @@ class Leader:
 
     def start(self) -> None:
         self.workers.spawn("labq-scheduler", self.scheduling.loop)
+        self.notify.start(self.workers)
 
     def check(self) -> list[str]:
-        """For the process's main thread: restart the scheduler thread if it died (``WorkerFailed`` if it keeps
-        dying)."""
+        """For the process's main thread: restart the scheduler's and the notifications' threads if one died
+        (``WorkerFailed`` if it keeps dying)."""
         return self.workers.check()
 
     def stop(self) -> None:
@@ -103,5 +108,6 @@ class Leader:
         with state.lock:
             state.changed.notify_all()
         state.events.close()
+        self.notify.outbox.wake()
         self.workers.join(timeout=10)
         self.audit.close()
