@@ -292,6 +292,21 @@ class Client:
                  if v is not None]
         return self._json("GET", "/v1/audit", query)["events"]
 
+    def notify_settings(self, user: str | None = None) -> dict:
+        """What notifies ``user`` (None: you) of their jobs, where, and the lab's channels (``labq notify``)."""
+        return self._json("GET", "/v1/notify", [("user", user)] if user else [])
+
+    def set_notify(self, *, user: str | None = None, on: list[str] | None = None, email: str | None = None,
+                   webhook: bool | None = None) -> dict:
+        """Change what notifies ``user`` (None: you; others: admins): ``on``, the moments (``["end", "fail"]``);
+        ``email``, the address ("" removes it); ``webhook``, whether the lab's webhook gets them too."""
+        body = {k: v for k, v in (("user", user), ("on", on), ("email", email), ("webhook", webhook)) if v is not None}
+        return self._json("PUT", "/v1/notify", body=body)
+
+    def notify_status(self) -> list[dict]:
+        """Each notification channel's queue, last success and last error (admins)."""
+        return self._json("GET", "/v1/notify/status")["channels"]
+
     def joins(self) -> list[dict]:
         return self._json("GET", "/v1/joins")["joins"]
 

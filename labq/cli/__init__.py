@@ -1,7 +1,7 @@
 """The ``labq`` command. Thin: parse, call one function, print.
 
 One module per command family registers its commands on the parser: ``tools`` (topo, place, checkpoint),
-``jobs``, ``admin``, ``events``, ``usage``, ``reserve``, ``tui``, ``daemons``, ``sim`` and ``store`` (``FAMILIES``).
+``jobs``, ``admin``, ``events``, ``usage``, ``notify``, ``reserve``, ``tui``, ``daemons``, ``sim`` and ``store`` (``FAMILIES``).
 Each command runs under the one guard of ``labq.cli.errors``. Imports stay lazy, and ``labq CMD`` loads CMD's family
 alone and builds CMD's parser alone, so that ``labq`` starts fast and never loads the TUI's libraries for a plain
 command (``bench/cli_start.py`` times ``labq submit`` and ``labq ls``).
@@ -55,6 +55,7 @@ FAMILIES = {
     "admin": ("login", "admin"),
     "events": ("events",),
     "usage": ("usage",),
+    "notify": ("notify",),
     "reserve": ("reserve", "reservations"),
     "tui": ("tui",),
     "daemons": ("leader", "agent", "up", "demo"),

@@ -53,6 +53,26 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                 "its name again (a reinstalled machine joins as before). Refused while jobs hold its GPUs.",
                 "  labq admin node forget ws3", _node_forget, c)
     p.add_argument("name", metavar="NAME")
+    notify_sub = command_group(admin_sub, "notify", "the notification channels' health",
+                               "Commands for the lab's notification channels ([notify] in leader.toml).",
+                               "  labq admin notify status")
+    p = command(notify_sub, "status", "each channel's queue, last success and last error",
+                "Each notification channel the leader delivers through (webhook, e-mail): where it sends (a "
+                "webhook's secret path is not shown), whether it is failing, how many notices wait and the oldest, "
+                "its last success and last error, and the notices it gave up (after [notify] give_up_after).",
+                "  labq admin notify status\n  labq admin notify status --json | jq '.[] | select(.failing)'",
+                _notify_status, c)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _notify_status(args: argparse.Namespace) -> int:
+    import time
+
+    from labq.render import notify_status_table
+
+    channels = leader_client(args).notify_status()
+    return emit(args, channels, lambda: notify_status_table(channels, time.time()) if channels else
+                "this lab has no notification channels ([notify.webhook] or [notify.email] in leader.toml)")
 
 
 def _login(args: argparse.Namespace) -> int:

@@ -82,9 +82,23 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
         nodes=_node_count(args), node=args.node or None, reservation=args.reservation or None,
         queue=args.queue or None,
         after_reservation=_after_reservation(args),
+        notify=_notify(args.notify),
         image=args.image or None,
         mounts=[parse_mount(m, cwd) for m in _container_only(args, "mount")],
         shm_size_mib=parse_size_mib(args.shm_size, "--shm-size") if _container_only(args, "shm_size") else None)
+
+
+def _notify(texts: list[str]) -> list[str] | None:
+    """``--notify end,fail`` as the body's list; ``none``: no notification, not even the defaults of
+    ``labq notify``; not given: those defaults."""
+    if not texts:
+        return None
+    from labq.protocol.requests import notify_words
+
+    try:
+        return notify_words(texts)
+    except ValueError as err:
+        raise CliError(str(err)) from None
 
 
 def _time_limit(text: str | None) -> float | None:
@@ -178,7 +192,8 @@ def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
                 "  labq submit --gpus 2 --gpu-mem 40G --time 6h -- python train.py --lr 3e-4\n"
                 "  labq submit --class low --name sweep-1 --env WANDB_API_KEY -- ./sweep.sh 1\n"
                 "  labq submit --after 12 -- python eval.py        runs once job 12 has succeeded\n"
-                "  labq submit --after-any 12 -- ./cleanup.sh      runs once job 12 has ended, however", _submit, c)
+                "  labq submit --after-any 12 -- ./cleanup.sh      runs once job 12 has ended, however\n"
+                "  labq submit --notify end,fail -- python train.py  e-mail or chat when it ends", _submit, c)
     p.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs the job needs (default 1)")
     p.add_argument("--gpu-mem", metavar="SIZE", help="least memory per GPU: 40G, 24GiB, 8000M (plain number: GiB)")
     p.add_argument("--gpu-model", metavar="MODEL", help="part of the GPU model name: A100, 3090")
@@ -216,6 +231,10 @@ def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
     p.add_argument("--checkpoint-signal", metavar="SIGNAL", help="signal the job saves and exits 0 on "
                    "(e.g. SIGUSR1; default: what its image's label labq.checkpoint-signal or the job's own "
                    "`labq checkpoint --signal` declares, else a stop is TERM and the grace)")
+    p.add_argument("--notify", action="append", default=[], metavar="WHEN[,WHEN]",
+                   help="tell you when it starts, ends (succeeds), fails (times out, or its node is lost) or is "
+                   "preempted (requeued): start, end, fail, preempt; several with commas; none: not at all (default: what "
+                   "`labq notify` set)")
     p.add_argument("--json", action="store_true", help="print the job as JSON")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments, after --")
 

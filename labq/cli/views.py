@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 
 LS_PAGE = 100  #: the jobs ``labq ls`` shows at once without --limit
+NOTICES_SHOWN = 3  #: the notices ``labq ls --watch`` shows under its title, the latest
 
 
 def _list_jobs(client: Client, args: argparse.Namespace) -> Page:
@@ -109,20 +110,28 @@ def _ls(args: argparse.Namespace) -> int:
 def _watch(client: Client, args: argparse.Namespace) -> int:
     """Redraws on every event (at most five times a second), every 10 s for the ages, and when the window
     changes size. On a terminal only the lines that changed are rewritten (``labq.cli.screen``); into a pipe
-    or a file, each frame is written whole."""
+    or a file, each frame is written whole. A notice for you (``labq notify``, ``labq submit --notify``) rings the
+    terminal's bell and shows as a line under the title, the latest ``NOTICES_SHOWN`` of them."""
     import signal
     import threading
 
     changed = threading.Event()
     failure: list[Exception] = []
-    threading.Thread(target=_pump_events, args=(client, changed, failure), daemon=True, name="labq-ls-events").start()
+    notices: list[str] = []  #: appended by the events' thread, escaped
+    threading.Thread(target=_pump_events, args=(client, changed, failure, notices), daemon=True,
+                     name="labq-ls-events").start()
     if hasattr(signal, "SIGWINCH"):
         signal.signal(signal.SIGWINCH, lambda *_: changed.set())
     args.interruptible = True
     draw = _frame_writer()
+    rung = 0
     try:
         while True:
-            draw(_watch_lines(client, args))
+            heard = len(notices)
+            if heard > rung:
+                sys.stdout.write("\a")  # the bell, once for what came since the last frame
+                rung = heard
+            draw(_watch_lines(client, args, notices[max(0, heard - NOTICES_SHOWN):heard]))
             changed.wait(timeout=10)
             if failure:
                 raise failure[0]
@@ -132,8 +141,10 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
         draw(None)
 
 
-def _pump_events(client: Client, changed, failure: list[Exception]) -> None:
-    """The event stream, in a thread of its own: sets ``changed`` on each event; reconnects after a restart."""
+def _pump_events(client: Client, changed, failure: list[Exception], notices: list[str] | None = None) -> None:
+    """The event stream, in a thread of its own: sets ``changed`` on each event, and keeps the text of each
+    ``notify`` event (the leader sends a person their own alone) in ``notices``, escaped, with the time it came;
+    reconnects after a restart, from the last event seen."""
     import signal
 
     # Ctrl-C must reach the main thread: a signal the kernel hands to this thread would only be
@@ -146,6 +157,9 @@ def _pump_events(client: Client, changed, failure: list[Exception]) -> None:
             changed.set()  # open now: draw again, so a change between the last drawing and the opening shows
             for event in stream:
                 last = event["id"] if event["id"] is not None else last
+                data = event["data"]
+                if event["event"] == "notify" and notices is not None and isinstance(data, dict):
+                    notices.append(f"{time.strftime('%H:%M')} {escape_controls(data.get('text', ''))}")
                 changed.set()
         except ApiError as err:
             if err.code != "unreachable":
@@ -161,14 +175,15 @@ def _pump_events(client: Client, changed, failure: list[Exception]) -> None:
             time.sleep(0.5)  # the leader ended the stream (a restart): reconnect, without spinning
 
 
-def _watch_lines(client: Client, args: argparse.Namespace) -> list[str]:
+def _watch_lines(client: Client, args: argparse.Namespace, notices: list[str] = ()) -> list[str]:
     try:
         body = _ls_text(_list_jobs(client, args), args)
     except ApiError as err:
         if err.code != "unreachable":
             raise
         body = f"{escape_controls(err)}\nretrying..."
-    return [f"labq ls, live ({time.strftime('%H:%M:%S')}); Ctrl-C to stop", "", *body.split("\n")]
+    heard = [f"notice: {line}" for line in notices]
+    return [f"labq ls, live ({time.strftime('%H:%M:%S')}); Ctrl-C to stop", *heard, "", *body.split("\n")]
 
 
 def _frame_writer():

@@ -11,6 +11,7 @@ no job ever waits for a booking that no longer holds GPUs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from labq.leader.auth import Principal
@@ -40,6 +41,8 @@ class Bookings:
         self.state = state
         records = state.records.get("reservations", {})
         self.by_name: dict[str, Reservation] = {name: decode_reservation(doc) for name, doc in records.items()}
+        #: called with (reservation, "started" or "ended") once for each moment of a booking that comes
+        self.moment_heard: list[Callable[[Reservation, str], None]] = []
         #: the bookings forgotten once long over (``KEEP_OVER_S``), kept for ``labq usage`` (booked vs used)
         self.ledger: dict[str, Booking] = {key: Booking(**doc) for key, doc in state.records.get(LEDGER, {}).items()}
 
@@ -185,10 +188,28 @@ class Bookings:
                 if (r is not None and job.state is JobState.RUNNING and not job.stop_requested
                         and now >= r.end - min(job.spec.grace_s, (r.end - r.start) / 2)):
                     updates.append(job.evolve(stop_requested="timeout"))
+        told, notices, outbox = self._moments(now)
+        changes += [PutRecord("reservations", r.name, encode_reservation(r)) for r in told]
+        for r in told:  # the moments newly told, for whoever keeps the lab's story (``labq.leader.lab_trail``)
+            for moment in r.told[len(self.by_name[r.name].told):]:
+                for hear in self.moment_heard:
+                    hear(r, moment)
         if changes:
-            state.commit(changes)
+            state.commit(changes + outbox)
             state.wake()
+        self.by_name.update((r.name, r) for r in told)
+        if notices:
+            state.notify.committed(notices, outbox)
         return updates
+
+    def _moments(self, now: float) -> tuple[list[Reservation], list, list]:
+        """The reservations that started or ended since the last look, marked told; and the notices of those
+        their owners asked to hear of, with their outbox records (the lock is held)."""
+        notify = self.state.notify
+        if notify is None:
+            return [], [], []
+        told, notices = notify.reservation_moments(list(self.by_name.values()), now)
+        return told, notices, notify.records(notices, now) if notices else []
 
     def _repin_lost(self, r: Reservation, nodes: list, health: dict, now: float) -> list:
         """A live booking whose node is lost, down or gone: onto GPUs that are up, or a note saying none fit."""

@@ -91,11 +91,53 @@ everyone = false                 # true: every user sees the whole lab's `labq u
 # GET /metrics (Prometheus text) answers any person's token; a scrape token reads it and nothing else.
 # Keep this file readable by the leader's account only when it holds one.
 # scrape_token = "..."           # at least 24 characters: python3 -c 'import secrets; print(secrets.token_urlsafe(32))'
+
+[notify]
+# Where the leader tells people of their jobs' moments (labq submit --notify end,fail; defaults: labq notify).
+# A notice is kept in the database until it is delivered: retried, doubling, then given up (labq admin notify status).
+retry_first = "5s"               # the first retry of a failed delivery comes this long after it
+retry_max = "10m"                # the longest wait between retries
+give_up_after = "1d"             # a notice this old is given up; its last error stays in the status
+# [notify.webhook]               # an HTTP POST of JSON: {"text": ONE LINE, "labq": {...}}: Slack, Mattermost, ...
+# url = "https://hooks.slack.com/services/..."   # a secret: never shown in full, never logged
+# timeout = "10s"
+# [notify.email]                 # e-mail over SMTP, to the address each person sets (labq notify --email)
+# host = "smtp.lab.org"
+# port = 587
+# starttls = true                # false: plain SMTP (a relay on this machine or a trusted network only)
+# user = "labq"                  # omit both for a relay that needs no login
+# password = "..."               # keep this file readable by the leader's account only
+# from = "labq@lab.org"
+# timeout = "10s"
 """
 
 
 class ConfigError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    """``[notify]``: the lab's channels and how failed deliveries are retried (``labq.leader.notify``). The
+    webhook's URL (a Slack webhook's is its secret) and the SMTP password stay out of reprs and logs."""
+
+    webhook_url: str | None = field(default=None, repr=False)
+    webhook_timeout_s: float = 10.0
+    smtp_host: str | None = None
+    smtp_port: int = 587
+    smtp_starttls: bool = True
+    smtp_user: str | None = None
+    smtp_password: str | None = field(default=None, repr=False)
+    email_from: str | None = None
+    smtp_timeout_s: float = 10.0
+    retry_first_s: float = 5.0
+    retry_max_s: float = 600.0
+    give_up_after_s: float = 86400.0
+
+    @property
+    def channels(self) -> tuple[str, ...]:
+        """The channels configured: ``webhook``, ``email``."""
+        return (("webhook",) if self.webhook_url else ()) + (("email",) if self.smtp_host else ())
 
 
 @dataclass(frozen=True)
@@ -144,6 +186,8 @@ class LeaderConfig:
     usage_for_everyone: bool = False
     #: a read-only token that may scrape ``/metrics`` and nothing else (``[metrics] scrape_token``); kept out of reprs
     metrics_scrape_token: str | None = field(default=None, repr=False)
+    #: ``[notify]``: webhook and e-mail channels, retries
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
 
     def policy(self) -> Policy:
         """The scheduler's knobs these settings give (the leader's, and ``labq sim --policy FILE``'s)."""
@@ -257,7 +301,7 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
     values: dict = {}
     where = str(path or "defaults")
     sections = {"leader", "scheduling", "quotas", "jobs", "reservations", "groups", "queues", "agents", "metrics",
-                "usage"}
+                "usage", "notify"}
     for name in doc:
         if name not in sections:
             raise ConfigError(f"{where}: unknown section [{name}]; sections: {', '.join(sorted(sections))}")
@@ -310,8 +354,90 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         "everyone": lambda v: values.update(usage_for_everyone=_bool(v))})
     _take(doc.get("metrics", {}), where, "metrics", values, {
         "scrape_token": lambda v: values.update(metrics_scrape_token=_scrape_token(v))})
+    _notify(doc.get("notify", {}), where, values)
     values.update({k: v for k, v in overrides.items() if v is not None})
     return LeaderConfig(**values)
+
+
+def _notify(section, where: str, values: dict) -> None:
+    """``[notify]``: retries, and the tables ``[notify.webhook]`` and ``[notify.email]``."""
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where}: [notify] must be a table")
+    got: dict = {}
+
+    def seconds(key: str):
+        return lambda v: got.update({key: parse_duration(v, bare_seconds=True)})
+
+    _take({k: v for k, v in section.items() if k not in ("webhook", "email")}, where, "notify", got, {
+        "retry_first": seconds("retry_first_s"), "retry_max": seconds("retry_max_s"),
+        "give_up_after": seconds("give_up_after_s")})
+    for name in ("webhook", "email"):
+        if name in section and not isinstance(section[name], dict):
+            raise ConfigError(f"{where}: notify.{name} must be a table: [notify.{name}]")
+    _take(section.get("webhook", {}), where, "notify.webhook", got, {
+        "url": lambda v: got.update(webhook_url=_webhook_url(v)), "timeout": seconds("webhook_timeout_s")},
+        secret=("url",))
+    _take(section.get("email", {}), where, "notify.email", got, {
+        "host": lambda v: got.update(smtp_host=_host(v)), "port": lambda v: got.update(smtp_port=_port(v)),
+        "starttls": lambda v: got.update(smtp_starttls=_bool(v)), "user": lambda v: got.update(smtp_user=_text(v)),
+        "password": lambda v: got.update(smtp_password=_text(v)), "from": lambda v: got.update(email_from=_address(v)),
+        "timeout": seconds("smtp_timeout_s")}, secret=("password",))
+    if "email" in section:
+        if got.get("smtp_host") is None or got.get("email_from") is None:
+            raise ConfigError(f"{where}: [notify.email] needs host and from")
+        if (got.get("smtp_user") is None) != (got.get("smtp_password") is None):
+            raise ConfigError(f"{where}: [notify.email] needs user and password together (or neither)")
+    if "webhook" in section and got.get("webhook_url") is None:
+        raise ConfigError(f"{where}: [notify.webhook] needs url")
+    for key in ("retry_first_s", "retry_max_s", "give_up_after_s", "webhook_timeout_s", "smtp_timeout_s"):
+        if key in got and got[key] <= 0:
+            raise ConfigError(f"{where}: [notify] durations must be longer than 0")
+    if got.get("retry_max_s", 600.0) < got.get("retry_first_s", 5.0):
+        raise ConfigError(f"{where}: notify.retry_max must be at least notify.retry_first")
+    if got:
+        values["notify"] = NotifyConfig(**got)
+
+
+def _webhook_url(value) -> str:
+    """An ``http://`` or ``https://`` URL with a host; it is never repeated in an error (it may be a secret)."""
+    from labq.transport import split_url
+
+    text = value if isinstance(value, str) else ""
+    try:
+        parts = split_url(text)
+    except ValueError:
+        parts = None
+    if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not text.isprintable()
+            or " " in text):
+        raise ValueError("must be an http:// or https:// URL")
+    return text
+
+
+def _host(value) -> str:
+    if not isinstance(value, str) or not value or not value.isprintable() or " " in value or len(value) > 253:
+        raise ValueError("must be a host name or address")
+    return value
+
+
+def _port(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ValueError("must be a port, 1-65535")
+    return value
+
+
+def _text(value) -> str:
+    if not isinstance(value, str) or not value or not value.isprintable():
+        raise ValueError("must be a printable string")
+    return value
+
+
+def _address(value) -> str:
+    from labq.protocol.notify import email_problem
+
+    problem = email_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
 
 
 def _scrape_token(value) -> str:
@@ -374,14 +500,16 @@ def _guarantee(value) -> dict:
     return {"guarantee_gpus": value}
 
 
-def _take(section: dict, where: str, name: str, values: dict, setters: dict) -> None:
+def _take(section: dict, where: str, name: str, values: dict, setters: dict, secret: tuple[str, ...] = ()) -> None:
+    """Each key's setter; an error names the key and its value, but for the ``secret`` keys (a password)."""
     for key, value in section.items():
         if key not in setters:
             raise ConfigError(f"{where}: unknown key {name}.{key}; keys: {', '.join(sorted(setters))}")
         try:
             setters[key](value)
         except (ValueError, TypeError) as err:
-            raise ConfigError(f"{where}: {name}.{key} = {value!r}: {err}") from None
+            shown = "(not shown: a secret)" if key in secret else repr(value)
+            raise ConfigError(f"{where}: {name}.{key} = {shown}: {err}") from None
 
 
 def _tls_mode(value) -> str:

@@ -22,6 +22,7 @@ from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
 from labq.leader.lab_trail import LabTrail
 from labq.leader.metrics import Metrics, TimedStore
+from labq.leader.notify import Notify
 from labq.leader.queue import Queue
 from labq.leader.ratelimit import AuthFailures
 from labq.leader.scheduling import Scheduling
@@ -50,6 +51,9 @@ class Leader:
         self.state.store = TimedStore(self.state.store, self.metrics.commits)
         #: ``labq usage``: who used the GPUs over a window
         self.accounting = Accounting(self.state, self.bookings)
+        #: notifications: the notices a commit causes go into the outbox with it; a thread per channel delivers
+        self.notify = Notify(self.state, config.notify)
+        self.state.notify = self.notify
         self.users.ensure_join_token()
         self.workers = Supervisor()
         self.auth_failures = AuthFailures(config.auth_failures_per_minute, 60.0, monotonic)
@@ -58,8 +62,7 @@ class Leader:
         #: the lab's own steps in it: jobs placed, started, preempted, requeued, ended; bookings begun and over
         self.trail = LabTrail(self.audit)
         self.state.watchers.append(self.trail.watch)
-        self.trail.bookings(list(self.bookings.by_name.values()), clock(), quiet=True)
-        self.scheduling.ticked = lambda now: self.trail.bookings(list(self.bookings.by_name.values()), now)
+        self.bookings.moment_heard.append(self.trail.booking)
         #: the lab CA's certificate (PEM) and pin when the leader serves TLS (``labq.leader.certs``)
         self.tls_ca: str | None = None
         self.tls_pin: str | None = None
@@ -96,10 +99,11 @@ class Leader:
     def start(self) -> None:
         self.workers.spawn("labq-scheduler", self.scheduling.loop)
         self.accounting.warm_up()
+        self.notify.start(self.workers)
 
     def check(self) -> list[str]:
-        """For the process's main thread: restart the scheduler thread if it died (``WorkerFailed`` if it keeps
-        dying)."""
+        """For the process's main thread: restart the scheduler's and the notifications' threads if one died
+        (``WorkerFailed`` if it keeps dying)."""
         return self.workers.check()
 
     def stop(self) -> None:
@@ -110,5 +114,6 @@ class Leader:
         with state.lock:
             state.changed.notify_all()
         state.events.close()
+        self.notify.outbox.wake()
         self.workers.join(timeout=10)
         self.audit.close()

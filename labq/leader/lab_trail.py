@@ -14,7 +14,6 @@ from labq.models.story import step_of
 class LabTrail:
     def __init__(self, audit: AuditLog) -> None:
         self.audit = audit
-        self._told: dict[str, str] = {}  #: reservation name -> its last step told ("started", "ended")
 
     def watch(self, old: Job | None, new: Job) -> None:
         """A job's new version taken in (``LabState.watchers``; the lab's lock is held)."""
@@ -26,15 +25,9 @@ class LabTrail:
             entry["detail"] = step.detail
         self.audit.record(entry)
 
-    def bookings(self, reservations: list[Reservation], now: float, *, quiet: bool = False) -> None:
-        """Reservations that started or ended since the last look (``quiet``: note them, tell nothing: a
-        leader that starts does not tell again what an earlier run told)."""
-        for r in reservations:
-            step = "ended" if now >= r.end else "started" if now >= r.start and r.cancelled_at is None else None
-            if step is None or self._told.get(r.name) == step:
-                continue
-            self._told[r.name] = step
-            if not quiet:
-                where = f"{r.node} GPUs {','.join(map(str, r.gpu_indices))}" if r.node else ""
-                self.audit.record({"kind": "lab", "action": f"reservation {step}", "target": r.name,
-                                   "owner": r.owner, **({"detail": where} if where else {})})
+    def booking(self, r: Reservation, moment: str) -> None:
+        """A reservation's moment come (``Bookings.moment_heard``: "started", "ended"; told once, as the
+        reservation keeps what was told: a leader that restarts does not tell it again)."""
+        where = f"{r.node} GPUs {','.join(map(str, r.gpu_indices))}" if r.node else ""
+        self.audit.record({"kind": "lab", "action": f"reservation {moment}", "target": r.name, "owner": r.owner,
+                           **({"detail": where} if where else {})})

@@ -24,6 +24,7 @@ from labq.protocol.codec import encode_job, encode_pending, encode_reservation, 
 from labq.protocol.names import check_name, check_user_name
 from labq.protocol.identity import join_token
 from labq.protocol.history import encode_policy
+from labq.protocol.notify import parse_settings
 from labq.protocol.usage import DEFAULT_WINDOW_S, encode_usage, parse_usage_query
 from labq.protocol.requests import (
     MAX_PAGE,
@@ -356,6 +357,26 @@ def _hex_id(text: str, what: str) -> str:
     return text
 
 
+@route("GET", "/v1/notify")
+def _notify_settings(h: _Handler, who) -> tuple[int, dict]:
+    """What notifies a person (their own; an admin: anyone's with ``user``), and the lab's channels."""
+    user = h.arg("user")
+    return 200, h.server.leader.notify.view(who, check_user_name(user, "user") if user else None)
+
+
+@route("PUT", "/v1/notify", audit="set notifications")
+def _set_notify(h: _Handler, who, body) -> tuple[int, dict]:
+    request = parse_settings(body)
+    h.audited["target"] = request.user or who.name
+    return 200, h.server.leader.notify.change(who, request)
+
+
+@route("GET", "/v1/notify/status")
+def _notify_status(h: _Handler, who) -> tuple[int, dict]:
+    """Each channel's queue, last success and last error (admins): a failing channel shows here."""
+    return 200, {"channels": h.server.leader.notify.status(who)}
+
+
 @route("GET", "/v1/audit")
 def _audit(h: _Handler, who) -> tuple[int, dict]:
     user_only(who)
@@ -413,6 +434,9 @@ def _events(h: _Handler, who) -> None:
         if not events:
             h.wfile.write(b": keepalive\n\n")
         for event in events:
+            if event.kind == "notify" and event.data.get("user") != who.name:
+                after = event.seq  # a notice is its person's alone
+                continue
             h.wfile.write(f"id: {event.seq}\nevent: {event.kind}\ndata: {json.dumps(event.data)}\n\n".encode())
             after = event.seq
         h.wfile.flush()

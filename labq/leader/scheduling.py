@@ -39,8 +39,6 @@ class Scheduling:
         self.pass_seconds = 0.0  #: how long the last pass took (wall, not the lab's clock)
         #: told each pass's duration in seconds (the metrics' histogram)
         self.timed: Callable[[float], None] = lambda seconds: None
-        #: told the time of each tick, under the lock (the event log's reservations begun and over)
-        self.ticked: Callable[[float], None] = lambda now: None
 
     #: with nothing changed and no edge due, a pass anyway this often (fair share decays, texts age)
     HEARTBEAT_S = 60.0
@@ -204,7 +202,6 @@ class Scheduling:
             now = state.clock()
             updates = self._silent_nodes(now)
             updates += self.bookings.tick(now)
-            self.ticked(now)
             updates += [job.evolve(stop_requested="timeout") for job in state.on_gpus.values()
                         if _time_is_up(job, now) and all(u.id != job.id for u in updates)]
             if updates:

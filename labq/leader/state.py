@@ -1,10 +1,11 @@
 """The lab as the leader holds it, and the one way it changes: ``apply``.
 
 One lock guards everything here; each service takes it explicitly around what
-it reads and changes. ``apply`` commits new versions of jobs (and any records)
-to the store first, and only then takes them in, accounts finished work for
-fair share, tells the agents whose orders changed, wakes long polls and
-publishes the jobs' events: a change that is not on disk never happened.
+it reads and changes. ``apply`` commits new versions of jobs (and any records,
+and the outbox records of the notices they cause: ``notify``) to the store
+first, and only then takes them in, accounts finished work for fair share,
+tells the agents whose orders changed, wakes long polls and publishes the
+jobs' events: a change that is not on disk never happened.
 
 Time is injected: ``clock`` is the wall clock that jobs, leases and timers are
 stamped with; ``monotonic`` times long polls. Tests step both.
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from labq.leader.config import LeaderConfig
 from labq.leader.events import EventHub
@@ -24,6 +26,8 @@ from labq.models import transitions as t
 from labq.models.decisions import Pending
 from labq.models.job import Job, JobState
 from labq.models.node import Node, NodeHealth
+from labq.models.notify import Notice
+from labq.models.reservation import Reservation
 from labq.protocol import errors
 from labq.protocol.agents import SyncReply
 from labq.protocol.codec import decode_job, decode_node, encode_job, encode_node
@@ -32,6 +36,21 @@ from labq.scheduler import Policy, decay_usage
 log = logging.getLogger("labq.leader")
 MEASURE_GAP_S = 300.0  #: the longest stretch one GPU measurement stands for
 from labq.store import Change, CommitFailed, InvalidChange, PutJob, PutRecord, Store
+
+
+class Notifier(Protocol):
+    """What ``apply`` asks of the notifications (``labq.leader.notify.Notify``), the lock held: the notices a
+    commit of jobs causes, their outbox records (committed with the jobs), and their hand-over once on disk; the
+    reservations' timers ask which starts and ends are new."""
+
+    def notices_for(self, changes: list[tuple[Job | None, Job]]) -> list[Notice]: ...
+
+    def records(self, notices: list[Notice], now: float) -> list[Change]: ...
+
+    def committed(self, notices: list[Notice], records: list[Change]) -> None: ...
+
+    def reservation_moments(self, reservations: list[Reservation], now: float
+                            ) -> tuple[list[Reservation], list[Notice]]: ...
 
 
 @dataclass
@@ -94,6 +113,8 @@ class LabState:
         #: called with (old version or None, new version) of each job taken in, under the lock: the metrics
         #: count what changed, ``labq usage`` keeps the jobs that finish
         self.watchers: list[Callable[[Job | None, Job], None]] = []
+        #: whom a change notifies, and how (``labq.leader.notify``); None: a lab that tells nobody
+        self.notify: Notifier | None = None
 
     def add(self, job: Job) -> None:
         """Take in a job just submitted and committed (the lock is held)."""
@@ -136,7 +157,9 @@ class LabState:
         spent = self._spent(jobs, now)
         changes: list[Change] = [PutJob(encode_job(j)) for j in jobs]
         changes += [PutRecord("usage", user, {"gpu_hours": hours, "at": now}) for user, hours in spent.items()]
-        self.commit(changes + list(records))
+        notices = self.notify.notices_for([(self.jobs.get(j.id), j) for j in jobs]) if self.notify else []
+        outbox = self.notify.records(notices, now) if notices else []  # in the jobs' commit: a crash loses neither
+        self.commit(changes + list(records) + outbox)
         self.usage.update(spent)
         touched = set()
         for job in jobs:
@@ -165,6 +188,8 @@ class LabState:
         self.changed.notify_all()
         for job in jobs:
             self.publish_job(job)
+        if notices:
+            self.notify.committed(notices, outbox)
         if jobs and wake:
             self.wake()
 

@@ -9,6 +9,10 @@ from functools import cached_property
 from labq.models.placement import Placement
 from labq.models.priority import PriorityClass
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from labq.models.notify import NotifyEvent
+
 
 class JobState(str, Enum):
     QUEUED = "queued"  #: waiting for GPUs (again, after a preemption)
@@ -158,6 +162,8 @@ class JobSpec:
     #: at the time limit, requeue (attempt + 1, resumed) instead of ending as timeout
     requeue_on_timeout: bool = False
     shm_size_mib: int = 1024  #: /dev/shm of a docker job (dataloaders need more than Docker's 64 MiB)
+    #: the moments of its life that notify its owner (``--notify end,fail``); () none; None: the owner's defaults
+    notify: tuple[NotifyEvent, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 1:

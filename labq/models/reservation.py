@@ -24,6 +24,9 @@ class Reservation:
     note: str = ""
     #: when it was cancelled; a cancelled booking stays listed a while, like an ended one, and pins nothing
     cancelled_at: float | None = None
+    #: the moments of it (``started``, ``ended``) the leader has told its owner of, or decided not to
+    #: (``labq.models.notify.reservation_moments``)
+    told: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.end <= self.start:

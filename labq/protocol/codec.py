@@ -11,6 +11,7 @@ from labq.models.job import (
     AfterReservation, Attempt, AttemptEnd, Job, JobSpec, JobState, Mount, Runtime, SignalSource, StopReason,
 )
 from labq.models.node import Gpu, Node, NodeHealth
+from labq.models.notify import NotifyEvent
 from labq.models.placement import NodeAllocation, Placement
 from labq.models.reservation import Reservation
 from labq.models.topology import PcieLevel, Topology
@@ -28,6 +29,8 @@ def encode_spec(spec: JobSpec) -> dict:
     doc["env"] = dict(spec.env)
     doc["mounts"] = [{"source": m.source, "target": m.target, "read_only": m.read_only} for m in spec.mounts]
     doc["depends_on"] = list(spec.depends_on)
+    if spec.notify is not None:  # only when asked: a job of the owner's defaults is stored as before
+        doc["notify"] = [e.value for e in spec.notify]
     return doc
 
 
@@ -41,6 +44,7 @@ def decode_spec(doc: dict) -> JobSpec:
         mounts=tuple(Mount(m["source"], m["target"], m.get("read_only", False)) for m in doc.get("mounts", ())),
         depends_on=tuple(doc.get("depends_on", ())),
         after_reservation=AfterReservation(doc.get("after_reservation", "queue")),
+        notify=tuple(NotifyEvent(e) for e in doc["notify"]) if doc.get("notify") is not None else None,
     )
 
 
@@ -151,11 +155,12 @@ def encode_reservation(r: Reservation) -> dict:
     return {"name": r.name, "owner": r.owner, "gpus": r.gpus, "start": r.start, "end": r.end,
             "users": sorted(r.users), "group": r.group, "node": r.node, "gpu_indices": list(r.gpu_indices),
             "gpu_model": r.gpu_model, "min_gpu_memory_mib": r.min_gpu_memory_mib, "score": r.score,
-            "created_at": r.created_at, "note": r.note, "cancelled_at": r.cancelled_at}
+            "created_at": r.created_at, "note": r.note, "cancelled_at": r.cancelled_at,
+            **({"told": list(r.told)} if r.told else {})}
 
 
 def decode_reservation(doc: dict) -> Reservation:
     return Reservation(doc["name"], doc["owner"], doc["gpus"], doc["start"], doc["end"], frozenset(doc["users"]),
                        doc.get("group"), doc.get("node"), tuple(doc.get("gpu_indices", ())), doc.get("gpu_model"),
                        doc.get("min_gpu_memory_mib", 0), doc.get("score", 0), doc.get("created_at", 0.0),
-                       doc.get("note", ""), doc.get("cancelled_at"))
+                       doc.get("note", ""), doc.get("cancelled_at"), tuple(doc.get("told", ())))

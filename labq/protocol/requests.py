@@ -47,6 +47,8 @@ MAX_GPUS = 64
 MAX_TIME_LIMIT_S = 366 * 86400
 MAX_QUERY_INT = 2**53  #: the largest number a query parameter or path id may be
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,255}"  #: compiled (and kept by ``re``) on first use: `labq submit` sends it
+#: the moments ``labq submit --notify`` may name (``labq.models.notify.JOB_EVENTS``, as words: the CLI loads no model)
+NOTIFY_WORDS = ("start", "end", "fail", "preempt")
 
 
 class Fields:
@@ -242,7 +244,7 @@ def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: 
                    depends_on: Sequence[int] | None = None, after_any: bool = False, nodes: int | None = None,
                    node: str | None = None, reservation: str | None = None, after_reservation: str | None = None,
                    image: str | None = None, mounts: Sequence[Mount] = (), shm_size_mib: int | None = None,
-                   queue: str | None = None) -> dict:
+                   queue: str | None = None, notify: Sequence[str] | None = None) -> dict:
     """The ``POST /v1/jobs`` body that ``parse_submit`` reads back: only what differs from the defaults.
 
     Plain values: seconds, MiB, absolute paths. An ``image`` makes it a container job (``runtime`` docker).
@@ -254,7 +256,7 @@ def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: 
                 "grace_s": _seconds(grace_s), "checkpoint_signal": checkpoint_signal,
                 "env": dict(env) if env else None, "depends_on": list(depends_on) if depends_on else None,
                 "after_any": after_any or None, "nodes": nodes, "node": node, "reservation": reservation, "after_reservation": after_reservation,
-                "queue": queue}
+                "queue": queue, "notify": list(notify) if notify is not None else None}
     body.update((key, value) for key, value in optional.items() if value is not None)
     if image is not None:
         body["runtime"], body["image"] = "docker", image
@@ -263,6 +265,21 @@ def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: 
     if shm_size_mib is not None:
         body["shm_size_mib"] = shm_size_mib
     return body
+
+
+def notify_words(texts: Sequence[str]) -> list[str]:
+    """``--notify`` as typed, repeatable and comma-separated (``["end,preempt", "fail"]``), as the body's list of
+    moments (``["end", "preempt", "fail"]``); ``none`` alone asks for none (``[]``: not even the owner's defaults).
+    ValueError says what is accepted."""
+    words = [w.strip().lower() for text in texts for w in text.split(",") if w.strip()]
+    if words == ["none"]:
+        return []
+    wrong = [w for w in words if w not in NOTIFY_WORDS]
+    if wrong or not words:
+        shown = repr(wrong[0]) if wrong else "nothing"
+        raise ValueError(f"--notify {shown} is not a moment of a job: use {', '.join(NOTIFY_WORDS)} (several "
+                         "with commas: end,fail), or none")
+    return list(dict.fromkeys(words))
 
 
 def _seconds(value: float | None) -> int | float | None:
@@ -305,6 +322,12 @@ def parse_submit(body: object) -> SubmitRequest:
             raise bad_request("depends_on must be a list of job ids", "depends_on")
         out["depends_on"] = tuple(after)
     out["after_any"] = f.boolean("after_any", default=False) or None
+    notify = f.raw("notify")
+    if notify is not None:
+        from labq.models.notify import JOB_EVENTS
+        from labq.protocol.notify import events_of
+
+        out["notify"] = events_of(notify, "notify", JOB_EVENTS)
     if out["after_any"] and not out.get("depends_on"):
         raise bad_request("after_any says how the jobs in depends_on must end; name them too", "after_any")
     f.done()
@@ -443,6 +466,6 @@ def require_int(value: str, what: str, *, low: int = 0, high: int = MAX_QUERY_IN
     return number
 
 
-__all__ = ["ACTIONS", "ActionRequest", "ApiError", "Fields", "MAX_BODY_BYTES", "MAX_PAGE", "PAGE", "SubmitRequest",
-           "UserRequest", "parse_action", "parse_submit", "parse_user", "priority_change", "require_int",
-           "submit_request", "wire_priority"]
+__all__ = ["ACTIONS", "ActionRequest", "ApiError", "Fields", "MAX_BODY_BYTES", "MAX_PAGE", "NOTIFY_WORDS", "PAGE",
+           "SubmitRequest", "UserRequest", "notify_words", "parse_action", "parse_submit", "parse_user",
+           "priority_change", "require_int", "submit_request", "wire_priority"]

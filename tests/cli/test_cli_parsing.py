@@ -511,6 +511,26 @@ def test_ls_watch_redraws_on_events_and_ctrl_c_exits_0(leader, jobs):
     assert out.count("\x1b[H\x1b[2J") >= 2 and "queued" in out
 
 
+def test_ls_watch_rings_and_shows_a_notice_escaped(leader, jobs):
+    """A ``notify`` event (the leader streams a person their own): the bell, and one line under the title with
+    the notice's text escaped (a name from an old database could hold anything)."""
+    leader.json("GET", "/v1/jobs", {"jobs": [encode_job(jobs.queued())]})
+    notice = {"user": "alice", "event": "end", "text": "alice: job 1 (x\x1b[2J\x07) succeeded on ws1"}
+
+    def events(query: dict) -> tuple[int, dict, bytes]:
+        body = b": keepalive\n\n" if "after" in query else f"id: 5\nevent: notify\ndata: {json.dumps(notice)}\n\n".encode()
+        return 200, {"Content-Type": "text/event-stream", "Content-Length": None}, body
+
+    leader.routes[("GET", "/v1/events")] = events
+    proc = run_until(leader, "/v1/jobs", 3, "ls", "--watch")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert (proc.returncode, err) == (0, "")
+    assert out.count("\a") == 1 and "x\x1b[2J" not in out
+    [line] = {line for line in out.splitlines() if line.startswith("notice: ")}
+    assert re.fullmatch(r"notice: \d\d:\d\d alice: job 1 \(x\\x1b\[2J\\x07\) succeeded on ws1", line), line
+
+
 def test_logs_follow_prints_new_bytes_once_and_ctrl_c_exits_0(leader):
     text = b"epoch 1\nepoch 2\n"
 

@@ -116,6 +116,17 @@ def test_classes_above_normal_are_the_admins_to_grant(tmp_path):
         ('[queues]\ndefault = "cv"\n[queues.nlp]\nguarantee = 1\n', "queues.default = 'cv' names no queue"),
         ('[queues.a]\nguarantee = "60%"\n[queues.b]\nguarantee = "50%"\n', "add up to 110% of the lab"),
         ('[queues]\nreclaim_grace = "soon"\n', "is not a duration"),
+        ('[notify]\nretry = "5s"\n', "unknown key notify.retry; keys: give_up_after, retry_first, retry_max"),
+        ('[notify]\nretry_first = "1m"\nretry_max = "10s"\n', "retry_max must be at least notify.retry_first"),
+        ('[notify]\nwebhook = "https://hooks.example/x"\n', "notify.webhook must be a table"),
+        ('[notify.webhook]\nurl = "ftp://hooks.example/T0/secret"\n', "notify.webhook.url = .not shown: a secret.: "
+                                                                      "must be an http:// or https:// URL"),
+        ('[notify.webhook]\ntimeout = "5s"\n', "[notify.webhook] needs url"),
+        ('[notify.email]\nhost = "smtp.lab.org"\n', "[notify.email] needs host and from"),
+        ('[notify.email]\nhost = "smtp.lab.org"\nfrom = "labq"\n', "is not a plain address"),
+        ('[notify.email]\nhost = "smtp.lab.org"\nfrom = "labq@lab.org"\nuser = "labq"\n',
+         "needs user and password together"),
+        ('[notify.email]\nhost = "h"\nport = 70000\nfrom = "labq@lab.org"\n', "must be a port"),
     ],
 )
 def test_mistakes_are_named(tmp_path, text, words):
@@ -123,3 +134,23 @@ def test_mistakes_are_named(tmp_path, text, words):
     path.write_text(text)
     with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
         load_config(path)
+
+
+def test_the_notification_channels_are_read_and_their_secrets_never_shown(tmp_path):
+    path = tmp_path / "leader.toml"
+    path.write_text('[notify]\nretry_first = "1s"\nretry_max = "2m"\ngive_up_after = "12h"\n'
+                    '[notify.webhook]\nurl = "https://hooks.slack.com/services/T0/B0/hooksecret"\ntimeout = "3s"\n'
+                    '[notify.email]\nhost = "smtp.lab.org"\nport = 465\nstarttls = false\nuser = "labq"\n'
+                    'password = "pw-secret"\nfrom = "labq@lab.org"\n')
+    config = load_config(path)
+    n = config.notify
+    assert (n.retry_first_s, n.retry_max_s, n.give_up_after_s, n.webhook_timeout_s) == (1, 120, 43200, 3)
+    assert (n.smtp_host, n.smtp_port, n.smtp_starttls, n.smtp_user, n.email_from) == (
+        "smtp.lab.org", 465, False, "labq", "labq@lab.org")
+    assert n.channels == ("webhook", "email") and LeaderConfig().notify.channels == ()
+    assert "pw-secret" not in repr(config) and "hooksecret" not in repr(config)
+    path.write_text('[notify.email]\nhost = "h"\nfrom = "labq@lab.org"\nuser = "u"\npassword = ["pw-secret"]\n')
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert "notify.email.password = (not shown: a secret)" in str(refused.value)
+    assert "pw-secret" not in str(refused.value)

@@ -174,6 +174,10 @@ def own_events_unless_admin(lab: Lab, caller: str, doc: dict) -> None:
                    for e in doc["events"]) and doc["events"], doc
 
 
+def own_settings(lab: Lab, caller: str, doc: dict) -> None:
+    assert doc["user"] == lab.names[caller] and "on" in doc and "channels" in doc, doc
+
+
 def submitted_as_caller(lab: Lab, caller: str, doc: dict) -> None:
     assert doc["job"]["spec"]["user"] == lab.names[caller], doc
 
@@ -257,6 +261,19 @@ TABLE: dict[tuple[str, str], list[Case]] = {
              ok=own_events_unless_admin),
         Case("another user's part (admins)", people(200, 403, 200), lambda lab: "/v1/audit?user=alice"),
     ],
+    # a person's notification settings: their own for anyone, another's for admins (users.py's rule for tokens)
+    ("GET", "/v1/notify"): [
+        Case("own notification settings", people(200, 200, 200), lambda lab: "/v1/notify", ok=own_settings),
+        Case("alice's notification settings", people(200, 403, 200), lambda lab: "/v1/notify?user=alice"),
+    ],
+    ("PUT", "/v1/notify"): [
+        Case("set own notifications", people(200, 200, 200), lambda lab: "/v1/notify",
+             lambda lab: {"on": ["end", "fail"]}, ok=own_settings),
+        Case("set alice's notifications (hers; admins)", people(200, 403, 200), lambda lab: "/v1/notify",
+             lambda lab: {"user": "alice", "on": ["fail"], "email": "alice@lab.org"}),
+    ],
+    ("GET", "/v1/notify/status"): [Case("the channels' health (admins)", people(403, 403, 200),
+                                        lambda lab: "/v1/notify/status")],
     ("GET", "/v1/events"): [Case("event stream", people(200, 200, 200), lambda lab: "/v1/events", stream=True)],
     ("POST", "/v1/agents/register"): [
         Case("register a new node (join token)", people(403, 403, 403, agent=403, join=200),

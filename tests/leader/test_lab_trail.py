@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from labq.leader.audit import AuditLog, AuditQuery
-from labq.leader.lab_trail import LabTrail
+from labq.leader.audit import AuditQuery
+from labq.leader.auth import Principal
 from labq.models import JobState
 from labq.models import transitions as t
-from labq.models.reservation import Reservation
 from labq.models.story import Step, step_of
 from tests.conftest import NOW, make_node
 from tests.leader.loopback_leader import start_loopback_leader
@@ -77,13 +76,41 @@ def test_a_job_story_in_the_log_as_its_owner_and_an_admin_see_it(tmp_path):
 
 
 def test_reservations_begun_and_over_are_told_once_and_not_again_after_a_restart(tmp_path):
-    audit = AuditLog(tmp_path, lambda: NOW)
-    booked = Reservation("paper", "alice", 2, NOW + 60, NOW + 3600, node="ws1", gpu_indices=(0, 1))
-    before = Reservation("old", "bob", 1, NOW - 7200, NOW - 3600, node="ws1", gpu_indices=(2,))
-    trail = LabTrail(audit)
-    trail.bookings([booked, before], NOW, quiet=True)  # a leader starting: what is over was told by an earlier run
-    for now in (NOW, NOW + 30, NOW + 60, NOW + 61, NOW + 3600, NOW + 4000):
-        trail.bookings([booked, before], now)
-    told = [(e["action"], e["target"], e["owner"]) for e in audit.find(AuditQuery(limit=100), lambda e: True)]
+    """The scheduler's timers find a booking's start and end; each is told once, and a leader started again over
+    the same store does not tell them again (the booking keeps what was told)."""
+    from labq.leader.config import LeaderConfig
+    from labq.leader.core import Leader
+    from labq.leader.state import AgentSession
+    from labq.protocol.bookings import parse_reserve
+    from labq.store import TinyDBStore
+    from tests.conftest import FakeClock
+
+    clock = FakeClock(NOW)
+
+    def leader() -> Leader:
+        made = Leader(LeaderConfig(data_dir=tmp_path), TinyDBStore(tmp_path), clock=clock)
+        made.state.agents["ws1"] = AgentSession("ws1", make_node("ws1", "sim:ws-4x3090"), "x", None, None,
+                                                last_seen=clock.now)
+        return made
+
+    def tick(lab: Leader, at: float) -> None:
+        clock.now = at
+        lab.state.agents["ws1"].last_seen = at
+        lab.scheduling.tick()
+
+    first = leader()
+    _, booked, _ = first.bookings.reserve(Principal("user", "alice"), parse_reserve(
+        {"name": "paper", "gpus": 2, "start": NOW + 60, "end": NOW + 3600}))
+    assert booked
+    for at in (NOW + 30, NOW + 60, NOW + 61, NOW + 1800):
+        tick(first, at)
+    first.stop()
+    first.state.store.close()
+    again = leader()
+    for at in (NOW + 1900, NOW + 3600, NOW + 4000):
+        tick(again, at)
+    told = [(e["action"], e["target"], e["owner"]) for e in again.audit.find(AuditQuery(kind="lab", limit=100),
+                                                                              lambda e: True)]
     assert told == [("reservation started", "paper", "alice"), ("reservation ended", "paper", "alice")]
-    audit.close()
+    again.stop()
+    again.state.store.close()

@@ -1,0 +1,142 @@
+"""Notifications: who is told of which change, their settings, and the admin's view of the channels.
+
+``LabState.apply`` asks ``notices_for`` which notices the jobs it takes in cause (``labq.models.notify``: what
+their owners asked for, per job or by default), adds their deliveries (``records``) to the same commit as the
+jobs, and hands them over once on disk (``committed``): to the outbox (``labq.leader.outbox``), whose channel
+threads deliver them, and to the owner's terminals as a ``notify`` event of the event stream (``labq ls --watch``
+rings). The timers ask ``reservation_moments`` each second for the starts and ends of reservations.
+
+A person's settings (``labq notify``) live in their record of the ``users`` table, under ``notify``; a user
+changes their own, an admin anyone's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from labq.leader.auth import Principal
+from labq.leader.channels import channels_of
+from labq.leader.config import NotifyConfig
+from labq.leader.outbox import Channel, Outbox
+from labq.leader.state import LabState
+from labq.leader.users import admin_only, user_only
+from labq.models.job import Job
+from labq.models.notify import (
+    Notice, NotifyEvent, NotifySettings, RetryPolicy, job_notices, reservation_moments, reservation_notice,
+)
+from labq.models.reservation import Reservation
+from labq.protocol import errors
+from labq.protocol.notify import SettingsRequest, decode_settings, encode_settings
+from labq.store import Change, PutRecord
+
+
+class Notify:
+    def __init__(self, state: LabState, config: NotifyConfig, channels: dict[str, Channel] | None = None) -> None:
+        self.state = state
+        retry = RetryPolicy(config.retry_first_s, config.retry_max_s, config.give_up_after_s)
+        self.outbox = Outbox(state, channels_of(config) if channels is None else channels, retry)
+
+    def settings_of(self, user: str) -> NotifySettings:
+        """``user``'s settings as stored (the lock is held); the defaults for someone who set none."""
+        record = self.state.users.get(user)
+        return decode_settings(record.get("notify")) if record is not None else NotifySettings()
+
+    # -- what LabState.apply asks (the lock is held) --------------------------------------------
+
+    def notices_for(self, changes: list[tuple[Job | None, Job]]) -> list[Notice]:
+        """The notices these changes of jobs (old version or None, new version) cause."""
+        found: list[Notice] = []
+        settings: dict[str, NotifySettings] = {}
+        for old, new in changes:
+            if new.spec.notify == ():  # --notify none: the common case costs nothing more
+                continue
+            mine = settings.get(new.user)
+            if mine is None:
+                mine = settings[new.user] = self.settings_of(new.user)
+            wanted = mine.wanted_for(new)
+            if wanted:
+                found += job_notices(old, new, wanted)
+        return found
+
+    def records(self, notices: list[Notice], now: float) -> list[PutRecord]:
+        """The outbox records of ``notices``: one a channel its person gets it by."""
+        out = []
+        for notice in notices:
+            mine = self.settings_of(notice.user)
+            out += self.outbox.records(notice, mine.email, mine.webhook, now)
+        return out
+
+    def committed(self, notices: list[Notice], records: list[Change]) -> None:
+        """``notices`` and their ``records`` are on disk: to the channels, and to their people's terminals."""
+        self.outbox.took(records)
+        for n in notices:
+            event = {"user": n.user, "event": n.event.value, "text": n.headline(), "key": n.key}
+            event.update({k: v for k, v in (("job_id", n.job_id), ("reservation", n.reservation)) if v is not None})
+            self.state.events.publish("notify", event)
+
+    def reservation_moments(self, reservations: list[Reservation], now: float
+                            ) -> tuple[list[Reservation], list[Notice]]:
+        """The reservations with a start or an end come that their owner was not told of yet, marked told (their
+        owner asked for them or not: a moment is looked at once), and the notices of those their owner wants."""
+        marked, notices = [], []
+        for r in reservations:
+            due = reservation_moments(r, now)
+            if not due:
+                continue
+            marked.append(replace(r, told=r.told + due))
+            if NotifyEvent.RESERVATION in self.settings_of(r.owner).on:
+                notices += [reservation_notice(r, moment, r.start if moment == "started" else r.end)
+                            for moment in due]
+        return marked, notices
+
+    # -- people's settings ----------------------------------------------------------------------
+
+    def view(self, who: Principal, user: str | None = None) -> dict:
+        """``GET /v1/notify``: a person's settings (their own; an admin's, anyone's) and the lab's channels."""
+        user_only(who)
+        name = user or who.name
+        if name != who.name and not who.admin:
+            raise errors.forbidden("only admins may see another user's notifications")
+        with self.state.lock:
+            if name not in self.state.users:
+                raise errors.not_found(f"there is no user {name!r}")
+            return self._answer(name)
+
+    def change(self, who: Principal, request: SettingsRequest) -> dict:
+        """``PUT /v1/notify``: change what was sent of a person's settings, their own (an admin: anyone's)."""
+        user_only(who)
+        name = request.user or who.name
+        if name != who.name and not who.admin:
+            raise errors.forbidden(f"only admins may change another user's notifications ({name}'s)")
+        state = self.state
+        with state.lock:
+            record = state.users.get(name)
+            if record is None:
+                raise errors.not_found(f"there is no user {name!r}")
+            old = self.settings_of(name)
+            new = NotifySettings(
+                frozenset(request.on) if request.on is not None else old.on,
+                old.email if request.email is None else (request.email or None),
+                old.webhook if request.webhook is None else request.webhook)
+            record = {**record, "notify": encode_settings(new)}
+            state.commit([PutRecord("users", name, record)])
+            state.users[name] = record
+            return self._answer(name)
+
+    def _answer(self, name: str) -> dict:
+        return {"user": name, **encode_settings(self.settings_of(name)),
+                "channels": [n for n, line in sorted(self.outbox.lines.items()) if line.channel is not None]}
+
+    def status(self, who: Principal) -> list[dict]:
+        """``GET /v1/notify/status`` (admins): each channel's queue, last success, last error, what it gave up."""
+        admin_only(who, "see the notification channels")
+        with self.state.lock:
+            return self.outbox.status()
+
+    # -- the threads --------------------------------------------------------------------------------
+
+    def start(self, workers) -> None:
+        """A supervised thread per channel (``labq.workers.Supervisor``)."""
+        for name, line in self.outbox.lines.items():
+            if line.channel is not None:
+                workers.spawn(f"labq-notify-{name}", lambda name=name: self.outbox.loop(name))
