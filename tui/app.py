@@ -35,7 +35,7 @@ from labq.client import Client
 from labq.protocol.errors import ApiError
 from labq.terminal_text import escape_controls
 from labq.tui.feed import (
-    FINISHED, Connection, JobEvent, JobsChanged, LabLoaded, LeaderFeed, NodesChanged, ReservationsChanged,
+    FINISHED, Connection, JobEvent, JobsChanged, LabLoaded, LeaderFeed, NodesChanged, Notice, ReservationsChanged,
 )
 from labq.tui.query import Row, make_row
 
@@ -169,6 +169,12 @@ class LabqApp(App):
             self.rows[row.job_id] = row
         self.changed_rows, self.removed_ids = rows, []
         self.jobs_version += 1
+
+    @on(Notice)
+    def notice(self, message: Notice) -> None:
+        """A notice for you: the bell, and the line (escaped: a job's name is its owner's text) for a while."""
+        self.bell()
+        self.notify(escape_controls(message.text), title="labq", timeout=30, markup=False)
 
     @on(JobEvent)
     def job_event(self, message: JobEvent) -> None:

@@ -81,6 +81,13 @@ class JobEvent(Message):
     data: dict
 
 
+@dataclass
+class Notice(Message):
+    """A notice for the person at the TUI (``labq notify``, ``labq submit --notify``): its one line of text."""
+
+    text: str
+
+
 class LeaderFeed:
     def __init__(self, client: Client, post: Callable[[Message], object]) -> None:
         self.client = client
@@ -157,6 +164,8 @@ class LeaderFeed:
                 self._nodes_dirty = True
         elif kind == "reservation":
             self.post(ReservationsChanged(self.client.reservations()))
+        elif kind == "notify" and isinstance(data, dict) and isinstance(data.get("text"), str):
+            self.post(Notice(data["text"]))  # the leader sends a person their own notices alone
 
     def _flush_loop(self, done: threading.Event) -> None:
         polled = time.monotonic()

@@ -75,8 +75,9 @@ def chat_line(notice: Notice) -> str:
 
 
 class Email:
-    """A message over SMTP to the address the person set: STARTTLS (checked against the system's CAs) unless the
-    admin turned it off, a login when configured. Any refusal of the server is a failed delivery."""
+    """A message over SMTP to the address the person set: STARTTLS (checked against the system's CAs, or the
+    admin's ``ca_file``) unless the admin turned it off, a login when configured. Any refusal of the server is a
+    failed delivery."""
 
     name = "email"
 
@@ -93,7 +94,7 @@ class Email:
         c = self.config
         with smtplib.SMTP(c.smtp_host, c.smtp_port, timeout=c.smtp_timeout_s) as smtp:
             if c.smtp_starttls:
-                smtp.starttls(context=ssl.create_default_context())
+                smtp.starttls(context=ssl.create_default_context(cafile=c.smtp_ca_file))
             if c.smtp_user is not None:
                 smtp.login(c.smtp_user, c.smtp_password or "")
             refused = smtp.send_message(message(notice, c.email_from, to))

@@ -105,6 +105,7 @@ give_up_after = "1d"             # a notice this old is given up; its last error
 # host = "smtp.lab.org"
 # port = 587
 # starttls = true                # false: plain SMTP (a relay on this machine or a trusted network only)
+# ca_file = "/etc/labq/mail-ca.pem"   # the CA of a lab's own mail server (default: the system's CAs)
 # user = "labq"                  # omit both for a relay that needs no login
 # password = "..."               # keep this file readable by the leader's account only
 # from = "labq@lab.org"
@@ -128,6 +129,8 @@ class NotifyConfig:
     smtp_starttls: bool = True
     smtp_user: str | None = None
     smtp_password: str | None = field(default=None, repr=False)
+    #: the CA that signs the SMTP server's certificate, for a lab's own mail server (default: the system's CAs)
+    smtp_ca_file: str | None = None
     email_from: str | None = None
     smtp_timeout_s: float = 10.0
     retry_first_s: float = 5.0
@@ -381,6 +384,7 @@ def _notify(section, where: str, values: dict) -> None:
         "host": lambda v: got.update(smtp_host=_host(v)), "port": lambda v: got.update(smtp_port=_port(v)),
         "starttls": lambda v: got.update(smtp_starttls=_bool(v)), "user": lambda v: got.update(smtp_user=_text(v)),
         "password": lambda v: got.update(smtp_password=_text(v)), "from": lambda v: got.update(email_from=_address(v)),
+        "ca_file": lambda v: got.update(smtp_ca_file=str(_absolute(v))),
         "timeout": seconds("smtp_timeout_s")}, secret=("password",))
     if "email" in section:
         if got.get("smtp_host") is None or got.get("email_from") is None:

@@ -213,3 +213,18 @@ def test_the_gpu_strip_follows_who_holds_each_gpu(lab):
                     strip, timeout=10)
 
     drive(app, scenario)
+
+
+def test_a_notice_for_you_rings_the_bell_and_shows_its_line(lab):
+    """``labq submit --notify end``: when the job succeeds, the TUI of its owner rings and shows the notice."""
+    app = lab.app()
+    bells: list[float] = []
+    app.bell = lambda: bells.append(time.time())
+
+    async def scenario(pilot) -> None:
+        job = lab.submit("true", notify="end", name="noticed")
+        await until(pilot, lambda: any(f"job {job} (noticed) succeeded" in n for n in app.notices),
+                    "the notice of the job's end", lambda: app.notices)
+        assert len(bells) == 1
+
+    drive(app, scenario)
