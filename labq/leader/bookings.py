@@ -11,6 +11,7 @@ no job ever waits for a booking that no longer holds GPUs.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -32,6 +33,8 @@ from labq.scheduler.placement import indices_to_mask
 from labq.store import DeleteRecord, PutRecord
 
 #: an ended or cancelled reservation stays listed (``--all``) this long, then is forgotten
+log = logging.getLogger("labq.leader")
+
 KEEP_OVER_S = 7 * 86400.0
 LEDGER = "booked"  #: the store's table of forgotten bookings: name@start -> ``labq.models.usage.Booking``
 
@@ -190,16 +193,19 @@ class Bookings:
                     updates.append(job.evolve(stop_requested="timeout"))
         told, notices, outbox = self._moments(now)
         changes += [PutRecord("reservations", r.name, encode_reservation(r)) for r in told]
-        for r in told:  # the moments newly told, for whoever keeps the lab's story (``labq.leader.lab_trail``)
-            for moment in r.told[len(self.by_name[r.name].told):]:
-                for hear in self.moment_heard:
-                    hear(r, moment)
+        heard = [(r, moment) for r in told for moment in r.told[len(self.by_name[r.name].told):]]
         if changes:
             state.commit(changes + outbox)
             state.wake()
         self.by_name.update((r.name, r) for r in told)
         if notices:
             state.notify.committed(notices, outbox)
+        for r, moment in heard:  # once on disk, for whoever keeps the lab's story (``labq.leader.lab_trail``)
+            for hear in self.moment_heard:
+                try:
+                    hear(r, moment)
+                except Exception:  # noqa: BLE001 - what listens never undoes a moment that is told already
+                    log.exception("a listener of reservation %s's %s failed", r.name, moment)
         return updates
 
     def _moments(self, now: float) -> tuple[list[Reservation], list, list]:
