@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from labq.cli.common import command, leader_option
 from labq.cli.errors import CliError
@@ -107,17 +108,17 @@ def _sim(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CliError(str(err)) from None
     history = _history(args) if args.from_history else None
-    policies, options = _policies(args.policy, options, args.quotas, history[5] if history else None)
+    policies, options = _policies(args.policy, options, args.quotas, history.settings if history else None)
     if history is None and args.cluster is None:
         raise CliError("--cluster is needed (e.g. --cluster 4xsim:dgx1), except with --from-history (the lab's nodes)")
     try:
-        nodes = parse_cluster(args.cluster) if args.cluster else history[2]
+        nodes = parse_cluster(args.cluster) if args.cluster else history.nodes
     except ValueError as err:
         raise CliError(str(err)) from None
     cluster = args.cluster or f"the lab's {len(nodes)} nodes"
     if history is not None:
-        workload, real, notes = history[0], history[1], list(history[3])
-        meta = {"workload": f"the lab's history, {_day(workload.epoch)} to {_day(history[4])}"}
+        workload, notes = history.workload, list(history.notes)
+        meta = {"workload": f"the lab's history, {_day(workload.epoch)} to {_day(history.until)}"}
     else:
         workload, notes, meta = _workload(args, sum(n.gpu_count for n in nodes))
     if args.classes:
@@ -148,7 +149,7 @@ def _sim(args: argparse.Namespace) -> int:
     if history is not None:
         from dataclasses import replace
 
-        results.append(replace(history[1], cluster=cluster, gpus=sum(n.gpu_count for n in nodes), meta=dict(meta)))
+        results.append(replace(history.real, cluster=cluster, gpus=sum(n.gpu_count for n in nodes), meta=dict(meta)))
     for policy in policies:
         result = simulate(workload, nodes, policy, cluster=cluster, options=options,
                           progress=_progress(policy, workload.epoch, len(workload.jobs)), meta=meta)
@@ -239,9 +240,20 @@ def _with_settings(options, policy):
                    queues=policy.queues, reclaim_grace_s=policy.reclaim_grace_s)
 
 
-def _history(args: argparse.Namespace):
-    """``--from-history``: (workload, what really happened, the lab's nodes, notes, until, the lab's scheduling
-    settings) from the leader."""
+class _History(NamedTuple):
+    """``--from-history``'s workload, what really happened, the lab's nodes, notes, the window's end and the lab's
+    scheduling settings, from the leader."""
+
+    workload: object
+    real: object
+    nodes: list
+    notes: list[str]
+    until: float
+    settings: object
+
+
+def _history(args: argparse.Namespace) -> _History:
+    """``--from-history``: what the leader has of the window (``GET /v1/history``) and of its nodes."""
     from dataclasses import replace
 
     from labq.cli.common import leader_client
@@ -270,7 +282,7 @@ def _history(args: argparse.Namespace):
     if answer.get("queues") and not args.queues:
         notes.append("the lab has queues: this replay runs without them (--policy LEADER.TOML or --queues FILE "
                      "replays them)")
-    return workload, real, nodes, notes, until, Policy(**policy_fields(answer["policy"]))
+    return _History(workload, real, nodes, notes, until, Policy(**policy_fields(answer["policy"])))
 
 
 def _workload(args: argparse.Namespace, gpus: int):
