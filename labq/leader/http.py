@@ -58,11 +58,15 @@ class _Handler(JsonHandler):
     def setup(self) -> None:
         self.allow = None
         self._unread = False
-        self.sent_status: int | None = None  #: the status of this request's answer, for the metrics
+        #: (route, method) of the request being answered, until its answer is counted (``send_response``)
+        self._counted_as: tuple[str, str] | None = None
         super().setup()
 
     def send_response(self, code: int, message: str | None = None) -> None:
-        self.sent_status = code
+        """The answer's status line; the metrics count it now, before the client can read it and ask again."""
+        if self._counted_as is not None:
+            self.server.leader.metrics.request(*self._counted_as, code)
+            self._counted_as = None
         super().send_response(code, message)
 
     def _scraper(self, handler: Callable) -> Principal | None:
@@ -94,6 +98,7 @@ class _Handler(JsonHandler):
         if self._unread:  # until the body is read in full, the connection cannot carry another request
             self.close_connection = True
         handler = match = who = None
+        self._counted_as = ("none", method)  #: a path no route takes
         outcome: tuple[int, str | None] | None = None  #: the answer's status and refusal, for the audit trail
         self.audited = {}  #: what the route learned for the audit trail: the job, its owner, the target
         try:
@@ -102,6 +107,7 @@ class _Handler(JsonHandler):
                 self.send_json(200, {"allow": self.allow.split(", ")})
                 return
             handler, match = routed
+            self._counted_as = (TEMPLATES[handler], method)
             who = None if handler in PUBLIC else self._scraper(handler) or self.server.leader.authenticate(
                 self.bearer_token(), self.client_address[0], self._vouched_for(), self._certificate())  # before the body
             body = self._body() if method in ("POST", "PUT") else None
@@ -124,8 +130,7 @@ class _Handler(JsonHandler):
         finally:
             if handler in AUDITED and outcome is not None:
                 self._audit(handler, match, who, *outcome)
-            if self.sent_status is not None:
-                self.server.leader.metrics.request(TEMPLATES.get(handler, "none"), method, self.sent_status)
+            self._counted_as = None  # a request that got no answer (the client went away) is not counted
             if self._unread:
                 self._drain()
 
