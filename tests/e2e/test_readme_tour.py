@@ -60,7 +60,9 @@ def normal(line: str) -> str:
     """A line with its clock times, dates, ages and estimates masked and its spaces collapsed (columns fit
     their content)."""
     line = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+", "<stamp>", line)
-    line = re.sub(r"\b\d{1,2}:\d\d\b", "<clock>", line)
+    # a clock time, with the weekday or date that ``format_clock`` puts before one that is not today's (an
+    # estimate past midnight says ``Fri 01:30``)
+    line = re.sub(r"\b(?:(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) |\d{4}-\d\d-\d\d )?\d{1,2}:\d\d\b", "<clock>", line)
     line = re.sub(r"\b\d+(?:h\d+m|m\d+s|[smhd])\b", "<time>", line)
     return " ".join(line.split())
 
