@@ -47,7 +47,7 @@ class Accounting:
                                        "(`labq usage --me`)")
         self._read_archive()
         state = self.state
-        with state.lock:  # a job leaves ``jobs`` and enters ``_finished`` under it: each is in one of the two
+        with state.view:  # a job leaves ``jobs`` and enters ``_finished`` under it: each is in one of the two
             now = state.clock()
             live = [state.with_measure(job) for job in state.jobs.values() if user is None or job.spec.user == user]
             finished = list(self._finished.values())
@@ -66,12 +66,12 @@ class Accounting:
         return report([job_use(job, now) for job in live] + finished, since, until, gpus, now, user, booked, groups)
 
     def _watch(self, old: Job | None, job: Job) -> None:
-        """A job's new version, committed (``LabState.watchers``; the lab's lock is held): a finished one is kept."""
+        """A job's new version, committed (``LabState.watchers``; the lab's view is held): a finished one is kept."""
         if job.state.finished and (old is None or not old.state.finished):
             self._ended(job)
 
     def _ended(self, job: Job) -> None:
-        """A job finished and is committed (the lab's lock is held)."""
+        """A job finished and is committed (the lab's view is held)."""
         if self._finished is not None:
             self._finished[job.id] = job_use(job, job.ended_at or self.state.clock())
         elif self._while_reading is not None:
@@ -99,17 +99,17 @@ class Accounting:
         with self._reading:
             if self._finished is not None:
                 return
-            with state.lock:
+            with state.view:
                 self._while_reading = []
             try:
                 now = state.clock()
                 with collector_paused():  # it makes many objects and frees none
                     found = {doc["id"]: decode_use(doc, now) for doc in state.store.history()}
             except BaseException:
-                with state.lock:
+                with state.view:
                     self._while_reading = None
                 raise
-            with state.lock:
+            with state.view:
                 for job in self._while_reading:
                     found[job.id] = job_use(job, job.ended_at or now)
                 self._finished, self._while_reading = found, None

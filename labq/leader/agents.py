@@ -135,14 +135,14 @@ class Agents:
 
     def logs_of(self, node: str) -> tuple[str | None, str | None] | None:
         """Where node ``node`` serves job logs, and the token it wants: None for a node the lab does not know."""
-        with self.state.lock:
+        with self.state.view:
             session = self.state.agents.get(node)
             return (session.logs_url, session.logs_token) if session else None
 
     def view(self, who: Principal) -> list[dict]:
         user_only(who)
         state = self.state
-        with state.lock:
+        with state.view:
             in_use: dict[str, dict[int, int]] = {}
             for job in state.jobs.values():
                 if job.state.holds_gpus and job.placement:
@@ -158,12 +158,12 @@ class Agents:
 
     def seen_over_mdns(self, advertised: dict[str, dict]) -> None:
         """The agents of this lab now advertising over mDNS, by node name (a hint; admission is by join token)."""
-        with self.state.lock:
+        with self.state.view:
             self.state.seen_over_mdns = advertised
 
     def unadmitted(self) -> list[dict]:
         """Agents advertising this lab over mDNS that have not joined (no or a wrong join token)."""
-        with self.state.lock:
+        with self.state.view:
             return [dict(seen, node=name) for name, seen in sorted(self.state.seen_over_mdns.items())
                     if name not in self.state.agents]
 
@@ -173,16 +173,18 @@ class Agents:
         state = self.state
         # an agent is heard only when it reports, so a poll never outlasts half its lease
         deadline = state.monotonic() + min(report.wait_s, state.config.lease_s / 2)
-        with state.lock:
+        with state.lock:  # the report is a change
             session = state.agents[agent]
             changed = self._take_report(session, report)
             seen = session.version
-            if not changed and not self._news_for(session, report):
+            news = changed or self._news_for(session, report)
+        with state.view:  # the wait is a look: changes go on meanwhile, and end it
+            if not news:
                 while session.version == seen and not state.stopping.is_set():
                     left = deadline - state.monotonic()
                     if left <= 0:
                         break
-                    state.changed.wait(left)  # waiting is not hearing: last_seen stays at the report
+                    state.lock.wait(left)  # waiting is not hearing: last_seen stays at the report
             session.delivered = self._orders_for(session)
             self._replies += 1
             return replace(session.delivered, seq=self._replies, epoch=self.epoch)

@@ -133,7 +133,7 @@ class Bookings:
     def view(self, who: Principal, *, everything: bool = False) -> list[Reservation]:
         """The bookings still to come or running; ``everything`` adds those ended or cancelled lately."""
         user_only(who)
-        with self.state.lock:
+        with self.state.view:
             now = self.state.clock()
             return sorted((r for r in self.by_name.values() if everything or r.live(now)),
                           key=lambda r: (r.start, r.name))
@@ -143,7 +143,7 @@ class Bookings:
         return t.out_of_reservations(self.state.waiting_on.values(), self.by_name, now)
 
     def check_submit(self, spec: JobSpec, now: float) -> None:
-        """A job naming a reservation (the lock is held): it must exist, admit the user, and fit in it."""
+        """A job naming a reservation (the view is held): it must exist, admit the user, and fit in it."""
         name, user = spec.reservation, spec.user
         r = self.by_name.get(name)
         if r is None:

@@ -111,7 +111,7 @@ class Leader:
         state.stopping.set()
         self.workers.stopping = True
         state.wake()
-        with state.lock:
+        with state.view:
             state.changed.notify_all()
         state.events.close()
         self.notify.outbox.wake()

@@ -16,7 +16,7 @@ class LabTrail:
         self.audit = audit
 
     def watch(self, old: Job | None, new: Job) -> None:
-        """A job's new version taken in (``LabState.watchers``; the lab's lock is held)."""
+        """A job's new version taken in (``LabState.watchers``; the lab's view is held)."""
         step = step_of(old, new)
         if step is None:
             return

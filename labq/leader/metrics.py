@@ -115,7 +115,7 @@ class LabCollector:
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         state = self.state
-        with state.lock:
+        with state.view:
             now = state.clock()
             jobs = list(state.jobs.values())
             on_gpus = list(state.on_gpus.values())

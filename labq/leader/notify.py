@@ -37,7 +37,7 @@ class Notify:
         self.outbox = Outbox(state, channels_of(config) if channels is None else channels, retry)
 
     def settings_of(self, user: str) -> NotifySettings:
-        """``user``'s settings as stored (the lock is held); the defaults for someone who set none."""
+        """``user``'s settings as stored (the view is held); the defaults for someone who set none."""
         record = self.state.users.get(user)
         return decode_settings(record.get("notify")) if record is not None else NotifySettings()
 
@@ -97,7 +97,7 @@ class Notify:
         name = user or who.name
         if name != who.name and not who.admin:
             raise errors.forbidden("only admins may see another user's notifications")
-        with self.state.lock:
+        with self.state.view:
             if name not in self.state.users:
                 raise errors.not_found(f"there is no user {name!r}")
             return self._answer(name)
@@ -130,7 +130,7 @@ class Notify:
     def status(self, who: Principal) -> list[dict]:
         """``GET /v1/notify/status`` (admins): each channel's queue, last success, last error, what it gave up."""
         admin_only(who, "see the notification channels")
-        with self.state.lock:
+        with self.state.view:
             return self.outbox.status()
 
     # -- the threads --------------------------------------------------------------------------------

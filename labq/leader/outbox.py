@@ -187,7 +187,7 @@ class Outbox:
         state = self.state
         if line.channel is None:
             return IDLE_S
-        with state.lock:
+        with state.view:
             due = sorted((d for d in line.pending.values() if not d.sent and d.next_at <= state.clock()),
                          key=lambda d: (d.next_at, d.created_at, d.key))[:ROUND]
         sent: list[Delivery] = []
@@ -276,7 +276,7 @@ class Outbox:
     # -- the admin's view -----------------------------------------------------------------------
 
     def status(self) -> list[dict]:
-        """Each channel's queue and health (the lock is held)."""
+        """Each channel's queue and health (the view is held)."""
         rows = []
         for name in sorted(self.lines):
             line = self.lines[name]

@@ -65,11 +65,12 @@ class Queue:
         return self._enqueue(who, old.spec, note=f"restart of job {job_id}")
 
     def _enqueue(self, who: Principal, spec: JobSpec, note: str = "") -> Job:
-        """Checked, then committed outside the lock, so that concurrent submits share the store's group commit."""
+        """Checked, then committed outside the lab's locks, so that concurrent submits share the store's group commit.
+        A new job changes no version that is there: a submit only looks (the view), it waits for no change."""
         state = self.state
         _check_spec(spec, who, state.config)
         spec = _in_queue(spec, who, state.config, restart=bool(note))
-        with state.lock:
+        with state.view:
             self._check_lab(spec)
             job = Job(state.next_job_id, spec, submitted_at=state.clock(), note=note)
             state.next_job_id += 1
@@ -77,7 +78,7 @@ class Queue:
             state.store.commit([PutJob(encode_job(job))])
         except CommitFailed as err:
             raise errors.unavailable(f"the job was not saved, so it was not submitted: {err}") from None
-        with state.lock:
+        with state.view:
             state.add(job)
             # on a lab whose GPUs are all held by jobs this one may not preempt, a pass would only find its
             # reason to wait: it waits for the next pass (a second at most), and a stream of such submits costs
@@ -98,7 +99,7 @@ class Queue:
         return [hide_env(doc) for doc in docs if since <= doc["submitted_at"] < until]
 
     def _check_lab(self, spec: JobSpec) -> None:
-        """What a submit must find in the lab as it is now (the lock is held): one check a line."""
+        """What a submit must find in the lab as it is now (the view is held): one check a line."""
         state = self.state
         if spec.reservation is not None:
             self.bookings.check_submit(spec, state.clock())
@@ -129,7 +130,7 @@ class Queue:
         if finished and after is not None:
             raise errors.bad_request("after pages through jobs by id; finished=1 lists them by when they ended (the "
                                      "limit that ended last): leave out after", "after")
-        with self.state.lock:
+        with self.state.view:
             live = dict(self.state.jobs)
         if finished:
             jobs = []
@@ -170,12 +171,12 @@ class Queue:
         return now, hidden
 
     def pending_of(self, ids) -> dict[int, Pending]:
-        with self.state.lock:
+        with self.state.view:
             return {i: self.state.pending[i] for i in ids if i in self.state.pending}
 
     def job(self, who: Principal, job_id: int) -> tuple[Job, Pending | None]:
         user_only(who)
-        with self.state.lock:
+        with self.state.view:
             job = self.state.jobs.get(job_id)
             if job is not None:
                 return job, self.state.pending.get(job_id)
@@ -249,7 +250,7 @@ def _in_queue(spec: JobSpec, who: Principal, config: LeaderConfig, restart: bool
 
 def _check_dependencies(spec: JobSpec, state: LabState) -> None:
     """A job that waits for jobs that do not exist, or (``--after``) for one that did not succeed, could never
-    start: refused now rather than queued to be cancelled (the lock is held)."""
+    start: refused now rather than queued to be cancelled (the view is held)."""
     if not spec.depends_on:
         return
     finished = finished_states(state, spec.depends_on)

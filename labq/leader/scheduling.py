@@ -241,7 +241,7 @@ class _Unchanged:
 
 def finished_states(state: LabState, wanted: Iterable[int] = ()) -> dict[int, JobState]:
     """The end states of finished jobs, enough for the dependencies of every unfinished job and for ``wanted``
-    (the lock is held). The archive is read once, the first time a dependency is not known yet; after that a
+    (the view is held). The archive is read once, the first time a dependency is not known yet; after that a
     job that is neither unfinished nor here does not exist."""
     known = state.finished
     wanted = {d for j in state.waiting_on.values() for d in j.spec.depends_on} | set(wanted)

@@ -1,7 +1,9 @@
 """The lab as the leader holds it, and the one way it changes: ``apply``.
 
-One lock guards everything here; each service takes it explicitly around what
-it reads and changes. ``apply`` commits new versions of jobs (and any records,
+Two locks guard everything here (``labq.leader.locks``): each service takes
+``lock`` around a change (what it reads, decides and commits) and ``view``
+alone around a look; a change steps out of ``view`` while its commit waits for
+the disk, so looks never wait for one. ``apply`` commits new versions of jobs (and any records,
 and the outbox records of the notices they cause: ``notify``) to the store
 first, and only then takes them in, accounts finished work for fair share,
 tells the agents whose orders changed, wakes long polls and publishes the
@@ -22,6 +24,7 @@ from typing import Protocol
 
 from labq.leader.config import LeaderConfig
 from labq.leader.events import EventHub
+from labq.leader.locks import LabLock
 from labq.models import transitions as t
 from labq.models.decisions import Pending
 from labq.models.job import Job, JobState
@@ -79,8 +82,9 @@ class LabState:
     def __init__(self, config: LeaderConfig, store: Store, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.config, self.store, self.clock, self.monotonic = config, store, clock, monotonic
-        self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)
+        self.lock = LabLock()  #: ``with lock:`` makes a change: what it reads, decides and commits
+        self.view = self.lock.view  #: ``with view:`` looks (never waits for a commit)
+        self.changed = self.lock.condition  #: notified (``view`` held) when what agents or long polls wait on changes
         self.events = EventHub()
         self.stopping = threading.Event()
         self.woken = threading.Event()  #: something changed: the scheduler should pass soon
@@ -117,7 +121,7 @@ class LabState:
         self.notify: Notifier | None = None
 
     def add(self, job: Job) -> None:
-        """Take in a job just submitted and committed (the lock is held)."""
+        """Take in a job just submitted and committed (the view is held)."""
         self.jobs[job.id] = job
         if _waits_on(job):
             self.waiting_on[job.id] = job
@@ -135,15 +139,17 @@ class LabState:
 
     def defer(self, within_s: float) -> None:
         """A change that a pass must take in, but not at once: within ``within_s``, with whatever else came
-        meanwhile (the lock is held)."""
+        meanwhile (the view is held)."""
         due = self.monotonic() + within_s
         if self.pass_by is None or due < self.pass_by:
             self.pass_by = due
 
     def commit(self, changes: list[Change]) -> None:
-        """Put ``changes`` on disk (the lock is held), or raise the API's error saying it did not happen."""
+        """Put ``changes`` on disk (the lock is held, and the view let go while the disk works), or raise the API's
+        error saying it did not happen."""
         try:
-            self.store.commit(changes)
+            with self.lock.outside_view():
+                self.store.commit(changes)
         except CommitFailed as err:
             raise errors.unavailable(f"the change was not saved, so it did not happen: {err}") from None
         except InvalidChange as err:

@@ -56,7 +56,7 @@ class Users:
         machine, who is then the principal (only an agent may vouch). In a TLS lab an agent is its certificate:
         its token alone, read on the wire or from its memory, is refused."""
         state = self.state
-        with state.lock:
+        with state.view:
             agent = self._agent_with(certificate)
             if not token and agent is None:
                 if vouched_for is not None:
@@ -79,7 +79,7 @@ class Users:
             return self._vouched(agent, vouched_for) if vouched_for is not None else Principal("agent", agent)
 
     def _agent_with(self, certificate: str | None) -> str | None:
-        """The node whose agent's certificate has the SHA-256 ``certificate`` (the lock is held)."""
+        """The node whose agent's certificate has the SHA-256 ``certificate`` (the view is held)."""
         if certificate is None:
             return None
         return next((name for name, s in self.state.agents.items()
@@ -87,7 +87,7 @@ class Users:
 
     def _agent_token(self, token: str, shown: str | None) -> str | None:
         """The node whose agent's token ``token`` is, None for none; 401 when that agent holds a certificate and
-        this connection did not show it (the lock is held)."""
+        this connection did not show it (the view is held)."""
         digest = token_hash(token)
         for name, session in self.state.agents.items():
             if same_secret(session.token_sha256, digest):
@@ -109,7 +109,7 @@ class Users:
         raise errors.unauthorized("unknown token: ask an admin for a new one (`labq admin user add NAME`)")
 
     def _vouched(self, node: str, user: str) -> Principal:
-        """A person on node ``node``, as its agent vouches (the lock is held): with a user's rights, never an
+        """A person on node ``node``, as its agent vouches (the view is held): with a user's rights, never an
         admin's, so that one workstation's agent cannot run the lab."""
         record = self.state.users.get(user)
         if record is None:
@@ -120,7 +120,7 @@ class Users:
     def still_valid(self, who: Principal) -> bool:
         """Whether the token ``who`` authenticated with still would (not revoked, not expired): event streams
         ask this, so that a revoked token's streams end."""
-        with self.state.lock:
+        with self.state.view:
             if who.kind == "user" and who.name not in self.state.users:
                 return False  # removed
             if who.token_id is None:
@@ -160,6 +160,7 @@ class Users:
         with self.state.lock:
             token = self._set_user(request.name, request.admin, who.name)
             self._tell_agents()
+        with self.state.view:  # the agents' answers are changes: they must not wait for this wait
             return {"name": request.name, "admin": request.admin, **self._accounts_for(request.name)}, token
 
     def _tell_agents(self) -> None:
@@ -169,15 +170,15 @@ class Users:
         self.state.changed.notify_all()
 
     def _accounts_for(self, user: str, wait_s: float = ACCOUNTS_WAIT_S) -> dict:
-        """What the nodes say of ``user``'s account, after waiting (the lock is held, and released while
-        waiting) up to ``wait_s`` for each agent that is in touch and reports accounts."""
+        """What the nodes say of ``user``'s account, after waiting (the view is held, and let go while waiting)
+        up to ``wait_s`` for each agent that is in touch and reports accounts."""
         state = self.state
 
         def said(session) -> bool:
             return any(a.user == user for a in session.node.accounts)
 
         asked = [s for s in state.agents.values() if s.reports_accounts and s.node.health is not NodeHealth.LOST]
-        state.changed.wait_for(lambda: all(said(s) for s in asked), timeout=wait_s)
+        state.lock.wait_for(lambda: all(said(s) for s in asked), timeout=wait_s)
         sessions = sorted(state.agents.values(), key=lambda s: s.name)
         return {"no_account_on": {s.name: problem for s in sessions
                                   if (problem := s.node.account_problem(user)) is not None},
@@ -201,7 +202,7 @@ class Users:
 
     def listing(self, who: Principal) -> list[dict]:
         admin_only(who, "list users")
-        with self.state.lock:
+        with self.state.view:
             return [{"name": n, "admin": u.get("admin", False)} for n, u in sorted(self.state.users.items())]
 
 
@@ -232,7 +233,7 @@ class Users:
             if user not in (None, who.name):
                 raise errors.forbidden("only admins may list other users' tokens")
             user = who.name
-        with self.state.lock:
+        with self.state.view:
             now = self.state.clock()
             return [{**t.public(now), "this_request": t.id == who.token_id} for t in self.tokens.of(user)]
 
@@ -272,7 +273,7 @@ class Users:
 
     def join_listing(self, who: Principal) -> list[dict]:
         admin_only(who, "list join tokens")
-        with self.state.lock:
+        with self.state.view:
             return self.joins.listing(self.state.clock())
 
     def revoke_join(self, who: Principal, join_id: str) -> dict:
