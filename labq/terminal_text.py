@@ -15,8 +15,6 @@ Windows path and regular expression in a command line.
 
 from __future__ import annotations
 
-from unicodedata import category
-
 #: the categories shown escaped: control (C0, DEL, C1), format (bidi controls, zero-width
 #: characters, soft hyphen), lone surrogates (no terminal encoding can print them), and the
 #: line and paragraph separators
@@ -36,6 +34,8 @@ def escape_controls(value: object, keep: str = "") -> str:
     text = value if isinstance(value, str) else str(value)
     if text.isprintable():  # false for every character escaped here (and for some that are not)
         return text
+    from unicodedata import category  # a C extension to load: only for text that needs a look (CLI start)
+
     return "".join(_escape(c) if c not in keep and category(c) in HIDDEN_CATEGORIES else c for c in text)
 
 

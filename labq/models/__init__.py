@@ -6,8 +6,6 @@ renders priority names) does not pay for importing all of them.
 
 from __future__ import annotations
 
-import importlib
-
 _WHERE = {
     "Decisions": "decisions", "Pending": "decisions", "PendingReason": "decisions", "Preempt": "decisions",
     "Start": "decisions",
@@ -26,7 +24,8 @@ __all__ = sorted(_WHERE)
 def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"module 'labq.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"labq.models.{_WHERE[name]}"), name)
+    # ``__import__`` with a from-list gives the submodule, as ``importlib.import_module`` would (not loaded: CLI start)
+    value = getattr(__import__(f"labq.models.{_WHERE[name]}", fromlist=[name]), name)
     globals()[name] = value
     return value
 

@@ -32,7 +32,7 @@ from tests.cli.fake_leader import ROOT, FakeLeader, environment
 #: standard modules labq steps around (each costs milliseconds of a start that has about ten)
 NOT_LOADED = ("textual", "rich", "docker", "zeroconf", "pynvml", "tinydb", "cryptography",
               "ssl", "http.client", "email", "tomllib", "dataclasses", "typing", "shutil", "textwrap", "pathlib",
-              "encodings.idna", "socket", "selectors", "urllib.parse", "ipaddress", "gettext", "locale", "importlib", "labq.models.job", "labq.protocol.checked", "labq.tls", "labq.scheduler",
+              "encodings.idna", "socket", "selectors", "urllib.parse", "ipaddress", "gettext", "locale", "importlib", "unicodedata", "labq.models.job", "labq.protocol.checked", "labq.tls", "labq.scheduler",
               "labq.leader", "labq.agent", "labq.store", "labq.tui", "labq.sim", "labq.demo",
               "labq.cli.daemons", "labq.cli.admin", "labq.cli.tui", "labq.cli.sim", "labq.cli.store")
 
