@@ -232,9 +232,9 @@ def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
                    "(e.g. SIGUSR1; default: what its image's label labq.checkpoint-signal or the job's own "
                    "`labq checkpoint --signal` declares, else a stop is TERM and the grace)")
     p.add_argument("--notify", action="append", default=[], metavar="WHEN[,WHEN]",
-                   help="tell you when it starts, ends (succeeds), fails (times out, or its node is lost) or is "
-                   "preempted (requeued): start, end, fail, preempt; several with commas; none: not at all (default: what "
-                   "`labq notify` set)")
+                   help="tell you when it starts, ends (succeeds), fails (times out, its node is lost, or someone "
+                   "else or the lab cancels it) or is preempted (requeued): start, end, fail, preempt; several with "
+                   "commas; none: not at all (default: what `labq notify` set)")
     p.add_argument("--json", action="store_true", help="print the job as JSON")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments, after --")
 

@@ -206,6 +206,8 @@ class Queue:
                 never = why_never_fits(new.spec, state.nodes()) if state.agents else None
                 if never is not None:
                     raise errors.unprocessable(f"the job could never run so: {never}")
+            if request.action == "cancel" and who.name != job.user:  # an admin's: its owner hears of it
+                new = new.evolve(cancelled_by=who.name)
             state.apply([new])
         return new
 

@@ -35,6 +35,8 @@ class JobState(str, Enum):
         return self in _ON_GPUS
 
 
+#: ``Job.cancelled_by`` of a job the lab itself cancelled (a dependency that can never be met, a reservation over)
+CANCELLED_BY_LAB = "labq"
 _FINISHED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
 _ON_GPUS = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING})
 
@@ -216,6 +218,8 @@ class Job:
     history: tuple[Attempt, ...] = ()
     #: what the lab did to it besides running it, for its user (``released from reservation 'paper' ...``)
     note: str = ""
+    #: who cancelled it, when its owner did not: an admin's name, or ``CANCELLED_BY_LAB`` (its owner hears of it)
+    cancelled_by: str | None = None
     #: the checkpoint signal its image or the job itself declared, when its spec declared none
     learned_signal: str | None = None
     learned_from: SignalSource | None = None

@@ -16,14 +16,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from labq.models.job import Job, JobState, StopReason
+from labq.models.job import CANCELLED_BY_LAB, Job, JobState, StopReason
 from labq.models.reservation import Reservation
 
 
 class NotifyEvent(str, Enum):
     START = "start"  #: an attempt of the job started running
     END = "end"  #: the job succeeded
-    FAIL = "fail"  #: the job failed, or was stopped at its time limit; or its node was lost (and the job requeued)
+    #: the job failed, or was stopped at its time limit; or its node was lost (and the job requeued); or it was
+    #: cancelled by someone else than its owner (an admin, or the lab: a dependency that failed, a reservation over)
+    FAIL = "fail"
     #: an attempt was stopped and the job requeued: preempted, its node lost, or requeued at its time limit
     PREEMPT = "preempt"
     RESERVATION = "reservation"  #: a reservation of theirs started or ended (a person's default only)
@@ -89,13 +91,15 @@ class Notice:
             return f"labq: reservation {quote(self.reservation)} has {self.state}"
         name = f" ({quote(self.job_name)})" if self.job_name else ""
         what = {NotifyEvent.START: "started", NotifyEvent.END: "succeeded",
-                NotifyEvent.FAIL: "timed out" if self.state == "timeout" else "failed",
+                NotifyEvent.FAIL: {"timeout": "timed out", "cancelled": "was cancelled"}.get(self.state, "failed"),
                 NotifyEvent.PREEMPT: "was requeued"}[self.event]
         return f"labq: job {self.job_id}{name} {what}"
 
     def _failed(self) -> str:
         if self.state == "timeout":
             return "timed out (stopped at its time limit)"
+        if self.state == "cancelled":
+            return "was cancelled"
         return "failed" if self.exit_code is None else f"failed (exit {self.exit_code})"
 
 
@@ -116,16 +120,28 @@ def job_notices(old: Job | None, new: Job, wanted: Iterable[NotifyEvent]) -> lis
     if new.state.finished and (old is None or not old.state.finished):
         event = {JobState.SUCCEEDED: NotifyEvent.END, JobState.FAILED: NotifyEvent.FAIL,
                  JobState.TIMEOUT: NotifyEvent.FAIL}.get(new.state)
+        if new.state is JobState.CANCELLED and new.cancelled_by is not None:  # not by its owner, who knows
+            event = NotifyEvent.FAIL
         if event in wanted:
-            found.append(_of_job(new, event, f"job-{new.id}.{event.value}", new.ended_at))
+            found.append(_of_job(new, event, f"job-{new.id}.{event.value}", new.ended_at, _cancel_reason(new)))
     return found
 
 
-def _of_job(job: Job, event: NotifyEvent, key: str, at: float | None) -> Notice:
+def _of_job(job: Job, event: NotifyEvent, key: str, at: float | None, reason: str = "") -> Notice:
     last = job.history[-1] if job.history else None
     placement = job.placement or (last.placement if last is not None else None)
     return Notice(key, job.user, event, at if at is not None else job.submitted_at, job.state.value, job.id,
-                  job.spec.name, job.attempt, job.exit_code, placement.nodes[0] if placement else None)
+                  job.spec.name, job.attempt, job.exit_code, placement.nodes[0] if placement else None, reason)
+
+
+def _cancel_reason(job: Job) -> str:
+    """Why a job its owner did not cancel was cancelled: by whom, or the lab's reason (in its note)."""
+    if job.state is not JobState.CANCELLED or job.cancelled_by is None:
+        return ""
+    if job.cancelled_by != CANCELLED_BY_LAB:
+        return f"by {job.cancelled_by}"
+    said = job.note.rfind("cancelled: ")  # ``labq.models.transitions``: the lab's cancels say why so
+    return job.note[said + len("cancelled: "):] if said >= 0 else "by the lab"
 
 
 def _requeued(job: Job) -> Notice:

@@ -11,7 +11,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from labq.models.job import AfterReservation, Attempt, AttemptEnd, Job, JobState, SignalSource, StopReason
+from labq.models.job import (CANCELLED_BY_LAB, AfterReservation, Attempt, AttemptEnd, Job, JobState, SignalSource,
+                             StopReason)
 from labq.models.placement import Placement
 from labq.models.reservation import Reservation
 
@@ -120,7 +121,7 @@ def leave_reservation(job: Job, why: str, now: float) -> Job:
     """``job`` out of its reservation because ``why`` (``reservation 'paper' ended``)."""
     waiting = job.state in (JobState.QUEUED, JobState.HELD)
     if waiting and job.spec.after_reservation is AfterReservation.CANCEL:
-        return job.evolve(state=JobState.CANCELLED, ended_at=now,
+        return job.evolve(state=JobState.CANCELLED, ended_at=now, cancelled_by=CANCELLED_BY_LAB,
                           note=_noted(job, f"cancelled: {why} before it started (--after-reservation cancel)"))
     what = "released to the normal queue" if waiting else "runs on outside it"
     return job.evolve(spec=replace(job.spec, reservation=None), note=_noted(job, f"{why}; {what}"))
@@ -166,7 +167,7 @@ def out_of_dependencies(jobs: Iterable[Job], finished: Mapping[int, JobState], n
             why = next(filter(None, (dependency_failure(job.spec.after_any, d, state_of(d))
                                      for d in job.spec.depends_on)), None)
             if why is not None:
-                more[job.id] = job.evolve(state=JobState.CANCELLED, ended_at=now,
+                more[job.id] = job.evolve(state=JobState.CANCELLED, ended_at=now, cancelled_by=CANCELLED_BY_LAB,
                                           note=_noted(job, f"cancelled: it can never start: {why}"))
         if not more:
             return list(cancelled.values())

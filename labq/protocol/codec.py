@@ -87,6 +87,8 @@ def encode_job(job: Job) -> dict:
     doc.update({name: getattr(job, name) for name in _JOB_SCALARS})
     if job.measured_gpu_s:
         doc.update({name: round(getattr(job, name), 1) for name in _MEASURED})
+    if job.cancelled_by is not None:
+        doc["cancelled_by"] = job.cancelled_by
     if job.learned_signal is not None and job.learned_from is not None:
         doc["learned_signal"], doc["learned_from"] = job.learned_signal, job.learned_from.value
     doc["placement"] = encode_placement(job.placement)
@@ -107,7 +109,7 @@ def decode_job(doc: dict) -> Job:
     return Job(id=doc["id"], spec=decode_spec(doc["spec"]), state=JobState(doc["state"]),
                placement=decode_placement(doc.get("placement")),
                history=tuple(decode_attempt(a) for a in doc.get("attempts", ())),
-               learned_signal=doc.get("learned_signal"),
+               learned_signal=doc.get("learned_signal"), cancelled_by=doc.get("cancelled_by"),
                learned_from=SignalSource(doc["learned_from"]) if doc.get("learned_from") else None,
                **{name: doc[name] for name in _JOB_SCALARS + _MEASURED if name in doc})
 

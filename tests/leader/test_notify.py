@@ -193,6 +193,31 @@ def test_the_webhook_gets_json_with_a_line_of_text(labs, webhook):
     assert "secret-path" not in json.dumps(lab.ok("GET", "/v1/notify/status"))
 
 
+def test_a_job_someone_else_cancels_tells_its_owner_and_their_own_cancel_does_not(labs, webhook):
+    """``fail`` hears of a cancel by an admin, and by the lab (a job that waits for one that failed), not of the
+    owner's own."""
+    lab = labs(NotifyConfig(webhook_url=webhook.url))
+    mine, theirs, first = (lab.submit(name=name, notify=["fail"], gpus=4) for name in ("mine", "theirs", "first"))
+    then = lab.submit(name="then", notify=["fail"], depends_on=[first])
+    lab.ok("POST", f"/v1/jobs/{mine}/actions", {"action": "cancel"}, token="alice")
+    lab.ok("POST", f"/v1/jobs/{theirs}/actions", {"action": "cancel"}, token="admin")
+    lab.run(first)
+    lab.end(first, 1)
+    lab.lb.leader.scheduling.schedule_pass()  # ``then`` can never start now: the pass cancels it
+    told = webhook.wait_for(3)
+    assert [t["text"] for t in told] == [
+        f"alice: job {theirs} (`theirs`) was cancelled: by root",
+        f"alice: job {first} (`first`) failed (exit 1) on n1",
+        f"alice: job {then} (`then`) was cancelled: it can never start: job {first} ended failed (--after waits "
+        "for success; --after-any for any end)"]
+    assert [(t["labq"]["event"], t["labq"]["state"]) for t in told] == [("fail", "cancelled"), ("fail", "failed"),
+                                                                         ("fail", "cancelled")]
+    assert lab.ok("GET", f"/v1/jobs/{theirs}")["job"]["cancelled_by"] == "root"
+    assert "cancelled_by" not in lab.ok("GET", f"/v1/jobs/{mine}")["job"]
+    lab.wait_status("webhook", lambda s: s["queued"] == 0, "empty")
+    assert len(webhook.bodies) == 3  # and nothing for alice's own cancel
+
+
 def test_a_jobs_name_arrives_escaped_in_mail_and_chat(labs, smtp, webhook):
     """A name the API refuses today, as a database of an older labq may hold it: no header is injected into the
     mail, no control character reaches a terminal, and the chat cannot be made to page everyone."""

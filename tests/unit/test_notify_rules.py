@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from labq.models import transitions as t
-from labq.models import Job, JobSpec, NodeAllocation, Placement
+from labq.models import Job, JobSpec, JobState, NodeAllocation, Placement
+from labq.models.job import AfterReservation
 from labq.models.notify import (
     NotifyEvent as E, NotifySettings, RetryPolicy, job_notices, reservation_moments, reservation_notice,
 )
@@ -33,6 +34,10 @@ TIMED_OUT = t.exited(RUNNING.evolve(stop_requested="timeout"), 143, 300.0)
 CANCELLED = t.exited(RUNNING.evolve(stop_requested="cancel"), 143, 300.0)
 PREEMPTED = t.exited(t.preempting(RUNNING.evolve(last_checkpoint_at=250.0), for_job=9), 0, 290.0)
 LOST = t.lost(RUNNING, 400.0)
+BY_ADMIN = t.exited(RUNNING.evolve(stop_requested="cancel", cancelled_by="root"), 143, 300.0)
+NEVER = t.out_of_dependencies([job(depends_on=(3,))], {3: JobState.FAILED}, 300.0)[0]
+BOOKING_OVER = t.leave_reservation(job(reservation="paper", after_reservation=AfterReservation.CANCEL),
+                                   "reservation 'paper' ended", 300.0)
 RUNNING_AGAIN = t.running(t.placed(PREEMPTED, PLACE), 500.0)
 
 
@@ -44,7 +49,11 @@ RUNNING_AGAIN = t.running(t.placed(PREEMPTED, PLACE), 500.0)
     (RUNNING, SUCCEEDED, {E.FAIL}, []),
     (RUNNING, FAILED, ALL, ["job-7.fail"]),
     (RUNNING, TIMED_OUT, {E.FAIL}, ["job-7.fail"]),
-    (RUNNING, CANCELLED, ALL, []),  # a cancel is its owner's (or an admin's) own doing
+    (RUNNING, CANCELLED, ALL, []),  # a cancel is its owner's own doing
+    (RUNNING, BY_ADMIN, ALL, ["job-7.fail"]),  # someone else's is not: who hears of failures hears of it
+    (RUNNING, BY_ADMIN, {E.END, E.START, E.PREEMPT}, []),
+    (QUEUED, NEVER, {E.FAIL}, ["job-7.fail"]),  # the lab cancelled it: it can never start
+    (QUEUED, BOOKING_OVER, {E.FAIL}, ["job-7.fail"]),
     (RUNNING, PREEMPTED, ALL, ["job-7.1.requeue"]),
     (RUNNING, PREEMPTED, {E.END, E.FAIL}, []),
     (RUNNING, LOST, {E.PREEMPT}, ["job-7.1.requeue"]),
@@ -70,6 +79,11 @@ def test_the_notices_a_change_of_a_job_causes(old, new, wanted, keys):
                          "last checkpoint lost"),
     (RUNNING, LOST, "alice: job 7 (bert) was requeued on ws1: its node was lost; 3 min of work since its last "
                     "checkpoint lost"),
+    (RUNNING, BY_ADMIN, "alice: job 7 (bert) was cancelled on ws1: by root"),
+    (QUEUED, NEVER, "alice: job 7 (bert) was cancelled: it can never start: job 3 ended failed (--after waits for "
+                    "success; --after-any for any end)"),
+    (QUEUED, BOOKING_OVER, "alice: job 7 (bert) was cancelled: reservation 'paper' ended before it started "
+                           "(--after-reservation cancel)"),
 ])
 def test_what_a_notice_says(old, new, line):
     [notice] = job_notices(old, new, ALL)
@@ -98,6 +112,8 @@ def test_a_jobs_notify_is_stored_only_when_asked_and_old_jobs_load():
     assert encode_job(asked)["spec"]["notify"] == ["end", "preempt"]
     assert decode_job(encode_job(asked)) == asked
     assert decode_job(encode_job(job(notify=()))).spec.notify == ()
+    assert "cancelled_by" not in plain  # stored only for a job someone else cancelled
+    assert decode_job(encode_job(BY_ADMIN)) == BY_ADMIN and encode_job(BY_ADMIN)["cancelled_by"] == "root"
 
 
 def booking(**kw) -> Reservation:
