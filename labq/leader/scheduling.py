@@ -206,6 +206,7 @@ class Scheduling:
                         if _time_is_up(job, now) and all(u.id != job.id for u in updates)]
             if updates:
                 state.apply(updates)
+            state.save_measures(now)
 
     def _silent_nodes(self, now: float) -> list[Job]:
         """Mark nodes lost after their lease; the jobs of nodes silent past requeue_after, requeued."""

@@ -38,6 +38,8 @@ from labq.scheduler import Policy, decay_usage
 
 log = logging.getLogger("labq.leader")
 MEASURE_GAP_S = 300.0  #: the longest stretch one GPU measurement stands for
+#: how often the running jobs' GPU measurements so far are saved with them: a restart loses at most this much of them
+MEASURE_SAVE_S = 900.0
 from labq.store import Change, CommitFailed, InvalidChange, PutJob, PutRecord, Store
 
 
@@ -114,6 +116,7 @@ class LabState:
         #: what each job's GPUs did since its version was last taken in (``measure``): [GPU-s, busy, MiB x s]
         self.gpu_measure: dict[int, list[float]] = {}
         self._measured_at: dict[str, float] = {}  #: each node's last measurement
+        self._measures_saved_at = now  #: when the running jobs' measurements were last saved with them
         #: called with (old version or None, new version) of each job taken in, under the lock: the metrics
         #: count what changed, ``labq usage`` keeps the jobs that finish
         self.watchers: list[Callable[[Job | None, Job], None]] = []
@@ -223,6 +226,23 @@ class LabState:
                     acc[0] += seconds
                     acc[1] += busy / 100.0 * seconds
                     acc[2] += max(0, memory[index] - free) * seconds
+
+    def save_measures(self, now: float) -> None:
+        """Every ``MEASURE_SAVE_S``, commit the running jobs with what their GPUs did so far (the lock is held), so
+        that a leader's restart does not lose it; on a failed commit it stays in memory, for the next try."""
+        if now - self._measures_saved_at < MEASURE_SAVE_S:
+            return
+        self._measures_saved_at = now
+        measured = [self.with_measure(job) for job in self.on_gpus.values() if job.id in self.gpu_measure]
+        if measured:
+            try:
+                self.apply(measured, wake=False)
+            except errors.ApiError as err:
+                log.warning("the running jobs' GPU measurements were not saved (they are kept for the next try): %s",
+                            err.message)
+                return
+            for job in measured:  # in the jobs now; no measurement came meanwhile (they come with changes)
+                self.gpu_measure.pop(job.id, None)
 
     def _measured(self, job: Job) -> Job:
         """``job`` leaving its GPUs, with what they did since it was last taken in."""

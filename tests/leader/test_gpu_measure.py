@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from labq.leader.state import MEASURE_GAP_S
+from labq.leader.state import MEASURE_GAP_S, MEASURE_SAVE_S
 from tests.conftest import FakeClock
 from tests.leader.loopback_leader import start_loopback_leader
 from tests.leader.test_metrics import register
@@ -83,4 +83,38 @@ def test_a_running_job_is_measured_so_far_and_an_unmeasured_one_says_nothing(lab
     assert row["utilization"] == pytest.approx(0.05) and row["memory_gib"] == pytest.approx(1.0)
     assert row["measured_gpu_hours"] == pytest.approx(600 / 3600, abs=1e-3)
     _, _, doc = lab.request("GET", f"/v1/jobs/{job}")
-    assert "measured_gpu_s" not in doc["job"]  # kept in the job when it leaves its GPUs, not while it runs
+    # kept in the job when it leaves its GPUs, and every MEASURE_SAVE_S while it runs (not yet: 600 s)
+    assert "measured_gpu_s" not in doc["job"]
+
+
+def test_a_running_jobs_measurement_so_far_outlives_a_leader_restart(tmp_path):
+    clock = FakeClock(T0)
+    lab = start_loopback_leader(tmp_path, clock=clock, monotonic=clock)
+    try:
+        agent = register(lab, "n1", 2)
+        status, _, doc = lab.request("POST", "/v1/jobs", {"command": ["train"], "gpus": 1, "workdir": "/tmp"})
+        job = doc["job"]["id"]
+        lab.leader.scheduling.schedule_pass()
+        (gpu,) = lab.leader.state.jobs[job].placement.allocations[0].gpu_indices
+        running = {"job_id": job, "attempt": 1, "running": True, "started_at": T0}
+        step = MEASURE_GAP_S / 2
+        for _ in range(int(MEASURE_SAVE_S / step) + 1):
+            sync(lab, agent, [running], {gpu: (50, MIB - 2048)})
+            clock.now += step
+        sync(lab, agent, [running], {gpu: (50, MIB - 2048)})
+        lab.leader.scheduling.tick()  # MEASURE_SAVE_S since the leader started: saved with the job
+        saved = lab.leader.state.jobs[job]
+        assert saved.measured_gpu_s == pytest.approx(step * (int(MEASURE_SAVE_S / step) + 1))
+        assert lab.leader.state.gpu_measure == {}
+        clock.now += step
+        sync(lab, agent, [running], {gpu: (50, MIB - 2048)})  # after the save: lost in the restart below
+    finally:
+        lab.stop()
+    again = start_loopback_leader(tmp_path, clock=clock, monotonic=clock)
+    try:
+        job_now = again.leader.state.jobs[job]
+        assert (job_now.measured_gpu_s, job_now.busy_gpu_s) == (saved.measured_gpu_s, saved.busy_gpu_s)
+        assert job_now.busy_gpu_s == pytest.approx(saved.measured_gpu_s / 2)
+        assert job_now.memory_mib_gpu_s == pytest.approx(2048 * saved.measured_gpu_s)
+    finally:
+        again.stop()
