@@ -11,16 +11,20 @@ What it measures
   for an admin asking for the whole lab, and ``encode_usage`` (what ``GET /v1/usage`` answers; the HTTP around
   it is not timed), over the whole history: the last 365 days of the one-year lab, the last 5 x 365 days of the
   five-year lab. The first report after the leader starts reads the archive (``labq.leader.accounting``); the
-  later ones (best of ``--repeats``, 3) do not. The five-year lab's first report is split into its parts
-  (reading the archive, reducing the documents to ``JobUse``, the tally), and a report of its last month and of
-  one user's five years are timed too, with the memory the leader keeps for its finished jobs.
+  later ones (best of ``--repeats``, 3) do not. Then a leader started again on the same folder: its first report
+  reads each closed month from the digest the first leader wrote (``labq.leader.digests``) and the newest month
+  from the archive (``first_report_again``, checked to give the same figures). The five-year lab's first report
+  is split into its parts (reading the archive, reducing the documents to ``JobUse``, the tally), and a report of
+  its last month and of one user's five years are timed too, with the memory the leader keeps for its finished
+  jobs.
 
 Then the ``/metrics`` scrape of a lab of 10 nodes x 8 GPUs and 10,000 jobs (``bench/metrics.py``'s ``measure``).
 
-Goals (from the issue): the one-year report within 1 s, the five-year one within 3 s; shown against both the
-first report and the later ones (a leader reads the archive in the background as it starts, so the first report
-a person asks for is most often a later one); a scrape within 50 ms. Timings are reported, never asserted. labq's own workload generator
-(``labq.sim.workload.generate``) has a 56-GPU lab at 0.7 load submit about 124 jobs a day: 100 is of that order.
+Goals (from the issue): the one-year report within 1 s, the five-year one within 3 s; shown against the very
+first report (no digest yet), the first of a leader started again, and the later ones (a leader reads the archive
+in the background as it starts, so the first report a person asks for is most often a later one); a scrape
+within 50 ms. Timings are reported, never asserted. labq's own workload generator (``labq.sim.workload.generate``)
+has a 56-GPU lab at 0.7 load submit about 124 jobs a day: 100 is of that order.
 
 Run:  .venv/bin/python bench/usage.py [--jobs-per-day N] [--repeats N] [--quick] [--json] [--dir PARENT] [--keep]
 """
@@ -187,10 +191,21 @@ def measure(folder: Path, years: int, repeats: int) -> dict:
             fig |= {"y5_read_archive_s": read, "y5_decode_s": decoding, "y5_tally_s": tally,
                     "y5_last_month_s": last_month, "y5_one_user_s": one_user,
                     "y5_cached_mib": _size(leader.accounting._finished) / 2**20}
-        return fig
     finally:
         leader.stop()
         leader.state.store.close()
+    again = open_leader(folder)  # a leader started again: the closed months from the digests the first one wrote
+    try:
+        first_again, doc_again = best(lambda: encode_usage(again.accounting.usage(ADMIN, query)), 1)
+        if doc_again != doc:
+            raise AssertionError(f"a leader started again reports other figures over {years} year(s)")
+        digests = again.accounting.digests
+        fig |= {f"y{years}_first_report_again_s": first_again, f"y{years}_months_read_again": digests.read_again,
+                f"y{years}_digests_mib": sum(p.stat().st_size for p in digests.folder.iterdir()) / 2**20}
+    finally:
+        again.stop()
+        again.state.store.close()
+    return fig
 
 
 def _size(finished: dict) -> int:
@@ -238,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
 
     scraped, problems = measure_scrape(1_000 if args.quick else 10_000, 10)
     fig |= {f"metrics_{k}": v for k, v in scraped.items() if k.startswith("scrape_")}
-    targets = {f"y{y}_{kind}report_s": (f"<= {goal:g} s", fig[f"y{y}_{kind}report_s"] <= goal)
-               for y, goal in GOALS_S.items() for kind in ("first_", "")}
+    targets = {f"y{y}_{kind}": (f"<= {goal:g} s", fig[f"y{y}_{kind}"] <= goal)
+               for y, goal in GOALS_S.items() for kind in ("first_report_s", "first_report_again_s", "report_s")}
     targets["metrics_scrape_median_ms"] = (f"< {GOAL_MS:g} ms", fig["metrics_scrape_median_ms"] < GOAL_MS)
     fig["goals_met"] = {name: met for name, (_, met) in targets.items()}
     if args.json:

@@ -17,9 +17,10 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
-from labq.store.contract import ended_within
+from labq.store.contract import HistoryPart, ended_within
 from labq.store.files import Disk, write_all
 
 _TAIL_CHUNK = 64 * 1024
@@ -161,19 +162,43 @@ class Archive:
             # tombstones land in the month of the deletion, so read later months too
             if first is not None and month < first:
                 continue
-            with open(path, "rb") as f:
-                for number, raw in enumerate(f, 1):
-                    try:
-                        record = json.loads(raw)
-                        if record["seq"] > committed:
-                            continue
-                    except (ValueError, KeyError, TypeError):
-                        self.problems.append(f"{path.name} line {number} is damaged and was skipped")
-                        continue
-                    if "deleted" in record:
-                        latest[record["deleted"]] = None
-                    elif "job" in record:
-                        latest[record["job"]["id"]] = record["job"]
+            latest.update(self._latest_in(path, committed)[0])
         for doc in latest.values():
             if doc is not None and ended_within(doc, since, until):
                 yield doc
+
+    def parts(self, committed: int) -> list[HistoryPart]:
+        """The archive's files, oldest first, as parts (``HistoryPart``) that read as ``read`` does."""
+        self.problems = []
+        files = self.files()
+        found = []
+        for number, path in enumerate(files, 1):
+            try:
+                stat = path.stat()
+            except FileNotFoundError:  # cut away by a recovery meanwhile
+                continue
+            found.append(HistoryPart(path.name, stat.st_size, stat.st_mtime_ns, number < len(files),
+                                     partial(self._latest_in, path, committed)))
+        return found
+
+    def _latest_in(self, path: Path, committed: int) -> tuple[dict[int, dict | None], bool]:
+        """The last version of each job in one file (None: deleted there), leaving out lines of commits after
+        ``committed``; and whether nothing was left out (no such line, no damaged one)."""
+        latest: dict[int, dict | None] = {}
+        whole = True
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    record = json.loads(raw)
+                    if record["seq"] > committed:
+                        whole = False
+                        continue
+                except (ValueError, KeyError, TypeError):
+                    self.problems.append(f"{path.name} line {number} is damaged and was skipped")
+                    whole = False
+                    continue
+                if "deleted" in record:
+                    latest[record["deleted"]] = None
+                elif "job" in record:
+                    latest[record["job"]["id"]] = record["job"]
+        return latest, whole

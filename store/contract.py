@@ -16,9 +16,9 @@ Rules, the same for every store:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from labq.models.job import JobState
 
@@ -67,6 +67,18 @@ class StoredState:
     seq: int  #: commits so far
 
 
+class HistoryPart(NamedTuple):
+    """One part of the archive (a month's file): what identifies its content, and how to read it."""
+
+    name: str | None  #: the file's name; None: a part with no file (a memory store), so nothing derived is kept of it
+    size: int  #: the file's size and modification time as it was listed: a copy of what was derived of it names
+    mtime_ns: int  #: them, and is stale once they differ
+    closed: bool  #: not the newest part: rarely written to (a job archived late, a recovery)
+    #: its jobs, the last version of each in it (None: deleted there), and whether that is all of it: no line was
+    #: damaged or of a commit still being made (then nothing derived of it should be kept)
+    read: Callable[[], tuple[dict[int, dict | None], bool]]
+
+
 class Store(Protocol):
     """What the leader needs from persistence. Only the leader process writes."""
 
@@ -81,6 +93,9 @@ class Store(Protocol):
 
     def history(self, since: float | None = None, until: float | None = None) -> list[dict]:
         """Finished jobs that left the hot state, newest version of each."""
+
+    def history_parts(self) -> list[HistoryPart]:
+        """The archive in its parts, oldest first: ``history()`` is what they read, merged in this order."""
 
     def close(self) -> None: ...
 

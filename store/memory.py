@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from labq.store.contract import Batch, Change, Ids, StoredState, ended_within
+from labq.store.contract import Batch, Change, HistoryPart, Ids, StoredState, ended_within
 
 
 class MemoryStore:
@@ -57,6 +57,15 @@ class MemoryStore:
         with self._lock:
             docs = [d for d in self._archive.values() if d is not None]
         return [copy.deepcopy(d) for d in docs if ended_within(d, since, until)]
+
+    def history_parts(self) -> list[HistoryPart]:
+        """The archive as one part, with no file: nothing derived of it is kept."""
+
+        def read() -> tuple[dict[int, dict | None], bool]:
+            with self._lock:
+                return copy.deepcopy(self._archive), True
+
+        return [HistoryPart(None, 0, 0, False, read)]
 
     def close(self) -> None:
         pass

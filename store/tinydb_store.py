@@ -44,7 +44,8 @@ from pathlib import Path
 
 from labq.store.archive import Archive
 from labq.store.contract import (
-    META, Batch, Change, Ids, CommitFailed, CorruptDatabase, SchemaMismatch, StoredState, StoreError, StoreLocked,
+    META, Batch, Change, Ids, CommitFailed, CorruptDatabase, HistoryPart, SchemaMismatch, StoredState, StoreError,
+    StoreLocked,
 )
 from labq.store.files import Disk, remove_stale_temp_files, replace_atomically
 from labq.store.hot import PREFIX, SCHEMA, HotState, stamp
@@ -266,6 +267,9 @@ class TinyDBStore:
     def history(self, since: float | None = None, until: float | None = None) -> list[dict]:
         """Finished jobs from the archive (newest version of each), by when they ended."""
         return list(self.archive.read(self._committed, since, until))
+
+    def history_parts(self) -> list[HistoryPart]:
+        return self.archive.parts(self._committed)
 
     @property
     def journal_bytes(self) -> int:

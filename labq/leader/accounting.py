@@ -1,7 +1,8 @@
 """``labq usage``: the lab's accounting over a window, from the finished jobs and the jobs on GPUs now.
 
 Finished jobs never change, and a report of years needs hundreds of thousands of them: reading and decoding the
-archive for every report would take seconds a year of history. So the first report reads the archive once, into
+archive for every report would take seconds a year of history. So the first report reads the archive once (each
+closed month from its digest, ``labq.leader.digests``, when it has a fresh one), into
 what a report needs of each job (``labq.models.usage.JobUse``, about half a kilobyte a job), and from then on
 each job that finishes is added as ``LabState.apply`` commits it (``LabState.watchers``); a later report reads no file.
 The jobs that finish while the archive is being read are kept aside and added after it, so a job is never lost
@@ -15,12 +16,13 @@ import threading
 
 from labq.leader.auth import Principal
 from labq.leader.bookings import Bookings
+from labq.leader.digests import Digests
 from labq.leader.state import LabState
 from labq.leader.users import user_only
 from labq.models.job import Job
 from labq.models.usage import JobUse, UsageReport, job_use, node_gpu_models, report
 from labq.protocol import errors
-from labq.protocol.usage import DEFAULT_WINDOW_S, UsageQuery, decode_use
+from labq.protocol.usage import DEFAULT_WINDOW_S, UsageQuery
 from labq.store import collector_paused
 
 log = logging.getLogger("labq.leader")
@@ -32,6 +34,7 @@ class Accounting:
         self._finished: dict[int, JobUse] | None = None  #: by job id, once the archive was read
         self._while_reading: list[Job] | None = None  #: the jobs that finished while it was read
         self._reading = threading.Lock()  #: one reading of the archive at a time
+        self.digests = Digests(state.config.data_dir)  #: each closed month of the archive, as a report needs it
         state.watchers.append(self._watch)
 
     def usage(self, who: Principal, query: UsageQuery) -> UsageReport:
@@ -103,8 +106,11 @@ class Accounting:
                 self._while_reading = []
             try:
                 now = state.clock()
+                found: dict[int, JobUse | None] = {}
                 with collector_paused():  # it makes many objects and frees none
-                    found = {doc["id"]: decode_use(doc, now) for doc in state.store.history()}
+                    for part in state.store.history_parts():  # merged in order: the last version of a job wins
+                        found.update(self.digests.uses(part, now))
+                found = {job_id: use for job_id, use in found.items() if use is not None}
             except BaseException:
                 with state.view:
                     self._while_reading = None

@@ -110,3 +110,21 @@ def _run(started_at: float, ended_at: float, placement: dict | None, gpus: int, 
     allocations = shared(tuple((a["node"], tuple(a["gpu_indices"])) for a in placement["allocations"]))
     return Run(started_at, ended_at, sum(len(i) for _, i in allocations), preempted, work_lost_s or 0.0,
                allocations)
+
+
+def use_row(use: JobUse) -> list:
+    """``use`` as a JSON row, its fields in order and its runs as rows (``labq.leader.digests`` keeps them)."""
+    return [use.id, use.user, use.klass, use.submitted_at, use.ended_at, use.outcome,
+            [[r.started_at, r.ended_at, r.gpus, r.preempted, r.work_lost_s, [[n, list(i)] for n, i in r.allocations]]
+             for r in use.runs],
+            use.ended_in_last_run, use.reservation, use.utilization, use.memory_gib]
+
+
+def use_of_row(row: list) -> JobUse:
+    """The ``JobUse`` a ``use_row`` was made of (names interned and GPU sets shared, as ``decode_use`` does)."""
+    job_id, user, klass, submitted_at, ended_at, outcome, runs, ended_in_last_run, reservation, busy, memory = row
+    return JobUse(job_id, sys.intern(user), sys.intern(klass), submitted_at, ended_at,
+                  None if outcome is None else sys.intern(outcome),
+                  tuple(Run(started, ended, gpus, preempted, lost, shared(tuple((n, tuple(i)) for n, i in placed)))
+                        for started, ended, gpus, preempted, lost, placed in runs),
+                  ended_in_last_run, reservation, busy, memory)

@@ -169,8 +169,10 @@ def test_a_leader_reads_the_archive_for_usage_as_it_starts_so_the_first_report_r
         accounting.warm_up().join(timeout=30)  # what Leader.start does
         assert accounting._finished is not None and len(accounting._finished) > 0
         read = []
-        real = lb.leader.state.store.history
-        lb.leader.state.store.history = lambda *a, **k: read.append(1) or real(*a, **k)
+        store = lb.leader.state.store
+        for name in ("history", "history_parts"):
+            real = getattr(store, name)
+            setattr(store, name, lambda *a, _real=real, **k: read.append(1) or _real(*a, **k))
         assert usage(lb)["total"]["jobs"] > 0 and read == []
     finally:
         lb.stop()

@@ -1,0 +1,81 @@
+"""``labq usage`` keeps a digest of each closed month of the archive (``labq.leader.digests``): a leader that
+starts again reads those instead of the month's job documents, and its reports are the same to the last field.
+A digest whose month changed (a job archived late), or that is damaged, is not used: the month is read again.
+Real TinyDB stores and leaders on loopback over ``tests.leader.usage_history`` (September to November 2026)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from labq.leader.auth import Principal
+from labq.leader.digests import CACHE_DIR
+from labq.models import transitions as t
+from labq.protocol.codec import encode_job
+from labq.protocol.usage import UsageQuery, decode_use, encode_usage, use_of_row, use_row
+from labq.store import PutJob, TinyDBStore
+from tests.conftest import FakeClock
+from tests.leader.loopback_leader import start_loopback_leader
+from tests.leader.usage_history import NOW, at, on, ran, store_history, submitted, WS1
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def report_of(data: Path) -> tuple[dict, int, dict]:
+    """A leader on ``data`` as it starts: its whole-history report, how many archive files it read (no fresh
+    digest), and what it keeps of each finished job."""
+    lb = start_loopback_leader(data, clock=FakeClock(NOW))
+    try:
+        accounting = lb.leader.accounting
+        accounting.warm_up().join(timeout=30)
+        doc = encode_usage(accounting.usage(Principal("user", "root", admin=True), UsageQuery(0.0, None, None)))
+        return doc, accounting.digests.read_again, dict(accounting._finished)
+    finally:
+        lb.stop()
+
+
+def digests(data: Path) -> list[str]:
+    return sorted(p.name for p in (data / CACHE_DIR).iterdir())
+
+
+def test_a_leader_reads_each_closed_month_from_its_digest_and_reports_the_same(tmp_path):
+    data = tmp_path / "data"
+    store_history(data)
+    first, read, kept = report_of(data)
+    assert read == 3  # September, October and November: no digest yet
+    assert digests(data) == ["jobs-2026-09.jsonl.usage", "jobs-2026-10.jsonl.usage"]  # not the newest month
+    with TinyDBStore(data) as store:
+        from_archive = {doc["id"]: decode_use(doc, NOW) for doc in store.history()}
+    assert kept == from_archive
+
+    again, read, kept = report_of(data)
+    assert read == 1  # the newest month alone
+    assert again == first and kept == from_archive
+
+
+def test_a_month_that_changed_or_a_damaged_digest_is_read_again(tmp_path):
+    data = tmp_path / "data"
+    store_history(data)
+    before, _, _ = report_of(data)
+    late = submitted(20, "dave", 1, 0, at(3, 0, 9))
+    with TinyDBStore(data) as store:  # a job that ended in September, archived now: into September's file
+        store.commit([PutJob(encode_job(late))])
+        store.commit([PutJob(encode_job(t.exited(ran(late, on(WS1, 1), at(3, 1, 9)), 0, at(3, 3, 9))))])
+    (data / CACHE_DIR / "jobs-2026-10.jsonl.usage").write_text('{"format": 1, "of": "jobs-2026-10.js')
+    after, read, kept = report_of(data)
+    assert read == 3  # September changed, October's digest is damaged, November is the newest
+    assert 20 in kept and after["total"]["jobs"] == before["total"]["jobs"] + 1
+    assert after["total"]["gpu_hours"] == pytest.approx(before["total"]["gpu_hours"] + 2.0)
+    _, read, again = report_of(data)
+    assert read == 1 and again == kept  # both digests made again
+
+
+def test_a_job_use_survives_its_row_through_json():
+    import json
+
+    from tests.leader.usage_history import history
+
+    for life in history():
+        use = decode_use(encode_job(life[-1]), NOW)
+        assert use_of_row(json.loads(json.dumps(use_row(use)))) == use
