@@ -21,10 +21,12 @@ Each mode runs ``--rounds`` times, in turn (off, sink, webhook, off, ...), each 
 mode are pooled. Checked: every submit answered 201; with notifications on, every job that ended was notified
 (2 notices a job) and the outbox is empty at the end; a violation is printed after the figures and exits 1.
 
-Goal (issue: notifications when jobs end): the outbox adds at most a quarter to a submit's p50 and p99 (``sink``);
-the ``webhook`` rows add the HTTP exchanges. Timings are printed, never asserted.
+Goal (issue: notifications when jobs end): the outbox's effect on a submit's latency is not measurable: the
+``sink`` rows' ratios to ``off`` are within the spread between the ``off`` rounds themselves (``off_rounds_*_spread``:
+the slowest round's p50 or p99 over the fastest's, the same lab measured again); the ``webhook`` rows add the HTTP
+exchanges. Timings are printed, never asserted.
 
-Run:  .venv/bin/python bench/notify.py [--submits 1000] [--warmup 50] [--rounds 2] [--json]
+Run:  .venv/bin/python bench/notify.py [--submits 1000] [--warmup 50] [--rounds 3] [--json]
 """
 
 from __future__ import annotations
@@ -53,7 +55,6 @@ from labq.models.job import JobState  # noqa: E402
 from labq.topologies import parse_sim_spec  # noqa: E402
 from tests.leader.loopback_leader import start_loopback_leader  # noqa: E402
 
-GOAL_RATIO = 1.25
 #: the webhook's receiver, a process of its own as a chat server is: counts the POSTs, says how many at GET /count
 RECEIVER = """
 import json, sys
@@ -211,12 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--submits", type=int, default=1000)
     parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # as ``labq leader`` runs (``labq.leader.main.start_leader``)
     problems: list[str] = []
     pooled: dict[str, list[float]] = {m: [] for m in MODES}
+    rounds: dict[str, list[list[float]]] = {m: [] for m in MODES}  #: each round's samples, for the noise floor
     rates: dict[str, list[float]] = {m: [] for m in MODES}
     notices = dict.fromkeys(MODES, 0)
     ended = dict.fromkeys(MODES, 0)
@@ -224,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in MODES:
             got = run_lab(mode, args.submits, args.warmup, problems)
             pooled[mode] += got["times"]
+            rounds[mode].append(got["times"])
             rates[mode].append(got["submits_per_s"])
             notices[mode] += got["notices"]
             ended[mode] += got["ended"]
@@ -234,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     for mode in MODES[1:]:
         fig[f"{mode}_p50_ratio"] = fig[f"{mode}_p50_ms"] / fig["off_p50_ms"]
         fig[f"{mode}_p99_ratio"] = fig[f"{mode}_p99_ms"] / fig["off_p99_ms"]
+    for q, of in (("p50", statistics.median), ("p99", lambda xs: pct(xs, 0.99))):  # off against off: the noise
+        per_round = [of(times) for times in rounds["off"]]
+        fig[f"off_rounds_{q}_spread"] = max(per_round) / min(per_round)
     for mode in MODES:
         fig[f"{mode}_submits_per_s"] = statistics.mean(rates[mode])
     for mode in MODES[1:]:
@@ -241,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(fig))
     else:
-        goals = {f"sink_{q}_ratio": (f"<= {GOAL_RATIO:g} x off", fig[f"sink_{q}_ratio"] <= GOAL_RATIO)
+        goals = {f"sink_{q}_ratio": (f"<= off's spread ({fig[f'off_rounds_{q}_spread']:.3f})",
+                                     fig[f"sink_{q}_ratio"] <= max(fig[f"off_rounds_{q}_spread"], 1.0))
                  for q in ("p50", "p99")}
         print_figures(f"labq submit latency with notifications off, to a sink, to a webhook ({NODES} nodes x 8 GPUs, "
                       f"jobs of {RUN_S * 1000:g} ms, {args.rounds} rounds, Python {sys.version.split()[0]})", fig,

@@ -35,11 +35,18 @@ class Notify:
         self.state = state
         retry = RetryPolicy(config.retry_first_s, config.retry_max_s, config.give_up_after_s)
         self.outbox = Outbox(state, channels_of(config) if channels is None else channels, retry)
+        self._decoded: dict[str, tuple[dict, NotifySettings]] = {}  #: user -> (their record, its settings)
 
     def settings_of(self, user: str) -> NotifySettings:
-        """``user``'s settings as stored (the view is held); the defaults for someone who set none."""
+        """``user``'s settings as stored (the view is held); the defaults for someone who set none. Decoded once
+        per version of their record (a record is replaced, never changed in place)."""
         record = self.state.users.get(user)
-        return decode_settings(record.get("notify")) if record is not None else NotifySettings()
+        if record is None:
+            return NotifySettings()
+        known = self._decoded.get(user)
+        if known is None or known[0] is not record:
+            known = self._decoded[user] = (record, decode_settings(record.get("notify")))
+        return known[1]
 
     # -- what LabState.apply asks (the lock is held) --------------------------------------------
 
@@ -61,6 +68,7 @@ class Notify:
     def records(self, notices: list[Notice], now: float) -> list[PutRecord]:
         """The outbox records of ``notices``: one a channel its person gets it by."""
         out = []
+        self.outbox.staged.clear()  # the last change's, taken in or not: a change at a time (the lock)
         for notice in notices:
             mine = self.settings_of(notice.user)
             out += self.outbox.records(notice, mine.email, mine.webhook, now)

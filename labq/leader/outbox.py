@@ -43,6 +43,8 @@ ROUND = 50  #: the most deliveries of one channel sent in one round, and of its 
 #: how long the removal of a delivered notice may wait to share a commit with the next ones (``Outbox._delivered``)
 SAVE_AFTER_S = 1.0
 IDLE_S = 60.0  #: a channel with nothing due looks again this often (a new delivery wakes it at once)
+#: a channel woken by a new delivery waits this long for more, so that a burst of them is one round, not one each
+GATHER_S = 0.05
 
 
 class Channel(Protocol):
@@ -103,6 +105,8 @@ class Line:
 class Outbox:
     def __init__(self, state: LabState, channels: Mapping[str, Channel], retry: RetryPolicy) -> None:
         self.state, self.retry = state, retry
+        #: the deliveries ``records`` made for the change being committed (by key), for ``took``
+        self.staged: dict[str, Delivery] = {}
         self.lines: dict[str, Line] = {
             name: Line(name, ch, said=RetryLog(log, f"notifications: the {name} channel ({ch.target})"))
             for name, ch in channels.items()}
@@ -131,18 +135,27 @@ class Outbox:
 
     def records(self, notice: Notice, email: str | None, webhook: bool, now: float) -> list[PutRecord]:
         """The deliveries of ``notice`` to the channels its person wants (by their e-mail address and their
-        choice of the webhook), as records for the commit of the change that caused it."""
-        return [PutRecord(OUTBOX, f"{notice.key}.{name}",
-                          Delivery(f"{notice.key}.{name}", name, notice, email if name == "email" else None,
-                                   now).record())
-                for name, line in self.lines.items() if line.channel is not None and line.channel.wants(email, webhook)]
+        choice of the webhook), as records for the commit of the change that caused it; the deliveries are kept
+        (``staged``) for ``took``, which need not read them back from their records."""
+        found = []
+        for name, line in self.lines.items():
+            if line.channel is not None and line.channel.wants(email, webhook):
+                delivery = Delivery(f"{notice.key}.{name}", name, notice, email if name == "email" else None, now,
+                                    next_at=now)
+                self.staged[delivery.key] = delivery
+                found.append(PutRecord(OUTBOX, delivery.key, delivery.record()))
+        return found
 
     def took(self, records: Iterable[Change]) -> None:
         """The records of ``records`` are on disk now (the lock is held): queue them and wake their channels."""
         woken = set()
         for change in records:
             if isinstance(change, PutRecord) and change.table == OUTBOX:
-                self._take(change.key, change.doc)
+                delivery = self.staged.pop(change.key, None)
+                if delivery is None:
+                    self._take(change.key, change.doc)
+                else:
+                    self._line(delivery.channel).pending[delivery.key] = delivery
                 woken.add(change.doc["channel"])
         for name in woken:
             self.lines[name].woken.set()
@@ -157,7 +170,8 @@ class Outbox:
             pause = self.step(name)
             if stopping.is_set():
                 break
-            line.woken.wait(pause)
+            if line.woken.wait(pause):
+                stopping.wait(GATHER_S)  # what else comes meanwhile goes in the same round
             line.woken.clear()
         try:
             self._save(line, [])
@@ -183,7 +197,8 @@ class Outbox:
         return pause
 
     def _round(self, line: Line) -> float:
-        """Send what is due, outside the lock; then take the answers in, under it."""
+        """Send what is due, outside the lab's locks; then take the answers in, under its view (they change the
+        line alone); writing down what was delivered is a change, under the lock (``_save``)."""
         state = self.state
         if line.channel is None:
             return IDLE_S
@@ -201,18 +216,21 @@ class Outbox:
                 failed = (delivery, err)
                 break
             sent.append(delivery)
-        with state.lock:
+        with state.view:  # what the channel said changes the line alone: no change of the lab's, no commit
             now = state.clock()
             if sent:
                 self._delivered(line, sent, now)
             gone = self._failed(line, *failed, now) if failed is not None else []
             unsaved = [d for d in line.pending.values() if d.sent]
-            if gone or (unsaved and (len(unsaved) >= ROUND or state.monotonic() - line.unsaved_since >= SAVE_AFTER_S)):
-                self._save(line, gone)
+            if not (gone or (unsaved and (len(unsaved) >= ROUND
+                                          or state.monotonic() - line.unsaved_since >= SAVE_AFTER_S))):
+                return self._pause(line)
+        self._save(line, gone)  # a change: it takes the lock
+        with state.view:
             return self._pause(line)
 
     def _delivered(self, line: Line, sent: list[Delivery], now: float) -> None:
-        """The channel took ``sent`` (the lock is held). Their removal from the store waits a little
+        """The channel took ``sent`` (the view is held). Their removal from the store waits a little
         (``SAVE_AFTER_S``), to go in one commit with the next ones: a leader killed meanwhile sends them again."""
         if not any(d.sent for d in line.pending.values()):
             line.unsaved_since = self.state.monotonic()
@@ -224,7 +242,7 @@ class Outbox:
         line.delivered += len(sent)
 
     def _failed(self, line: Line, delivery: Delivery, err: Exception, now: float) -> list[Delivery]:
-        """The channel refused ``delivery`` (the lock is held): it waits its next try, or is given up (returned)."""
+        """The channel refused ``delivery`` (the view is held): it waits its next try, or is given up (returned)."""
         error = describe(err)
         delivery.tries += 1
         line.failed_tries += 1
@@ -263,7 +281,7 @@ class Outbox:
                 line.pending.pop(d.key, None)
 
     def _pause(self, line: Line) -> float:
-        """How long the channel's thread may sleep (the lock is held): until its next delivery is due, or what it
+        """How long the channel's thread may sleep (the view is held): until its next delivery is due, or what it
         delivered is to be written down; a minute at most."""
         waits = [IDLE_S]
         if any(d.sent for d in line.pending.values()):
