@@ -68,13 +68,18 @@ def test_a_job_keeps_what_its_gpus_did_and_usage_shows_it_per_user(lab):
     assert row["memory_gib"] == pytest.approx(seen["memory_mib_gpu_s"] / seen["measured_gpu_s"] / 1024, abs=1e-3)
 
 
-def test_a_running_job_is_measured_so_far_and_an_unmeasured_one_says_nothing(lab):
+def one_gpu_job_placed(lab) -> tuple[str, int, int, dict]:
+    """Node n1 (2 GPUs) and a 1-GPU job placed on it: (its agent's token, the job, its GPU, its running report)."""
     agent = register(lab, "n1", 2)
     status, _, doc = lab.request("POST", "/v1/jobs", {"command": ["train"], "gpus": 1, "workdir": "/tmp"})
     job = doc["job"]["id"]
     lab.leader.scheduling.schedule_pass()
     (gpu,) = lab.leader.state.jobs[job].placement.allocations[0].gpu_indices
-    running = {"job_id": job, "attempt": 1, "running": True, "started_at": T0}
+    return agent, job, gpu, {"job_id": job, "attempt": 1, "running": True, "started_at": T0}
+
+
+def test_a_running_job_is_measured_so_far_and_an_unmeasured_one_says_nothing(lab):
+    agent, job, gpu, running = one_gpu_job_placed(lab)
     sync(lab, agent, [running], {gpu: (5, MIB - 1024)})
     lab.clock.now += 600
     sync(lab, agent, [running], {gpu: (5, MIB - 1024)})
@@ -91,12 +96,7 @@ def test_a_running_jobs_measurement_so_far_outlives_a_leader_restart(tmp_path):
     clock = FakeClock(T0)
     lab = start_loopback_leader(tmp_path, clock=clock, monotonic=clock)
     try:
-        agent = register(lab, "n1", 2)
-        status, _, doc = lab.request("POST", "/v1/jobs", {"command": ["train"], "gpus": 1, "workdir": "/tmp"})
-        job = doc["job"]["id"]
-        lab.leader.scheduling.schedule_pass()
-        (gpu,) = lab.leader.state.jobs[job].placement.allocations[0].gpu_indices
-        running = {"job_id": job, "attempt": 1, "running": True, "started_at": T0}
+        agent, job, gpu, running = one_gpu_job_placed(lab)
         step = MEASURE_GAP_S / 2
         for _ in range(int(MEASURE_SAVE_S / step) + 1):
             sync(lab, agent, [running], {gpu: (50, MIB - 2048)})
