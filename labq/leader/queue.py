@@ -17,7 +17,7 @@ from labq.models.actions import ActionRefused, Rules, Wish, acted
 from labq.models.decisions import Pending
 from labq.models.job import Job, JobSpec, JobState, Runtime
 from labq.models.priority import priority_name
-from labq.models.transitions import dependency_failure
+from labq.models.transitions import cancelled_by_someone, dependency_failure
 from labq.protocol import errors
 from labq.protocol.codec import decode_job, encode_job, hide_env
 from labq.protocol.requests import ActionRequest, SubmitRequest
@@ -207,7 +207,7 @@ class Queue:
                 if never is not None:
                     raise errors.unprocessable(f"the job could never run so: {never}")
             if request.action == "cancel" and who.name != job.user:  # an admin's: its owner hears of it
-                new = new.evolve(cancelled_by=who.name)
+                new = cancelled_by_someone(new, who.name)
             state.apply([new])
         return new
 

@@ -117,6 +117,12 @@ def out_of_reservations(jobs: Iterable[Job], reservations: Mapping[str, Reservat
     return moved
 
 
+def cancelled_by_someone(job: Job, who: str) -> Job:
+    """``job`` once ``who``, not its owner, cancelled it (or asked it to stop for that): its note says who, and its
+    owner hears of it (``--notify fail``)."""
+    return job.evolve(cancelled_by=who, note=_noted(job, f"cancelled by {who}"))
+
+
 def leave_reservation(job: Job, why: str, now: float) -> Job:
     """``job`` out of its reservation because ``why`` (``reservation 'paper' ended``)."""
     waiting = job.state in (JobState.QUEUED, JobState.HELD)

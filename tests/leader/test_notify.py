@@ -212,7 +212,8 @@ def test_a_job_someone_else_cancels_tells_its_owner_and_their_own_cancel_does_no
         "for success; --after-any for any end)"]
     assert [(t["labq"]["event"], t["labq"]["state"]) for t in told] == [("fail", "cancelled"), ("fail", "failed"),
                                                                          ("fail", "cancelled")]
-    assert lab.ok("GET", f"/v1/jobs/{theirs}")["job"]["cancelled_by"] == "root"
+    cancelled = lab.ok("GET", f"/v1/jobs/{theirs}")["job"]
+    assert (cancelled["cancelled_by"], cancelled["note"]) == ("root", "cancelled by root")  # labq show says who
     assert "cancelled_by" not in lab.ok("GET", f"/v1/jobs/{mine}")["job"]
     lab.wait_status("webhook", lambda s: s["queued"] == 0, "empty")
     assert len(webhook.bodies) == 3  # and nothing for alice's own cancel
