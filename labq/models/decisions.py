@@ -20,6 +20,7 @@ class PendingReason(str, Enum):
     USER = "User"  #: no node that could run it has an account for its user
     QUEUE = "Queue"  #: its queue is at its cap, or at its guarantee and does not borrow
     BORROWED = "Borrowed"  #: beyond its queue's guarantee, and the lab may not lend it the GPUs
+    ARRAY_LIMIT = "ArrayTaskLimit"  #: its array has as many tasks on GPUs as its ``%N`` allows
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,11 @@ class JobSpec:
     shm_size_mib: int = 1024  #: /dev/shm of a docker job (dataloaders need more than Docker's 64 MiB)
     #: the moments of its life that notify its owner (``--notify end,fail``); () none; None: the owner's defaults
     notify: tuple[NotifyEvent, ...] | None = None
+    #: a task of an array (``labq submit --array``/``--grid``): the array's id (a job id of its own, no job's),
+    #: this task's index (``12.3``), and how many of the array's tasks may hold GPUs at once (``%N``; None: any)
+    array_id: int | None = None
+    array_index: int | None = None
+    array_cap: int | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -176,6 +181,11 @@ class JobSpec:
             raise ValueError(f"{self.gpus} GPUs cannot be split evenly over {self.nodes} nodes")
         if self.runtime is Runtime.DOCKER and not self.image:
             raise ValueError("a docker job needs an image")
+
+    @property
+    def task_ref(self) -> str | None:
+        """``12.3`` for task 3 of array 12; None for a job of its own."""
+        return None if self.array_id is None else f"{self.array_id}.{self.array_index}"
 
     @property
     def gpus_per_node(self) -> int:

@@ -144,6 +144,10 @@ class _Pass(LabView):
 
     def _serve(self, job: Job) -> None:
         spec = job.spec
+        if spec.array_cap is not None and self.array_on_gpus.get(spec.array_id, 0) >= spec.array_cap:
+            self._wait(job, PendingReason.ARRAY_LIMIT, f"{spec.array_cap} of array {spec.array_id}'s tasks are on "
+                       f"GPUs, as many as its %{spec.array_cap} allows")
+            return
         if spec.depends_on and not self._dependencies_met(job):
             return
         if spec.reservation is not None and not self._reservation_open(job):
@@ -362,6 +366,8 @@ class _Pass(LabView):
             self.free[alloc.node] &= ~mask
             self.on_gpus[alloc.node].append(OnGpus(job, mask, self._end_of(job), False))
         self.in_use[job.user] = self.in_use.get(job.user, 0) + job.spec.gpus
+        if job.spec.array_cap is not None:
+            self.array_on_gpus[job.spec.array_id] = self.array_on_gpus.get(job.spec.array_id, 0) + 1
         if self.book is not None:
             self.book.take(job, job.spec.gpus)
         self.most_free = self._count_most_free()

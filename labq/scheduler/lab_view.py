@@ -96,6 +96,8 @@ class LabView:
         self._up_names = frozenset(n.name for n in self.up)
         self.queued: list[Job] = []
         self.held: list[Job] = []
+        #: by array id, how many of its tasks hold GPUs (``%N`` caps it); only arrays that have a cap
+        self.array_on_gpus: dict[int, int] = {}
         for job in self.jobs:
             state = job.state
             if state is _QUEUED:
@@ -104,6 +106,8 @@ class LabView:
                 self.held.append(job)
             elif state in _ON_GPUS and job.placement is not None:
                 self._occupy(job)
+                if job.spec.array_cap is not None:
+                    self.array_on_gpus[job.spec.array_id] = self.array_on_gpus.get(job.spec.array_id, 0) + 1
         self.most_free = self._count_most_free()
         if self.book is not None:
             self._count_on_one_node()

@@ -526,3 +526,29 @@ def test_queue_order_breaks_ties_by_usage_then_submit_time_then_id(jobs):
     d = jobs.queued(user="heavy", priority=HIGH, submitted_at=9.0)
     assert order_queue([a, b, c, d], {"heavy": 9.0}) == [d, b, c, a]
     assert order_queue([c, b, a, d], {}) == [d, a, b, c]
+
+
+# -- arrays: %N --------------------------------------------------------------------------
+
+
+def test_an_arrays_cap_counts_its_tasks_on_gpus_and_those_the_pass_starts(jobs):
+    node = make_node("dgx", "sim:dgx1")  # 8 GPUs
+    running = jobs.running(node, (0,), user="alice", array_id=50, array_index=0, array_cap=3)
+    tasks = [jobs.queued(1, array_id=50, array_index=i, array_cap=3) for i in range(1, 6)]
+    free = [jobs.queued(1, array_id=60, array_index=i) for i in range(3)]  # an array with no cap
+    d = schedule([running, *tasks, *free], [node], now=NOW)
+    assert [t.id for t in tasks if d.started(t.id)] == [tasks[0].id, tasks[1].id]  # 3 with the one running
+    for t in tasks[2:]:
+        pending = d.pending_for(t.id)
+        assert pending.reason is PendingReason.ARRAY_LIMIT
+        assert pending.detail == "3 of array 50's tasks are on GPUs, as many as its %3 allows"
+    assert all(d.started(j.id) for j in free)
+
+
+def test_a_capped_array_leaves_the_gpus_it_may_not_use_to_the_jobs_behind_it(jobs):
+    node = make_node("ws", "sim:ws-4x3090")
+    tasks = [jobs.queued(1, priority=HIGH, array_id=50, array_index=i, array_cap=1) for i in range(4)]
+    other = jobs.queued(2, user="bob")
+    d = schedule([*tasks, other], [node], now=NOW)
+    assert sum(1 for t in tasks if d.started(t.id)) == 1
+    assert d.started(other.id) is not None
