@@ -14,6 +14,7 @@ from labq.leader.scheduling import finished_states
 from labq.leader.state import LabState
 from labq.leader.users import admin_only, user_only
 from labq.models.actions import ActionRefused, Rules, Wish, acted
+from labq.models.arrays import task_command, task_env
 from labq.models.decisions import Pending
 from labq.models.job import Job, JobSpec, JobState, Runtime
 from labq.models.priority import priority_name
@@ -26,6 +27,8 @@ from labq.scheduler.inert import waits_whatever_the_order
 from labq.scheduler.queues import lab_gpus, why_never_in_queue
 from labq.store import CommitFailed, PutJob, PutRecord
 
+#: what ``labq cancel|hold|release|prio 12`` may do to a whole array
+ARRAY_ACTIONS = ("cancel", "hold", "release", "prio")
 CLEANED = "cleaned"  #: the store's table of ``labq clean`` marks: user -> {"up_to": time}
 _REFUSALS = {"conflict": errors.conflict, "forbidden": errors.forbidden, "bad_request": errors.bad_request}
 _BY_ID = attrgetter("id")
@@ -51,6 +54,41 @@ class Queue:
     def submit(self, who: Principal, request: SubmitRequest) -> Job:
         user_only(who)
         return self._enqueue(who, request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s))
+
+    def submit_sweep(self, who: Principal, request: SubmitRequest) -> tuple[int, list[Job]]:
+        """An array or grid (``request.sweep``): its id and its tasks, one job each, checked once (they have one
+        shape) and committed in one commit."""
+        user_only(who)
+        spec = request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s)
+        sweep, state = request.sweep, self.state
+        _check_spec(spec, who, state.config)
+        spec = _in_queue(spec, who, state.config, restart=False)
+        with state.view:
+            self._check_lab(spec)
+            array_id = state.next_job_id  #: an id of its own, no job's: ``12``, its tasks ``12.0``...
+            state.next_job_id += 1 + len(sweep.tasks)
+            now = state.clock()
+        env = dict(spec.env)
+        jobs = [Job(array_id + 1 + k, replace(spec, command=task_command(spec.command, task),
+                                              env=tuple(sorted({**env, **task_env(array_id, task)}.items())),
+                                              array_id=array_id, array_index=task.index, array_cap=sweep.cap),
+                    submitted_at=now)
+                for k, task in enumerate(sweep.tasks)]
+        try:
+            state.store.commit([PutJob(encode_job(job)) for job in jobs])
+        except CommitFailed as err:
+            raise errors.unavailable(f"the array was not saved, so it was not submitted: {err}") from None
+        with state.view:
+            for job in jobs:
+                state.add(job)
+            quiet = waits_whatever_the_order(jobs[0], state.nodes(), state.on_gpus.values(), state.policy())
+            if quiet:
+                state.defer(QUIET_SUBMIT_PASS_S)
+        for job in jobs:
+            state.publish_job(job)
+        if not quiet:
+            state.wake()
+        return array_id, jobs
 
     def restart(self, who: Principal, job_id: int) -> Job:
         """A finished job submitted again as a new job with the same spec (``labq restart``)."""
@@ -90,6 +128,73 @@ class Queue:
         if not quiet:
             state.wake()
         return job
+
+    def is_array(self, array_id: int) -> bool:
+        """Whether ``array_id`` is an array with unfinished tasks."""
+        with self.state.view:
+            return array_id in self.state.arrays
+
+    def task(self, who: Principal, array_id: int, index: int) -> int:
+        """The job id of task ``array_id.index`` (``12.3``): the unfinished one, else the last that ended."""
+        user_only(who)
+        state = self.state
+        with state.view:
+            for job_id in state.arrays.get(array_id, ()):
+                if state.jobs[job_id].spec.array_index == index:
+                    return job_id
+        ended = [doc["id"] for doc in state.store.history() if _task_of(doc) == (array_id, index)]
+        if not ended:
+            raise errors.not_found(f"there is no task {array_id}.{index}")
+        return max(ended)
+
+    def array(self, who: Principal, array_id: int) -> list[Job] | None:
+        """The tasks of array ``array_id``, the last job of each index, by index; None: no array has that id."""
+        user_only(who)
+        state = self.state
+        with state.view:
+            live = [state.jobs[i] for i in state.arrays.get(array_id, ())]
+        ended = [decode_job(doc) for doc in state.store.history() if _task_of(doc)[0] == array_id]
+        by_index: dict[int, Job] = {}
+        for job in sorted(ended + live, key=_BY_ID):  # a task restarted: its last job
+            by_index[job.spec.array_index] = job
+        return [by_index[i] for i in sorted(by_index)] or None
+
+    def act_on_array(self, who: Principal, array_id: int, request: ActionRequest) -> list[Job]:
+        """``request`` for each unfinished task of array ``array_id`` it applies to (``labq cancel 12``: all of
+        them; ``hold 12``: the queued ones): the tasks it changed, in one commit; 409 when it changed none."""
+        user_only(who)
+        if request.action not in ARRAY_ACTIONS:
+            raise errors.bad_request(f"an array takes {', '.join(ARRAY_ACTIONS)}; {request.action} one task at a "
+                                     f"time ({array_id}.INDEX)", "action")
+        state, config = self.state, self.state.config
+        with state.lock:
+            tasks = sorted((state.jobs[i] for i in state.arrays.get(array_id, ())), key=_BY_ID)
+            if not tasks:
+                raise errors.not_found(f"array {array_id} has no unfinished task")
+            if tasks[0].user != who.name and not who.admin:
+                raise errors.forbidden(f"array {array_id} belongs to {tasks[0].user}; only they or an admin may "
+                                       "change it")
+            mine = {t.id for t in tasks}
+            top = max((j.priority for j in state.jobs.values() if j.state is JobState.QUEUED and j.id not in mine),
+                      default=tasks[0].priority - 1)
+            wish = Wish(request.action, request.priority, request.gpus, request.time_limit_s, request.by, request.name)
+            rules = Rules(config.max_priority_for(who.name), config.max_time_limit_s)
+            changed, refused = [], None
+            for task in tasks:
+                try:
+                    new = acted(task, wish, state.clock(), admin=who.admin, top_priority=top, rules=rules)
+                except ActionRefused as err:
+                    refused = refused or err
+                    continue
+                if request.action == "cancel" and who.name != task.user:
+                    new = cancelled_by_someone(new, who.name)
+                changed.append(new)
+            if not changed:
+                assert refused is not None
+                raise _REFUSALS[refused.kind](f"no task of array {array_id} could be changed so: {refused.message}",
+                                              *([refused.field] if refused.field else []))
+            state.apply(changed)
+        return changed
 
     def history_window(self, who: Principal, since: float, until: float) -> list[dict]:
         """The lab's finished jobs submitted in [since, until), encoded, their environments' values hidden (what a
@@ -261,6 +366,12 @@ def _check_dependencies(spec: JobSpec, state: LabState) -> None:
         why = dependency_failure(spec.after_any, dep, live.state if live is not None else finished.get(dep))
         if why is not None:
             raise errors.unprocessable(f"this job could never start: {why}", "depends_on")
+
+
+def _task_of(doc: dict) -> tuple[int | None, int | None]:
+    """(array id, index) of an encoded job; (None, None) for a job of its own."""
+    array = doc["spec"].get("array")
+    return (array["id"], array["index"]) if array else (None, None)
 
 
 def listed(user: str, names: tuple[str, ...]) -> bool:

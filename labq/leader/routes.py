@@ -76,6 +76,28 @@ def _job_id(text: str) -> int:
     return require_int(text, "job id")
 
 
+_REF = r"([0-9][0-9.]*)"  #: a job (``12``), an array (``12``) or an array's task (``12.3``): one group, no nesting
+
+
+def _task_or_job(h: _Handler, who, ref: str) -> int:
+    """The job id that ``ref`` names: a task's (``12.3``), or the id itself."""
+    if "." in ref:
+        array_id, _, index = ref.partition(".")
+        if not index.isdigit():
+            raise errors.bad_request(f"a task is ARRAY.INDEX (12.3), not {ref}", "job id")
+        return h.server.leader.queue.task(who, _job_id(array_id), require_int(index, "task index"))
+    return _job_id(ref)
+
+
+def _array_doc(array_id: int, tasks: list, whole) -> dict:
+    """An array as ``GET /v1/jobs/ID`` answers for it: its tasks by index, and how many are in each state."""
+    counts: dict[str, int] = {}
+    for task in tasks:
+        counts[task.state.value] = counts.get(task.state.value, 0) + 1
+    return {"id": array_id, "user": tasks[0].user, "cap": tasks[-1].spec.array_cap, "counts": counts,
+            "tasks": [encode_job(t) if whole(t) else hide_env(encode_job(t)) for t in tasks]}
+
+
 # -- the lab's health ----------------------------------------------------------------------
 
 
@@ -112,7 +134,13 @@ def _whoami(h: _Handler, who) -> tuple[int, dict]:
 
 @route("POST", "/v1/jobs", audit="submit")
 def _submit(h: _Handler, who, body) -> tuple[int, dict]:
-    job = h.server.leader.queue.submit(who, parse_submit(body))
+    request, queue = parse_submit(body), h.server.leader.queue
+    if request.sweep is not None:  # an array: its first task, and the array
+        array_id, tasks = queue.submit_sweep(who, request)
+        h.audited.update(job=array_id, owner=tasks[0].user, target=f"an array of {len(tasks)} tasks")
+        return 201, {"job": encode_job(tasks[0]), "array": {"id": array_id, "tasks": len(tasks), "first": tasks[0].id,
+                                                            "last": tasks[-1].id, "cap": tasks[0].spec.array_cap}}
+    job = queue.submit(who, request)
     h.audited.update(job=job.id, owner=job.user)
     return 201, {"job": encode_job(job)}
 
@@ -173,22 +201,34 @@ def _jobs(h: _Handler, who) -> tuple[int, bytes]:
     return 200, (text + "}").encode()
 
 
-@route("GET", r"/v1/jobs/([0-9]+)")
-def _job(h: _Handler, who, job_id: str) -> tuple[int, dict]:
-    job, pending = h.server.leader.queue.job(who, _job_id(job_id))
+@route("GET", r"/v1/jobs/" + _REF)
+def _job(h: _Handler, who, ref: str) -> tuple[int, dict]:
+    queue = h.server.leader.queue
+    try:
+        job, pending = queue.job(who, _task_or_job(h, who, ref))
+    except errors.ApiError as err:
+        tasks = queue.array(who, _job_id(ref)) if err.status == 404 and "." not in ref else None
+        if tasks is None:
+            raise
+        return 200, {"array": _array_doc(_job_id(ref), tasks, _whole_for(who))}
     doc = encode_job(job)
     return 200, {"job": doc if _whole_for(who)(job) else hide_env(doc), "pending": encode_pending(pending)}
 
 
-@route("POST", r"/v1/jobs/([0-9]+)/actions", audit="act", about="job")
-def _action(h: _Handler, who, job_id: str, body) -> tuple[int, dict]:
+@route("POST", r"/v1/jobs/" + _REF + "/actions", audit="act", about="job")
+def _action(h: _Handler, who, ref: str, body) -> tuple[int, dict]:
     request, queue = parse_action(body), h.server.leader.queue
     h.audited["action"] = request.action
+    job_id = _task_or_job(h, who, ref)
+    if "." not in ref and queue.is_array(job_id):  # the whole array
+        changed = queue.act_on_array(who, job_id, request)
+        h.audited.update(owner=changed[0].user, target=f"{len(changed)} tasks")
+        return 200, {"array": {"id": job_id, "changed": len(changed)}, "jobs": [encode_job(j) for j in changed]}
     if request.action == "restart":  # a new job: its answer is the new job's
-        job = queue.restart(who, _job_id(job_id))
+        job = queue.restart(who, job_id)
         h.audited.update(owner=job.user, target=f"as job {job.id}")
         return 201, {"job": encode_job(job)}
-    job = queue.act(who, _job_id(job_id), request)
+    job = queue.act(who, job_id, request)
     h.audited["owner"] = job.user
     return 200, {"job": encode_job(job)}
 
@@ -199,10 +239,10 @@ def _clean(h: _Handler, who) -> tuple[int, dict]:
     return 200, {"cleaned_up_to": up_to, "hidden": hidden}
 
 
-@route("GET", r"/v1/jobs/([0-9]+)/logs", head=False)
-def _logs(h: _Handler, who, job_id: str) -> None:
+@route("GET", r"/v1/jobs/" + _REF + "/logs", head=False)
+def _logs(h: _Handler, who, ref: str) -> None:
     leader = h.server.leader
-    job, _ = leader.queue.job(who, _job_id(job_id))
+    job, _ = leader.queue.job(who, _task_or_job(h, who, ref))
     if job.user != who.name and not who.admin:
         raise errors.forbidden(f"job {job.id} belongs to {job.user}")
     attempt = require_int(h.arg("attempt"), "attempt") if h.arg("attempt") else job.latest_run()

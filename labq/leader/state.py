@@ -101,6 +101,11 @@ class LabState:
         #: the jobs that wait on more than GPUs, kept by ``apply``: another job (``--after``) or a reservation.
         #: A pass's bookkeeping of dependencies and bookings looks at these, not at the whole queue
         self.waiting_on: dict[int, Job] = {i: j for i, j in self.jobs.items() if _waits_on(j)}
+        #: each array's unfinished tasks (job ids) by array id, kept by ``add`` and ``apply``
+        self.arrays: dict[int, set[int]] = {}
+        for job in self.jobs.values():
+            if job.spec.array_id is not None:
+                self.arrays.setdefault(job.spec.array_id, set()).add(job.id)
         self.next_job_id = loaded.next_job_id
         self.users: dict[str, dict] = dict(loaded.records.get("users", {}))
         self.agents = {name: AgentSession(name, decode_node(rec["node"]), rec["token_sha256"], rec.get("logs_url"),
@@ -128,6 +133,8 @@ class LabState:
         self.jobs[job.id] = job
         if _waits_on(job):
             self.waiting_on[job.id] = job
+        if job.spec.array_id is not None:
+            self.arrays.setdefault(job.spec.array_id, set()).add(job.id)
         self._tell_watchers(None, job)
 
     def _tell_watchers(self, old: Job | None, new: Job) -> None:
@@ -181,6 +188,11 @@ class LabState:
                 self.jobs.pop(job.id, None)
                 self.pending.pop(job.id, None)
                 self.finished[job.id] = job.state
+                if job.spec.array_id is not None and job.spec.array_id in self.arrays:
+                    tasks = self.arrays[job.spec.array_id]
+                    tasks.discard(job.id)
+                    if not tasks:
+                        del self.arrays[job.spec.array_id]
             else:
                 self.jobs[job.id] = job
             if job.state.holds_gpus:

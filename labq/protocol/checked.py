@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from labq.protocol.errors import bad_request
 
 if TYPE_CHECKING:
+    from labq.models.arrays import Sweep
     from labq.models.job import JobSpec
 
 
@@ -21,6 +22,8 @@ class SubmitRequest:
     """A submission before the leader adds who sent it."""
 
     fields: dict
+    #: the tasks of ``--array``/``--grid`` (``labq.models.arrays.Sweep``); None: one job
+    sweep: Sweep | None = None
 
     def spec_for(self, user: str, *, default_grace_s: float = 60.0) -> JobSpec:
         from labq.models.job import JobSpec

@@ -44,6 +44,8 @@ MAX_COMMAND_BYTES = 64 * 1024
 MAX_ARGS = 4096
 MAX_ENV_BYTES = 64 * 1024
 MAX_GPUS = 64
+MAX_ARRAY_TEXT = 4096  #: the longest ``array`` text, and each ``grid`` text
+MAX_GRIDS = 16  #: the most grids of one submit
 MAX_TIME_LIMIT_S = 366 * 86400
 MAX_QUERY_INT = 2**53  #: the largest number a query parameter or path id may be
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,255}"  #: compiled (and kept by ``re``) on first use: `labq submit` sends it
@@ -244,7 +246,8 @@ def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: 
                    depends_on: Sequence[int] | None = None, after_any: bool = False, nodes: int | None = None,
                    node: str | None = None, reservation: str | None = None, after_reservation: str | None = None,
                    image: str | None = None, mounts: Sequence[Mount] = (), shm_size_mib: int | None = None,
-                   queue: str | None = None, notify: Sequence[str] | None = None) -> dict:
+                   queue: str | None = None, notify: Sequence[str] | None = None, array: str | None = None,
+                   grid: Sequence[str] = ()) -> dict:
     """The ``POST /v1/jobs`` body that ``parse_submit`` reads back: only what differs from the defaults.
 
     Plain values: seconds, MiB, absolute paths. An ``image`` makes it a container job (``runtime`` docker).
@@ -256,7 +259,8 @@ def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: 
                 "grace_s": _seconds(grace_s), "checkpoint_signal": checkpoint_signal,
                 "env": dict(env) if env else None, "depends_on": list(depends_on) if depends_on else None,
                 "after_any": after_any or None, "nodes": nodes, "node": node, "reservation": reservation, "after_reservation": after_reservation,
-                "queue": queue, "notify": list(notify) if notify is not None else None}
+                "queue": queue, "notify": list(notify) if notify is not None else None, "array": array,
+                "grid": list(grid) if grid else None}
     body.update((key, value) for key, value in optional.items() if value is not None)
     if image is not None:
         body["runtime"], body["image"] = "docker", image
@@ -330,8 +334,24 @@ def parse_submit(body: object) -> SubmitRequest:
         out["notify"] = events_of(notify, "notify", JOB_EVENTS)
     if out["after_any"] and not out.get("depends_on"):
         raise bad_request("after_any says how the jobs in depends_on must end; name them too", "after_any")
+    sweep = _sweep(f.string("array", max_len=MAX_ARRAY_TEXT), f.raw("grid"))
     f.done()
-    return SubmitRequest({k: v for k, v in out.items() if v is not None})
+    return SubmitRequest({k: v for k, v in out.items() if v is not None}, sweep)
+
+
+def _sweep(array: str | None, grid: object):
+    """``array`` (``0-99%8``) and ``grid`` (``["lr=1e-3,3e-4", ...]``) as the tasks they make; None for one job."""
+    if grid is not None and (not isinstance(grid, list) or not all(isinstance(g, str) and len(g) <= MAX_ARRAY_TEXT
+                                                                  for g in grid) or len(grid) > MAX_GRIDS):
+        raise bad_request(f"grid must be a list of at most {MAX_GRIDS} NAME=V1,V2,... texts", "grid")
+    if array is None and not grid:
+        return None
+    from labq.models.arrays import sweep
+
+    try:
+        return sweep(array, grid or ())
+    except ValueError as err:
+        raise bad_request(str(err), "grid" if grid else "array") from None
 
 
 def _after_reservation(text: str | None, reservation: str | None):
