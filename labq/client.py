@@ -44,6 +44,15 @@ class Page(namedtuple("Page", ("jobs", "pending", "total", "next"))):
     __slots__ = ()
 
 
+def _ref(job_id: int | str) -> str:
+    """A job id (``12``) or an array's task (``12.3``) as it goes in a path: digits and one dot, nothing else."""
+    text = str(job_id)
+    head, dot, index = text.partition(".")
+    if not head.isdigit() or dot and not index.isdigit():
+        raise ValueError(f"not a job id: {text!r}")
+    return text
+
+
 def normalize_url(url: str) -> str:
     """``host:7733`` -> ``http://host:7733``; no trailing slash. People type addresses both ways."""
     url = url.strip()
@@ -152,6 +161,11 @@ class Client:
     def submit(self, body: dict) -> dict:
         return self._json("POST", "/v1/jobs", body=body)["job"]
 
+    def submit_sweep(self, body: dict) -> dict:
+        """An array or grid (``array``, ``grid`` in ``body``): ``{job: its first task, array: {id, tasks, first,
+        last, cap}}``."""
+        return self._json("POST", "/v1/jobs", body=body)
+
     def jobs(self, user: str | None = None, states: Iterable[str] = (), all: bool = False,
              history: bool = False, limit: int | None = None) -> list[dict]:
         return self.listing(user, states, all=all, history=history, limit=limit)[0]
@@ -188,9 +202,16 @@ class Client:
         answer = self._json("GET", "/v1/jobs", query)
         return answer["jobs"], {int(k): v for k, v in answer.get("pending", {}).items() if v}
 
-    def job(self, job_id: int) -> tuple[dict, dict | None]:
-        answer = self._json("GET", f"/v1/jobs/{int(job_id)}")
+    def job(self, job_id: int | str) -> tuple[dict, dict | None]:
+        """A job or an array's task (``12.3``), and why it waits; an array's id is a 400 here (``lookup``)."""
+        answer = self.lookup(job_id)
+        if "job" not in answer:
+            raise ApiError(400, "bad_request", f"{job_id} is an array, not a job: name one of its tasks ({job_id}.0)")
         return answer["job"], answer.get("pending")
+
+    def lookup(self, ref: int | str) -> dict:
+        """``GET /v1/jobs/REF``: ``{job, pending}`` for a job or a task (``12.3``), ``{array}`` for an array."""
+        return self._json("GET", f"/v1/jobs/{_ref(ref)}")
 
     def action(self, job_id: int, action: str, priority: int | str | None = None, **fields) -> dict:
         """``cancel``, ``hold``, ``release``, ``prio`` (with ``priority``), ``top``, ``preempt``, or ``edit``
@@ -198,11 +219,12 @@ class Client:
         body: dict = {"action": action, **{k: v for k, v in fields.items() if v is not None}}
         if priority is not None:
             body["priority"] = priority
-        return self._json("POST", f"/v1/jobs/{int(job_id)}/actions", body=body)["job"]
+        answer = self._json("POST", f"/v1/jobs/{_ref(job_id)}/actions", body=body)
+        return answer.get("job") or answer  # an array's: {array: {id, changed}, jobs}
 
     def restart(self, job_id: int) -> dict:
         """A finished job submitted again with the same spec: the new job."""
-        return self._json("POST", f"/v1/jobs/{int(job_id)}/actions", body={"action": "restart"})["job"]
+        return self._json("POST", f"/v1/jobs/{_ref(job_id)}/actions", body={"action": "restart"})["job"]
 
     def clean(self) -> dict:
         """Hide your finished jobs from listings: ``{"cleaned_up_to", "hidden"}``."""
@@ -216,7 +238,7 @@ class Client:
     def log(self, job_id: int, attempt: int | None = None, offset: int = 0) -> LogChunk:
         """``logs`` and the attempt the leader read: without ``attempt``, the latest that ran."""
         query = [("offset", offset)] + ([("attempt", attempt)] if attempt is not None else [])
-        resp = self._send("GET", f"/v1/jobs/{int(job_id)}/logs", query)
+        resp = self._send("GET", f"/v1/jobs/{_ref(job_id)}/logs", query)
         try:
             data = self._read(resp)
             header = resp.header("X-Labq-Offset") or ""

@@ -127,20 +127,90 @@ def reason_text(job: Mapping, pending: Mapping | None, now: float) -> str:
     return f"{pending['reason']}{when}: {pending['detail']}"
 
 
+def job_ref(job: Mapping) -> str:
+    """How people name a job: ``12``, or ``12.3`` for task 3 of array 12."""
+    array = job["spec"].get("array")
+    return f"{array['id']}.{array['index']}" if array else str(job["id"])
+
+
 def job_row(job: Mapping, now: float, pending: Mapping | None = None) -> list[object]:
     spec = job["spec"]
-    return [job["id"], job_name(job), spec.get("user"), job["state"], priority_name(spec.get("priority", 200)),
+    return [job_ref(job), job_name(job), spec.get("user"), job["state"], priority_name(spec.get("priority", 200)),
             spec.get("gpus", 1), placement_text(job), age_or_runtime(job, now), reason_text(job, pending, now)]
 
 
 def jobs_table(jobs: Sequence[Mapping], now: float, color: bool = False,
-               pending: Mapping[int, Mapping] | None = None) -> str:
-    """``labq ls``: one row a job; ``pending`` (job id -> PENDING) fills the REASON of the jobs that wait."""
+               pending: Mapping[int, Mapping] | None = None, expand: bool = False) -> str:
+    """``labq ls``: one row a job; ``pending`` (job id -> PENDING) fills the REASON of the jobs that wait. The
+    waiting tasks of an array that wait alike (one state, one reason) are one row, ``12.[2-5]``, as Slurm's squeue
+    folds them; tasks on GPUs and finished ones have a row each. ``expand``: every task its own row."""
     if not jobs:
         return "no jobs"
     waits = pending or {}
-    return table(JOB_HEADERS, [job_row(j, now, waits.get(j["id"])) for j in jobs], color=color,
-                 color_column="STATE", max_width=JOB_WIDTHS)
+    rows = [job_row(j, now, waits.get(j["id"])) for j in jobs] if expand else _folded_rows(jobs, now, waits)
+    return table(JOB_HEADERS, rows, color=color, color_column="STATE", max_width=JOB_WIDTHS)
+
+
+def _folded_rows(jobs: Sequence[Mapping], now: float, waits: Mapping[int, Mapping]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    groups: dict[tuple, tuple[list[object], list[int]]] = {}  #: (array, state, reason) -> (its row, indices)
+    for job in jobs:
+        row = job_row(job, now, waits.get(job["id"]))
+        array = job["spec"].get("array")
+        if array is None or job["state"] not in ("queued", "held"):
+            rows.append(row)
+            continue
+        key = (array["id"], job["state"], row[-1])
+        if key in groups:
+            groups[key][1].append(array["index"])
+            continue
+        groups[key] = (row, [array["index"]])
+        rows.append(row)
+    for (array_id, _, _), (row, indices) in groups.items():
+        if len(indices) > 1:
+            row[0] = f"{array_id}.[{index_ranges(indices)}]"
+    return rows
+
+
+def index_ranges(indices: Sequence[int]) -> str:
+    """``[0, 1, 2, 3, 7, 9, 10]`` -> ``0-3,7,9-10``."""
+    parts, ordered = [], sorted(indices)
+    start = prev = ordered[0]
+    for i in ordered[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(parts)
+
+
+def array_text(array: Mapping, now: float, color: bool = False) -> str:
+    """``labq show 12`` for an array: who, its cap, its tasks by state, and a row for each task."""
+    head = f"array {array['id']} of {array['user']}: {_counts_text(array)}"
+    if array.get("cap"):
+        head += f"; at most {array['cap']} on GPUs at once"
+    pending = {int(i): p for i, p in array.get("pending", {}).items()}
+    return escape_controls(head) + "\n" + jobs_table(array["tasks"], now, color, pending, expand=True)
+
+
+def array_why_text(array: Mapping, now: float) -> str:
+    """``labq why 12`` for an array: how many of its tasks wait, for each reason, and how many are past waiting."""
+    reasons: dict[str, int] = {}
+    for p in array.get("pending", {}).values():
+        line = f"{p['reason']}: {p['detail']}"
+        reasons[line] = reasons.get(line, 0) + 1
+    lines = [f"array {array['id']}: {_counts_text(array)}"]
+    lines += [f"  {n} wait{'s' if n == 1 else ''}: {line}" for line, n in sorted(reasons.items(), key=lambda r: -r[1])]
+    if not reasons and array["counts"].keys() & {"queued"}:
+        lines.append("  the scheduler has not looked at its waiting tasks yet")
+    return "\n".join(escape_controls(line) for line in lines)
+
+
+def _counts_text(array: Mapping) -> str:
+    total = sum(array["counts"].values())
+    return f"{total} task{'s' if total != 1 else ''}, " + ", ".join(f"{n} {s}" for s, n in array["counts"].items())
 
 
 def estimate_text(estimated_start: float | None, now: float) -> str:

@@ -50,6 +50,9 @@ def _each(client: Client, ids: Sequence[int], act: Callable[[int], dict], phrase
             codes.append(exit_code(err))
             continue
         codes.append(0)
+        if "array" in job:  # the whole array's answer: {array, jobs}
+            print(f"array {job_id}: {escape_controls(_array_phrase(job))}")
+            continue
         print(f"job {job_id}: {escape_controls(phrase(job))}")
     failed = [c for c in codes if c]
     if not failed:
@@ -75,6 +78,18 @@ def _prio(args: argparse.Namespace) -> int:
     client = leader_client(args)
     return _each(client, parse_ids(args.ids), lambda i: client.action(i, "prio", **fields),
                  lambda job: _state_phrase(job, "prio"))
+
+
+def _array_phrase(answer: dict) -> str:
+    """``4 tasks: 3 cancelled, 1 stopping (cancel requested)``."""
+    counts: dict[str, int] = {}
+    for job in answer["jobs"]:
+        state = job["state"]
+        if job.get("stop_requested") and state not in FINISHED:
+            state = f"stopping ({job['stop_requested']} requested)"
+        counts[state] = counts.get(state, 0) + 1
+    changed = answer["array"]["changed"]
+    return f"{changed} task{'s' if changed != 1 else ''}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
 
 
 def _state_phrase(job: dict, action: str) -> str:

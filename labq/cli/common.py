@@ -245,13 +245,27 @@ def zone_arg(args: argparse.Namespace):
         raise CliError(f"--tz: {err}") from None
 
 
-def parse_ids(values: list[str], what: str = "job id") -> list[int]:
-    """``12 13`` or ``12,13`` -> [12, 13]."""
-    ids = []
-    for word in (w for v in values for w in v.split(",") if w.strip()):
-        if not word.strip().isdigit() or int(word) < 1:
-            raise CliError(f"{word!r} is not a {what}: use the number `labq ls` shows")
-        ids.append(int(word))
+def parse_ids(values: list[str], what: str = "job id") -> list[int | str]:
+    """``12 13`` or ``12,13`` -> [12, 13]; an array's task stays a text: ``12.3`` -> "12.3"."""
+    ids: list[int | str] = []
+    for word in (w.strip() for v in values for w in v.split(",") if w.strip()):
+        ids.append(job_ref(word, what))
     if not ids:
         raise CliError(f"name at least one {what}")
     return ids
+
+
+def job_ref_arg(word: str) -> int | str:
+    """``job_ref`` as an argparse type: a bad id is a usage error (exit 2), said as ``job_ref`` says it."""
+    try:
+        return job_ref(word)
+    except CliError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def job_ref(word: str, what: str = "job id") -> int | str:
+    """A job or an array (``12`` -> 12) or an array's task (``12.3``, kept as text); a clear error else."""
+    head, dot, index = word.strip().partition(".")
+    if not head.isdigit() or int(head) < 1 or dot and not index.isdigit():
+        raise CliError(f"{word!r} is not a {what}: use the number `labq ls` shows (12, or 12.3 for an array's task)")
+    return f"{int(head)}.{int(index)}" if dot else int(head)

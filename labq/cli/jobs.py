@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Mapping
 
 from labq.cli.common import (
@@ -116,7 +117,9 @@ def _requeue_on_timeout(args: argparse.Namespace) -> bool:
     return args.requeue_on_timeout
 
 
-def _dependencies(args: argparse.Namespace) -> list[int] | None:
+def _dependencies(args: argparse.Namespace) -> list[int | str] | None:
+    """The jobs ``--after`` (or ``--after-any``) names: ids (an array's id waits for all its tasks) and tasks
+    (``12.3``, found by their job id before the submit)."""
     if args.after and args.after_any:
         raise CliError("--after waits for success, --after-any for any end: use one of them")
     if args.after_any:
@@ -162,9 +165,37 @@ def parse_mount(text: str, cwd: str | None = None):
 
 def _submit(args: argparse.Namespace) -> int:
     body = build_submit_body(args)
+    if any(isinstance(ref, str) for ref in body.get("depends_on", ())):  # an array's task (12.3): its job id
+        client = leader_client(args)
+        body["depends_on"] = [client.job(ref)[0]["id"] if isinstance(ref, str) else ref for ref in body["depends_on"]]
+    if args.array is not None or args.grid:
+        return _submit_sweep(args, body)
     job = leader_client(args).submit(body)
     name = job["spec"].get("name")
     return emit(args, job, lambda: f"submitted job {job['id']}" + (f" ({escape_controls(name)})" if name else ""))
+
+
+def _submit_sweep(args: argparse.Namespace, body: dict) -> int:
+    """An array or a grid: checked here first (a clear error before the leader is asked), then one submit."""
+    from labq.models.arrays import sweep, unknown_placeholders
+
+    try:
+        tasks = sweep(args.array, args.grid)
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    typos = unknown_placeholders(body["command"], tasks.names)
+    if typos:
+        print(f"labq: note: {', '.join('{' + t + '}' for t in typos)} in the command is neither {{index}} nor a "
+              "--grid name: it is passed as typed", file=sys.stderr)
+    body["array"] = args.array
+    if args.grid:
+        body["grid"] = list(args.grid)
+    answer = leader_client(args).submit_sweep(body)
+    array = answer["array"]
+    first, last = tasks.tasks[0].index, tasks.tasks[-1].index
+    cap = f", at most {array['cap']} at once" if array.get("cap") else ""
+    return emit(args, answer, lambda: f"submitted array {array['id']}: {array['tasks']} task"
+                f"{'s' if array['tasks'] != 1 else ''} ({array['id']}.{first} to {array['id']}.{last}){cap}")
 
 
 # -- the parsers ----------------------------------------------------------------------------------
@@ -193,7 +224,10 @@ def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
                 "  labq submit --class low --name sweep-1 --env WANDB_API_KEY -- ./sweep.sh 1\n"
                 "  labq submit --after 12 -- python eval.py        runs once job 12 has succeeded\n"
                 "  labq submit --after-any 12 -- ./cleanup.sh      runs once job 12 has ended, however\n"
-                "  labq submit --notify end,fail -- python train.py  e-mail or chat when it ends", _submit, c)
+                "  labq submit --notify end,fail -- python train.py  e-mail or chat when it ends\n"
+                "  labq submit --array 0-99%8 -- python train.py --shard {index}   100 tasks, 8 at a time\n"
+                "  labq submit --grid lr=1e-3,3e-4 --grid seed=0,1,2 -- python train.py --lr {lr} --seed {seed}",
+                _submit, c)
     p.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs the job needs (default 1)")
     p.add_argument("--gpu-mem", metavar="SIZE", help="least memory per GPU: 40G, 24GiB, 8000M (plain number: GiB)")
     p.add_argument("--gpu-model", metavar="MODEL", help="part of the GPU model name: A100, 3090")
@@ -235,6 +269,13 @@ def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
                    help="tell you when it starts, ends (succeeds), fails (times out, its node is lost, or someone "
                    "else or the lab cancels it) or is preempted (requeued): start, end, fail, preempt; several with "
                    "commas; none: not at all (default: what `labq notify` set)")
+    p.add_argument("--array", metavar="INDICES", help="many tasks of this job, one per index: 0-99, 1-9:2 (a step), "
+                   "1,5,9; %%N runs at most N at once (0-99%%8); {index} in the command and LABQ_ARRAY_INDEX in the "
+                   "environment are each task's own. With --grid: only %%N")
+    p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2",
+                   help="a task per combination of the grids' values (several --grid: every combination, the first "
+                   "slowest); {NAME} in the command and LABQ_PARAM_NAME in the environment are each task's own; a "
+                   'value with a comma in double quotes')
     p.add_argument("--json", action="store_true", help="print the job as JSON")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments, after --")
 

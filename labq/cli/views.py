@@ -18,6 +18,7 @@ from labq.cli.common import (
     Patience,
     command,
     emit,
+    job_ref_arg,
     leader_client,
     patience,
     retry_option,
@@ -92,7 +93,8 @@ def _ls_text(found: Page, args: argparse.Namespace) -> str:
     from labq.render import jobs_table
 
     more = _more_line(found, args)
-    return jobs_table(found.jobs, time.time(), use_color(), found.pending) + (f"\n{more}" if more else "")
+    return jobs_table(found.jobs, time.time(), use_color(), found.pending, expand=args.expand) + (
+        f"\n{more}" if more else "")
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -220,16 +222,25 @@ def _frame_writer():
 
 
 def _show(args: argparse.Namespace) -> int:
-    from labq.render import show_text
+    from labq.render import array_text, show_text
 
-    job, pending = leader_client(args).job(args.id)
+    found = leader_client(args).lookup(args.id)
+    if "array" in found:
+        return emit(args, found, lambda: array_text(found["array"], time.time(), use_color()))
+    job, pending = found["job"], found.get("pending")
     return emit(args, {"job": job, "pending": pending}, lambda: show_text(job, pending, time.time()))
 
 
 def _why(args: argparse.Namespace) -> int:
-    from labq.render import why_text
+    from labq.render import array_why_text, why_text
 
-    job, pending = leader_client(args).job(args.id)
+    found = leader_client(args).lookup(args.id)
+    if "array" in found:
+        array = found["array"]
+        text = array_why_text(array, time.time())
+        return emit(args, {"id": array["id"], "counts": array["counts"], "pending": array["pending"], "text": text},
+                    lambda: text)
+    job, pending = found["job"], found.get("pending")
     text = why_text(job, pending, time.time())
     return emit(args, {"id": job["id"], "state": job["state"], "pending": pending, "text": text}, lambda: text)
 
@@ -407,17 +418,21 @@ def add_views(sub: argparse._SubParsersAction, c: list) -> None:
     p.add_argument("--json", action="store_true", help="print JSON: the jobs, each waiting one with its pending "
                    "reason; every job that matches (not paged) unless --limit or --after says otherwise")
     p.add_argument("--watch", action="store_true", help="redraw on every change until Ctrl-C")
+    p.add_argument("--expand", action="store_true", help="a row for every task of an array (by default the tasks "
+                   "that wait alike are one row: 12.[2-9])")
 
-    p = command(sub, "show", "everything about a job",
-                "Show a job: what it asked for, where it runs (GPU indices and UUIDs), why it waits.",
-                "  labq show 12\n  labq show 12 --json", _show, c)
-    p.add_argument("id", type=int, metavar="ID")
+    p = command(sub, "show", "everything about a job, or an array's tasks",
+                "Show a job: what it asked for, where it runs (GPU indices and UUIDs), why it waits. An array's id "
+                "shows its tasks, one line each; ID.INDEX one task as a job.",
+                "  labq show 12\n  labq show 12 --json\n  labq show 12.3          task 3 of array 12", _show, c)
+    p.add_argument("id", type=job_ref_arg, metavar="ID")
     p.add_argument("--json", action="store_true", help="print {job, pending} as JSON")
 
     p = command(sub, "why", "why a job is not running yet",
-                "Say why a job waits (the scheduler's reason) and when it should start.",
-                "  labq why 12", _why, c)
-    p.add_argument("id", type=int, metavar="ID")
+                "Say why a job waits (the scheduler's reason) and when it should start; for an array, how many "
+                "of its tasks wait for each reason.",
+                "  labq why 12\n  labq why 12.3", _why, c)
+    p.add_argument("id", type=job_ref_arg, metavar="ID")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = command(sub, "logs", "print a job's output",
@@ -427,8 +442,9 @@ def add_views(sub: argparse._SubParsersAction, c: list) -> None:
                 "--retry-for).",
                 "  labq logs 12\n  labq logs -n 20 12               the last 20 lines, like tail -n\n"
                 "  labq logs -f -n 0 12             only what it writes from now on\n"
-                "  labq logs 12 --attempt 1         the run before a preemption", _logs, c)
-    p.add_argument("id", type=int, metavar="ID")
+                "  labq logs 12 --attempt 1         the run before a preemption\n"
+                "  labq logs 12.3                   task 3 of array 12", _logs, c)
+    p.add_argument("id", type=job_ref_arg, metavar="ID")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends (Ctrl-C stops)")
     p.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines (with -f: then follow)")
     p.add_argument("--attempt", type=int, metavar="K", help="this attempt (default: the latest that ran)")

@@ -62,7 +62,7 @@ class Queue:
         spec = request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s)
         sweep, state = request.sweep, self.state
         _check_spec(spec, who, state.config)
-        spec = _in_queue(spec, who, state.config, restart=False)
+        spec = _with_tasks(_in_queue(spec, who, state.config, restart=False), state)
         with state.view:
             self._check_lab(spec)
             array_id = state.next_job_id  #: an id of its own, no job's: ``12``, its tasks ``12.0``...
@@ -107,7 +107,7 @@ class Queue:
         A new job changes no version that is there: a submit only looks (the view), it waits for no change."""
         state = self.state
         _check_spec(spec, who, state.config)
-        spec = _in_queue(spec, who, state.config, restart=bool(note))
+        spec = _with_tasks(_in_queue(spec, who, state.config, restart=bool(note)), state)
         with state.view:
             self._check_lab(spec)
             job = Job(state.next_job_id, spec, submitted_at=state.clock(), note=note)
@@ -353,6 +353,26 @@ def _in_queue(spec: JobSpec, who: Principal, config: LeaderConfig, restart: bool
     except ValueError as err:
         raise errors.bad_request(str(err), "queue") from None
     return spec if queue == spec.queue else replace(spec, queue=queue)
+
+
+def _with_tasks(spec: JobSpec, state: LabState) -> JobSpec:
+    """``spec`` waiting for every task of each array its ``depends_on`` names (``--after 12``: the whole array),
+    those that ended included (the archive is read, outside the lab's locks, only for an id that is no job here)."""
+    if not spec.depends_on:
+        return spec
+    with state.view:
+        tasks = {dep: set(state.arrays.get(dep, ())) for dep in spec.depends_on
+                 if dep not in state.jobs and dep not in state.finished}
+    if not tasks:
+        return spec
+    for doc in state.store.history():
+        array_id = _task_of(doc)[0]
+        if array_id in tasks:
+            tasks[array_id].add(doc["id"])
+    deps: list[int] = []
+    for dep in spec.depends_on:  # no such array: the dependency check says there is no such job
+        deps.extend(sorted(tasks[dep]) or [dep] if dep in tasks else [dep])
+    return spec if deps == list(spec.depends_on) else replace(spec, depends_on=tuple(dict.fromkeys(deps)))
 
 
 def _check_dependencies(spec: JobSpec, state: LabState) -> None:

@@ -89,13 +89,15 @@ def _task_or_job(h: _Handler, who, ref: str) -> int:
     return _job_id(ref)
 
 
-def _array_doc(array_id: int, tasks: list, whole) -> dict:
-    """An array as ``GET /v1/jobs/ID`` answers for it: its tasks by index, and how many are in each state."""
+def _array_doc(array_id: int, tasks: list, whole, pending: dict) -> dict:
+    """An array as ``GET /v1/jobs/ID`` answers for it: its tasks by index, how many are in each state, and why
+    those that wait do (by job id)."""
     counts: dict[str, int] = {}
     for task in tasks:
         counts[task.state.value] = counts.get(task.state.value, 0) + 1
     return {"id": array_id, "user": tasks[0].user, "cap": tasks[-1].spec.array_cap, "counts": counts,
-            "tasks": [encode_job(t) if whole(t) else hide_env(encode_job(t)) for t in tasks]}
+            "tasks": [encode_job(t) if whole(t) else hide_env(encode_job(t)) for t in tasks],
+            "pending": {str(i): encode_pending(p) for i, p in pending.items()}}
 
 
 # -- the lab's health ----------------------------------------------------------------------
@@ -210,7 +212,7 @@ def _job(h: _Handler, who, ref: str) -> tuple[int, dict]:
         tasks = queue.array(who, _job_id(ref)) if err.status == 404 and "." not in ref else None
         if tasks is None:
             raise
-        return 200, {"array": _array_doc(_job_id(ref), tasks, _whole_for(who))}
+        return 200, {"array": _array_doc(_job_id(ref), tasks, _whole_for(who), queue.pending_of(t.id for t in tasks))}
     doc = encode_job(job)
     return 200, {"job": doc if _whole_for(who)(job) else hide_env(doc), "pending": encode_pending(pending)}
 
@@ -242,7 +244,11 @@ def _clean(h: _Handler, who) -> tuple[int, dict]:
 @route("GET", r"/v1/jobs/" + _REF + "/logs", head=False)
 def _logs(h: _Handler, who, ref: str) -> None:
     leader = h.server.leader
-    job, _ = leader.queue.job(who, _task_or_job(h, who, ref))
+    job_id = _task_or_job(h, who, ref)
+    if "." not in ref and leader.queue.is_array(job_id):
+        raise errors.bad_request(f"{job_id} is an array: its tasks have the logs ({job_id}.0, {job_id}.1, ...)",
+                                 "job id")
+    job, _ = leader.queue.job(who, job_id)
     if job.user != who.name and not who.admin:
         raise errors.forbidden(f"job {job.id} belongs to {job.user}")
     attempt = require_int(h.arg("attempt"), "attempt") if h.arg("attempt") else job.latest_run()
