@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from labq.models.priority import priority_name
-from labq.render import format_duration, job_note, placement_text
+from labq.render import format_duration, job_note, job_ref, placement_text
 from labq.terminal_text import escape_controls
 
 COLUMNS = ("ID", "USER", "NAME", "STATE", "CLASS", "GPUS", "NODE:GPUS", "TIME", "REASON / EST. START")
@@ -77,7 +77,7 @@ def make_row(job: Mapping, pending: Mapping | None, now: float) -> Row:
     name = spec.get("name") or " ".join(spec.get("command") or [])
     klass = priority_name(spec.get("priority", 200))
     where = placement_text(job)
-    cells = tuple(escape_controls(c) for c in (job["id"], spec.get("user", ""), name, state, klass,
+    cells = tuple(escape_controls(c) for c in (job_ref(job), spec.get("user", ""), name, state, klass,
                                                 spec.get("gpus", 1), where, format_duration(seconds), reason))
     nodes = tuple(escape_controls(a["node"]) for a in (job.get("placement") or {}).get("allocations") or ())
     keys = (job["id"], spec.get("user", ""), name.lower(), state, -spec.get("priority", 200), spec.get("gpus", 1),

@@ -79,3 +79,9 @@ def test_the_columns_fit_80_columns_with_room_for_the_reason():
             assert used(widths) == 80  # narrower: the table scrolls sideways
         else:
             assert used(widths) == columns or widths[-1] == WIDTHS[-1]
+
+
+def test_an_arrays_task_shows_as_array_dot_index_and_sorts_by_its_job_id():
+    task = JobFactory().queued(1, array_id=12, array_index=3, array_cap=2)
+    row = make_row(encode_job(task), None, NOW)
+    assert row.cells[0] == "12.3" and row.job_id == task.id
