@@ -14,13 +14,13 @@ from labq.leader.scheduling import finished_states
 from labq.leader.state import LabState
 from labq.leader.users import admin_only, user_only
 from labq.models.actions import ActionRefused, Rules, Wish, acted
-from labq.models.arrays import task_command, task_env
+from labq.models.arrays import task_spec
 from labq.models.decisions import Pending
 from labq.models.job import Job, JobSpec, JobState, Runtime
 from labq.models.priority import priority_name
 from labq.models.transitions import cancelled_by_someone, dependency_failure
 from labq.protocol import errors
-from labq.protocol.codec import decode_job, encode_job, hide_env
+from labq.protocol.codec import decode_job, encode_job, encode_tasks, hide_env
 from labq.protocol.requests import ActionRequest, SubmitRequest
 from labq.scheduler import why_never_fits, why_no_node_runs_user
 from labq.scheduler.inert import waits_whatever_the_order
@@ -68,14 +68,10 @@ class Queue:
             array_id = state.next_job_id  #: an id of its own, no job's: ``12``, its tasks ``12.0``...
             state.next_job_id += 1 + len(sweep.tasks)
             now = state.clock()
-        env = dict(spec.env)
-        jobs = [Job(array_id + 1 + k, replace(spec, command=task_command(spec.command, task),
-                                              env=tuple(sorted({**env, **task_env(array_id, task)}.items())),
-                                              array_id=array_id, array_index=task.index, array_cap=sweep.cap),
-                    submitted_at=now)
+        jobs = [Job(array_id + 1 + k, task_spec(spec, array_id, task, sweep.cap), submitted_at=now)
                 for k, task in enumerate(sweep.tasks)]
         try:
-            state.store.commit([PutJob(encode_job(job)) for job in jobs])
+            state.store.commit([PutJob(doc) for doc in encode_tasks(jobs)])
         except CommitFailed as err:
             raise errors.unavailable(f"the array was not saved, so it was not submitted: {err}") from None
         with state.view:

@@ -101,7 +101,12 @@ class _Pass(LabView):
         if book is not None:
             specs, use, guarantee = book.specs, book.use, book.guarantee
         later = []
+        at_cap, capped = self.array_on_gpus, self._capped
         for job in queue:
+            cap = job.spec.array_cap
+            if cap is not None and at_cap.get(job.spec.array_id, 0) >= cap:  # a task its array's %N holds back
+                pending.append(make_pending(Pending, (job.id, *capped(job.spec.array_id, cap))))
+                continue
             # The fast path: most of a long queue waits for the same reasons as a job
             # of the same shape and priority before it, while nothing has changed. Only
             # jobs that can fit the lab and name no reservation settle a verdict (_blocked),
@@ -142,11 +147,19 @@ class _Pass(LabView):
             book.wanted.add(q)
             self.memo.settled.clear()  # verdicts of borrowers counted on those GPUs
 
+    def _capped(self, array_id: int, cap: int) -> tuple:
+        """Why a task of an array at its cap waits: the rest of a ``Pending``, one for all its tasks."""
+        why = self.memo.lasting.get(("capped", array_id))
+        if why is None:
+            why = self.memo.lasting[("capped", array_id)] = (
+                PendingReason.ARRAY_LIMIT, f"{cap} of array {array_id}'s tasks are on GPUs, as many as its %{cap} "
+                "allows", None, None)
+        return why
+
     def _serve(self, job: Job) -> None:
         spec = job.spec
         if spec.array_cap is not None and self.array_on_gpus.get(spec.array_id, 0) >= spec.array_cap:
-            self._wait(job, PendingReason.ARRAY_LIMIT, f"{spec.array_cap} of array {spec.array_id}'s tasks are on "
-                       f"GPUs, as many as its %{spec.array_cap} allows")
+            self.pending.append(Pending(job.id, *self._capped(spec.array_id, spec.array_cap)))  # (reservations first)
             return
         if spec.depends_on and not self._dependencies_met(job):
             return
