@@ -552,3 +552,14 @@ def test_a_capped_array_leaves_the_gpus_it_may_not_use_to_the_jobs_behind_it(job
     d = schedule([*tasks, other], [node], now=NOW)
     assert sum(1 for t in tasks if d.started(t.id)) == 1
     assert d.started(other.id) is not None
+
+
+def test_two_users_arrays_share_by_fair_share_not_by_who_submitted_first(jobs):
+    node = make_node("ws", "sim:ws-4x3090")
+    alice = [jobs.queued(1, user="alice", array_id=50, array_index=i, submitted_at=NOW - 200) for i in range(6)]
+    bob = [jobs.queued(1, user="bob", array_id=60, array_index=i, submitted_at=NOW - 100) for i in range(6)]
+    d = schedule([*alice, *bob], [node], now=NOW, usage={"alice": 40.0, "bob": 1.0})
+    assert [t.id for t in bob if d.started(t.id)] == [t.id for t in bob[:4]]  # bob used less: his tasks go first
+    assert not any(d.started(t.id) for t in alice)
+    d = schedule([*alice, *bob], [node], now=NOW, usage={"alice": 1.0, "bob": 40.0})
+    assert [t.id for t in alice if d.started(t.id)] == [t.id for t in alice[:4]]
