@@ -18,7 +18,8 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from labq.tui.query import COLUMNS, TIME, Row, parse_filter, view
+from labq.render import index_ranges
+from labq.tui.query import COLUMNS, REASON, TIME, Row, fold, parse_filter, view
 
 WIDTHS = (6, 9, 18, 10, 7, 4, 12, 7, 70)  #: the widths from 140 columns up
 NARROW = (5, 6, 10, 10, 6, 4, 8, 7)  #: the least the columns before the reason shrink to
@@ -52,6 +53,7 @@ class JobTable(ScrollView, can_focus=True):
         Binding("pageup", "move(-20)", show=False), Binding("pagedown", "move(20)", show=False),
         Binding("home,g", "move(-1000000)", show=False), Binding("end,G", "move(1000000)", show=False),
         Binding("space", "tag", "tag"),
+        Binding("x", "expand", "expand array", show=False),
     ]
 
     class CursorMoved(Message):
@@ -66,6 +68,9 @@ class JobTable(ScrollView, can_focus=True):
         super().__init__(**kwargs)
         self.rows: dict[int, Row] = {}
         self.shown: list[int] = []
+        #: rows that stand for several waiting tasks of an array (``fold``): the first task's id -> all of them
+        self.folded: dict[int, list[int]] = {}
+        self.expanded: set[int] = set()  #: arrays shown task by task (``x``)
         self.tagged: set[int] = set()
         self.cursor = 0
         self.filter_text = ""
@@ -124,15 +129,16 @@ class JobTable(ScrollView, can_focus=True):
         return self.shown[self.cursor] if self.shown else None
 
     def selected(self) -> list[int]:
-        """The tagged jobs, or else the one under the cursor."""
+        """The tagged jobs, or else the one under the cursor (every task a folded row stands for)."""
         if self.tagged:
             return sorted(self.tagged)
         job = self.cursor_job()
-        return [job] if job is not None else []
+        return list(self.folded.get(job, [job])) if job is not None else []
 
     def _refilter(self) -> None:
         current = self.cursor_job()
-        self.shown = view(self.rows, self._predicate, self.sort_column, self.sort_reverse, self.clock())
+        self.shown, self.folded = fold(view(self.rows, self._predicate, self.sort_column, self.sort_reverse,
+                                            self.clock()), self.rows, self.expanded)
         if current is not None and current in self.rows:
             try:
                 self.cursor = self.shown.index(current)
@@ -174,8 +180,18 @@ class JobTable(ScrollView, can_focus=True):
         job = self.cursor_job()
         if job is None:
             return
-        self.tagged ^= {job}
+        members = set(self.folded.get(job, [job]))
+        self.tagged = self.tagged - members if job in self.tagged else self.tagged | members
         self.action_move(1)
+
+    def action_expand(self) -> None:
+        """Show the array under the cursor task by task, or fold its waiting tasks again."""
+        job = self.cursor_job()
+        row = self.rows.get(job) if job is not None else None
+        if row is None or row.array is None:
+            return
+        self.expanded ^= {row.array[0]}
+        self._refilter()
 
     # -- drawing ------------------------------------------------------------------------
 
@@ -193,6 +209,11 @@ class JobTable(ScrollView, can_focus=True):
         job_id = self.shown[index]
         row = self.rows[job_id]
         cells = list(row.cells_at(self.clock()))
+        members = self.folded.get(job_id)
+        if members is not None:  # a folded row: 12.*, and which tasks it stands for (the ID column is narrow)
+            cells[0] = f"{row.array[0]}.*"
+            indices = index_ranges([self.rows[i].array[1] for i in members])
+            cells[REASON] = f"({len(members)} tasks: {indices}; x shows each) {cells[REASON]}"
         if job_id in self.tagged:
             cells[0] = "*" + cells[0]
         base = CURSOR if index == self.cursor else Style()

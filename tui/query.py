@@ -42,6 +42,7 @@ class Row:
     until: float | None = None  #: ...to here; None: to now (the job has not ended)
     estimated_start: float | None = None  #: a waiting job's estimate, counted down in its reason
     why: str = ""  #: the reason without the estimate
+    array: tuple[int, int] | None = None  #: an array's task: (the array's id, its index)
 
     @property
     def finished(self) -> bool:
@@ -82,8 +83,27 @@ def make_row(job: Mapping, pending: Mapping | None, now: float) -> Row:
     nodes = tuple(escape_controls(a["node"]) for a in (job.get("placement") or {}).get("allocations") or ())
     keys = (job["id"], spec.get("user", ""), name.lower(), state, -spec.get("priority", 200), spec.get("gpus", 1),
             where, seconds, reason)
+    array = spec.get("array")
     return Row(job["id"], cells, keys, cells[1], cells[3], nodes, klass, " ".join(cells).lower(), since, until,
-               estimate, escape_controls(why))
+               estimate, escape_controls(why), (array["id"], array["index"]) if array else None)
+
+
+def fold(ids: list[int], rows: Mapping[int, Row], expanded: set[int]) -> tuple[list[int], dict[int, list[int]]]:
+    """``ids`` with the waiting tasks of an array that wait alike (one state, one reason) standing as one row, at
+    the first of them, unless their array is ``expanded``: the ids to show, and for each row that stands for
+    several, the tasks it stands for (itself first)."""
+    shown: list[int] = []
+    groups: dict[tuple, list[int]] = {}
+    for job_id in ids:
+        row = rows[job_id]
+        if row.array is None or row.state not in ("queued", "held") or row.array[0] in expanded:
+            shown.append(job_id)
+            continue
+        members = groups.setdefault((row.array[0], row.state, row.why), [])
+        if not members:
+            shown.append(job_id)
+        members.append(job_id)
+    return shown, {members[0]: members for members in groups.values() if len(members) > 1}
 
 
 def parse_filter(text: str) -> Callable[[Row], bool]:

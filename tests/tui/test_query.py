@@ -85,3 +85,23 @@ def test_an_arrays_task_shows_as_array_dot_index_and_sorts_by_its_job_id():
     task = JobFactory().queued(1, array_id=12, array_index=3, array_cap=2)
     row = make_row(encode_job(task), None, NOW)
     assert row.cells[0] == "12.3" and row.job_id == task.id
+
+
+def test_an_arrays_tasks_that_wait_alike_fold_into_one_row_until_expanded():
+    from labq.tui.query import fold
+
+    jobs = JobFactory()
+    ws1 = make_node("ws1", "sim:ws-4x3090")
+    made = [jobs.running(ws1, (0,), array_id=12, array_index=0)]
+    made += [jobs.queued(1, array_id=12, array_index=i) for i in range(1, 5)]
+    made += [jobs.queued(1, state=JobState.HELD, array_id=12, array_index=5), jobs.queued(1)]
+    capped = Pending(0, PendingReason.ARRAY_LIMIT, "1 of array 12's tasks are on GPUs", None, None)
+    waits = {j.id: capped._replace(job_id=j.id) for j in made[1:5]}
+    waits[made[4].id] = Pending(made[4].id, PendingReason.RESOURCES, "needs a GPU", None, NOW + 60)
+    rows = {j.id: make_row(encode_job(j), encode_pending(waits.get(j.id)), NOW) for j in made}
+    ids = [j.id for j in made]
+    shown, folded = fold(ids, rows, set())
+    # the running task, tasks 1-3 as one row, task 4 (another reason), the held task, the plain job
+    assert shown == [ids[0], ids[1], ids[4], ids[5], ids[6]]
+    assert folded == {ids[1]: [ids[1], ids[2], ids[3]]}
+    assert fold(ids, rows, {12}) == (ids, {})

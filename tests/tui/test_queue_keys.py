@@ -249,3 +249,36 @@ def test_the_screenshot_goes_to_downloads_when_there_is_one(lab, tmp_path, monke
         assert len(saved) == 1 and app.notices[-1] == f"screenshot saved to {saved[0]}"
 
     drive(app, scenario)
+
+
+# -- arrays ----------------------------------------------------------------------------------------------------
+
+def test_an_arrays_waiting_tasks_are_one_row_that_x_expands_and_c_cancels_whole(lab):
+    first = lab.submit("sleep", "300", array="0-4%1", name="sweep")  # task 0 runs; 1-4 wait for the cap
+    lab.wait_state(first, "running")
+    aid = lab.job(first)["spec"]["array"]["id"]
+    app = lab.app()
+
+    async def scenario(pilot):
+        screen = app.screen
+        table = screen.table
+        await until(pilot, lambda: len(table.folded) == 1, "the waiting tasks folded", lambda: table.shown)
+        (lead, members), = table.folded.items()
+        assert len(members) == 4 and table.shown.count(lead) == 1 and not set(members[1:]) & set(table.shown)
+        line = "".join(segment.text for segment in table.render_line(1 + table.shown.index(lead)))
+        assert line.startswith(f"{aid}.* ") and "(4 tasks: 1-4;" in line  # 80 columns: the rest is cut
+        await point_at(pilot, lead)
+        await pilot.press("x")  # each task its own row
+        assert table.folded == {} and set(members) <= set(table.shown)
+        await pilot.press("x")  # folded again
+        assert len(table.folded) == 1
+        await point_at(pilot, lead)
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, Confirm), "the question")
+        assert app.screen.question.startswith("Cancel 4 jobs")
+        await pilot.press("y")
+        await until(pilot, lambda: all(app.rows[j].state == "cancelled" for j in members), "the 4 tasks cancelled",
+                    lambda: {j: app.rows[j].state for j in members})
+        assert app.rows[first].state == "running"  # the running task was not folded in: not cancelled
+
+    drive(app, scenario)
