@@ -18,11 +18,13 @@ from labq.leader.auth import Principal
 from labq.leader.channels import channels_of
 from labq.leader.config import NotifyConfig
 from labq.leader.outbox import Channel, Outbox
+from labq.leader.scheduling import finished_states
 from labq.leader.state import LabState
 from labq.leader.users import admin_only, user_only
 from labq.models.job import Job
 from labq.models.notify import (
-    Notice, NotifyEvent, NotifySettings, RetryPolicy, job_notices, reservation_moments, reservation_notice,
+    Notice, NotifyEvent, NotifySettings, RetryPolicy, array_notice, job_notices, reservation_moments,
+    reservation_notice,
 )
 from labq.models.reservation import Reservation
 from labq.protocol import errors
@@ -54,8 +56,13 @@ class Notify:
         """The notices these changes of jobs (old version or None, new version) cause."""
         found: list[Notice] = []
         settings: dict[str, NotifySettings] = {}
+        ended: dict[int, Job] = {}  #: arrays with a task that ends here: the last such task
         for old, new in changes:
             if new.spec.notify == ():  # --notify none: the common case costs nothing more
+                continue
+            if new.spec.array_id is not None:  # an array's tasks notify as one, once the last has ended
+                if new.state.finished and (old is None or not old.state.finished):
+                    ended[new.spec.array_id] = new
                 continue
             mine = settings.get(new.user)
             if mine is None:
@@ -63,7 +70,26 @@ class Notify:
             wanted = mine.wanted_for(new)
             if wanted:
                 found += job_notices(old, new, wanted)
+        for array_id, last in ended.items():
+            notice = self._array_ended(array_id, last, changes)
+            if notice is not None:
+                found.append(notice)
         return found
+
+    def _array_ended(self, array_id: int, last: Job, changes: list[tuple[Job | None, Job]]) -> Notice | None:
+        """The notice of array ``array_id`` if these changes end its last unfinished task: its tasks' ends counted
+        (those that ended before from the lab's record of finished jobs, read from the archive once)."""
+        here = {new.id: new.state.value for _, new in changes if new.spec.array_id == array_id and new.state.finished}
+        if set(self.state.arrays.get(array_id, ())) - set(here) or last.spec.array_tasks is None:
+            return None  # tasks still to end (or an array of an older labq, which did not say its size)
+        ids = range(array_id + 1, array_id + 1 + last.spec.array_tasks)
+        before = finished_states(self.state, [i for i in ids if i not in here])
+        ends: dict[str, int] = {}
+        for i in ids:
+            end = here.get(i) or (before[i].value if i in before else None)
+            if end is not None:
+                ends[end] = ends.get(end, 0) + 1
+        return array_notice(last, ends, self.settings_of(last.user).wanted_for(last))
 
     def records(self, notices: list[Notice], now: float) -> list[PutRecord]:
         """The outbox records of ``notices``: one a channel its person gets it by."""

@@ -68,7 +68,7 @@ class Queue:
             array_id = state.next_job_id  #: an id of its own, no job's: ``12``, its tasks ``12.0``...
             state.next_job_id += 1 + len(sweep.tasks)
             now = state.clock()
-        jobs = [Job(array_id + 1 + k, task_spec(spec, array_id, task, sweep.cap), submitted_at=now)
+        jobs = [Job(array_id + 1 + k, task_spec(spec, array_id, task, sweep.cap, len(sweep.tasks)), submitted_at=now)
                 for k, task in enumerate(sweep.tasks)]
         try:
             state.store.commit([PutJob(doc) for doc in encode_tasks(jobs)])

@@ -158,7 +158,7 @@ def unknown_placeholders(command: Sequence[str], names: Sequence[str]) -> list[s
     return sorted({m[1] for word in command for m in _PLACEHOLDER.finditer(word) if m[1] not in known})
 
 
-def task_spec(spec: JobSpec, array_id: int, task: Task, cap: int | None) -> JobSpec:
+def task_spec(spec: JobSpec, array_id: int, task: Task, cap: int | None, tasks: int) -> JobSpec:
     """The spec of ``task`` of array ``array_id``: ``spec`` with the task's command, environment and place in the
     array. Made without ``dataclasses.replace``, which checks the whole spec again (a third of the submit of a
     10,000-task array): only the command, the environment and the array differ, and none of them is checked there;
@@ -167,7 +167,7 @@ def task_spec(spec: JobSpec, array_id: int, task: Task, cap: int | None) -> JobS
     made.__dict__.update(spec.__dict__)
     made.__dict__.update(command=task_command(spec.command, task),
                          env=tuple(sorted({**dict(spec.env), **task_env(array_id, task)}.items())),
-                         array_id=array_id, array_index=task.index, array_cap=cap)
+                         array_id=array_id, array_index=task.index, array_cap=cap, array_tasks=tasks)
     return made
 
 

@@ -171,6 +171,7 @@ class JobSpec:
     array_id: int | None = None
     array_index: int | None = None
     array_cap: int | None = None
+    array_tasks: int | None = None  #: how many tasks the array has: job ids ``array_id + 1`` to ``+ array_tasks``
 
     def __post_init__(self) -> None:
         if self.gpus < 1:

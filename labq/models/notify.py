@@ -12,7 +12,7 @@ makes two notices, whichever path took the change in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -71,6 +71,7 @@ class Notice:
     reason: str = ""  #: why it was requeued or stopped, in the lab's words
     reservation: str | None = None
     gpus: int | None = None
+    tasks: int | None = None  #: a notice of a whole array (``job_id`` its id): how many tasks it had
 
     def headline(self, quote: Callable[[str], str] = str) -> str:
         """The one-line message: ``job 12 (train) succeeded on ws1``. ``quote`` shows user text (the job's name,
@@ -79,6 +80,8 @@ class Notice:
             where = f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}" + (f" on {self.node}" if self.node else "")
             return f"{self.user}: reservation {quote(self.reservation)} ({where}) has {self.state}"
         name = f" ({quote(self.job_name)})" if self.job_name else ""
+        if self.tasks is not None:
+            return f"{self.user}: array {self.job_id}{name} ended: {self.reason}"
         what = {NotifyEvent.START: f"started running (attempt {self.attempt})", NotifyEvent.END: "succeeded",
                 NotifyEvent.FAIL: self._failed(), NotifyEvent.PREEMPT: "was requeued"}[self.event]
         where = f" on {self.node}" if self.node else ""
@@ -90,6 +93,8 @@ class Notice:
         if self.reservation is not None:
             return f"labq: reservation {quote(self.reservation)} has {self.state}"
         name = f" ({quote(self.job_name)})" if self.job_name else ""
+        if self.tasks is not None:
+            return f"labq: array {self.job_id}{name} ended" + (" with failures" if self.event is NotifyEvent.FAIL else "")
         what = {NotifyEvent.START: "started", NotifyEvent.END: "succeeded",
                 NotifyEvent.FAIL: {"timeout": "timed out", "cancelled": "was cancelled"}.get(self.state, "failed"),
                 NotifyEvent.PREEMPT: "was requeued"}[self.event]
@@ -125,6 +130,19 @@ def job_notices(old: Job | None, new: Job, wanted: Iterable[NotifyEvent]) -> lis
         if event in wanted:
             found.append(_of_job(new, event, f"job-{new.id}.{event.value}", new.ended_at, _cancel_reason(new)))
     return found
+
+
+def array_notice(last: Job, ends: Mapping[str, int], wanted: Iterable[NotifyEvent]) -> Notice | None:
+    """The one notice of an array whose ``last`` task just ended, its tasks' ends counted in ``ends`` (state ->
+    how many): ``end`` when every one succeeded, else ``fail``; None when its owner wants neither. An array's tasks
+    notify as one: a sweep of 10,000 tasks is one message, not 10,000."""
+    event = NotifyEvent.END if set(ends) == {JobState.SUCCEEDED.value} else NotifyEvent.FAIL
+    if event not in frozenset(wanted):
+        return None
+    told = ", ".join(f"{n:,} {state}" for state, n in sorted(ends.items(), key=lambda e: -e[1]))
+    return Notice(f"array-{last.spec.array_id}.end", last.user, event, last.ended_at or last.submitted_at,
+                  "succeeded" if event is NotifyEvent.END else "failed", last.spec.array_id, last.spec.name,
+                  reason=told, tasks=last.spec.array_tasks)
 
 
 def _of_job(job: Job, event: NotifyEvent, key: str, at: float | None, reason: str = "") -> Notice:

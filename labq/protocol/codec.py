@@ -32,7 +32,8 @@ def encode_spec(spec: JobSpec) -> dict:
     if spec.notify is not None:  # only when asked: a job of the owner's defaults is stored as before
         doc["notify"] = [e.value for e in spec.notify]
     if spec.array_id is not None:  # only for an array's tasks
-        doc["array"] = {"id": spec.array_id, "index": spec.array_index, "cap": spec.array_cap}
+        doc["array"] = {"id": spec.array_id, "index": spec.array_index, "cap": spec.array_cap,
+                        "tasks": spec.array_tasks}
     return doc
 
 
@@ -47,8 +48,8 @@ def decode_spec(doc: dict) -> JobSpec:
         depends_on=tuple(doc.get("depends_on", ())),
         after_reservation=AfterReservation(doc.get("after_reservation", "queue")),
         notify=tuple(NotifyEvent(e) for e in doc["notify"]) if doc.get("notify") is not None else None,
-        **({"array_id": doc["array"]["id"], "array_index": doc["array"]["index"], "array_cap": doc["array"]["cap"]}
-           if doc.get("array") else {}),
+        **({"array_id": doc["array"]["id"], "array_index": doc["array"]["index"], "array_cap": doc["array"]["cap"],
+            "array_tasks": doc["array"].get("tasks")} if doc.get("array") else {}),
     )
 
 

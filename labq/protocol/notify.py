@@ -88,7 +88,7 @@ def decode_settings(doc: dict | None) -> NotifySettings:
 
 
 _NOTICE_FIELDS = ("key", "user", "at", "state", "job_id", "job_name", "attempt", "exit_code", "node", "reason",
-                  "reservation", "gpus")
+                  "reservation", "gpus", "tasks")
 
 
 def encode_notice(notice: Notice) -> dict:

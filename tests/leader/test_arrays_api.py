@@ -44,7 +44,7 @@ def test_an_array_is_one_commit_of_tasks_each_with_its_own_command_and_environme
     task = ok(lab, "GET", f"/v1/jobs/{aid}.3", token=lab.alice)["job"]
     assert task["spec"]["command"] == ["train", "--shard", "3"]
     assert task["spec"]["env"] == {"LABQ_ARRAY_ID": str(aid), "LABQ_ARRAY_INDEX": "3", "WANDB_PROJECT": "x"}
-    assert task["spec"]["array"] == {"id": aid, "index": 3, "cap": 2}
+    assert task["spec"]["array"] == {"id": aid, "index": 3, "cap": 2, "tasks": 6}
     lab.leader.scheduling.schedule_pass()
     whole = ok(lab, "GET", f"/v1/jobs/{aid}", token=lab.alice)["array"]
     assert whole["counts"] == {"starting": 2, "queued": 4} and whole["cap"] == 2

@@ -219,6 +219,33 @@ def test_a_job_someone_else_cancels_tells_its_owner_and_their_own_cancel_does_no
     assert len(webhook.bodies) == 3  # and nothing for alice's own cancel
 
 
+def test_an_array_notifies_once_when_its_last_task_ends(labs, webhook):
+    """A sweep of many tasks is one message, not one a task: counted by how they ended."""
+    lab = labs(NotifyConfig(webhook_url=webhook.url))
+    arrays = []
+    for name, codes in (("sweep", (0, 1, 0)), ("clean", (0, 0, 0))):
+        doc = lab.ok("POST", "/v1/jobs", {"command": ["train", "{index}"], "array": "0-2", "name": name,
+                                          "notify": ["start", "end", "fail"]}, token="alice", status=201)
+        arrays.append((doc["array"]["id"], codes))
+    for aid, codes in arrays:
+        lab.lb.leader.scheduling.schedule_pass()  # n1 has 4 GPUs: the second array's tasks start once the first ended
+        tasks = [aid + 1 + i for i in range(3)]
+        lab.sync(*({"job_id": t, "attempt": 1, "running": True} for t in tasks))
+        for task, code in zip(tasks[:2], codes):
+            lab.end(task, code)
+        lab.wait_status("webhook", lambda s: s["queued"] == 0, "nothing queued")
+        assert len(webhook.bodies) == len(arrays[:arrays.index((aid, codes))])  # none until its last task ends
+        lab.end(tasks[2], codes[2])
+    first, second = webhook.wait_for(2)
+    (sweep, _), (clean, _) = arrays
+    assert first["text"] == f"alice: array {sweep} (`sweep`) ended: 2 succeeded, 1 failed"
+    assert (first["labq"]["event"], first["labq"]["tasks"], first["labq"]["job_id"]) == ("fail", 3, sweep)
+    assert second["text"] == f"alice: array {clean} (`clean`) ended: 3 succeeded"
+    assert second["labq"]["event"] == "end"
+    lab.wait_status("webhook", lambda s: s["queued"] == 0, "nothing queued")
+    assert len(webhook.bodies) == 2  # no task's own start or end
+
+
 def test_a_jobs_name_arrives_escaped_in_mail_and_chat(labs, smtp, webhook):
     """A name the API refuses today, as a database of an older labq may hold it: no header is injected into the
     mail, no control character reaches a terminal, and the chat cannot be made to page everyone."""

@@ -114,8 +114,8 @@ def test_a_tasks_spec_keeps_its_array_and_a_plain_one_stores_none():
     from labq.models import JobSpec
     from labq.protocol.codec import decode_spec, encode_spec
 
-    task = JobSpec(user="alice", command=("train",), array_id=12, array_index=3, array_cap=4)
-    assert encode_spec(task)["array"] == {"id": 12, "index": 3, "cap": 4}
+    task = JobSpec(user="alice", command=("train",), array_id=12, array_index=3, array_cap=4, array_tasks=10)
+    assert encode_spec(task)["array"] == {"id": 12, "index": 3, "cap": 4, "tasks": 10}
     assert decode_spec(encode_spec(task)) == task and task.task_ref == "12.3"
     plain = JobSpec(user="alice", command=("train",))
     assert "array" not in encode_spec(plain) and decode_spec(encode_spec(plain)) == plain and plain.task_ref is None
@@ -131,10 +131,10 @@ def test_a_tasks_spec_and_document_are_what_replace_and_encode_job_make():
                    time_limit_s=3600.0)
     shape = spec.resource_shape  # cached: the tasks share it
     tasks = sweep("%3", ["lr=1e-3,3e-4"]).tasks
-    made = [task_spec(spec, 40, t, 3) for t in tasks]
+    made = [task_spec(spec, 40, t, 3, len(tasks)) for t in tasks]
     assert made == [replace(spec, command=task_command(spec.command, t),
                             env=tuple(sorted({**dict(spec.env), **task_env(40, t)}.items())), array_id=40,
-                            array_index=t.index, array_cap=3) for t in tasks]
+                            array_index=t.index, array_cap=3, array_tasks=2) for t in tasks]
     assert made[1].command == ("train", "--lr=3e-4", "1") and made[1].resource_shape == shape
     jobs = [Job(41 + k, s, submitted_at=5.0) for k, s in enumerate(made)]
     assert encode_tasks(jobs) == [encode_job(j) for j in jobs]
