@@ -9,6 +9,7 @@ from textual.binding import Binding
 from textual.events import Key
 from textual.screen import Screen
 from textual.widgets import Input, Static
+from textual.widgets.input import Selection
 
 from labq.terminal_text import escape_controls
 from labq.tui.app import KeyFooter
@@ -62,8 +63,10 @@ class QueueScreen(Screen):
         yield Static("", id="banner")
         yield Static("", id="gpu-strip")
         yield JobTable(id="jobs")
+        # not select_on_focus: the box's Focus event can come after letters typed with the / (a paste, a slow
+        # link), and selecting then would let the next letter replace them; ``action_filter`` selects at once
         yield Input(placeholder="filter: user:alice state:running node:ws1 text, !word negates; Enter keeps, Esc "
-                    "clears", id="filter")
+                    "clears", id="filter", select_on_focus=False)
         yield Static("", id="status")
         yield KeyFooter()
 
@@ -143,6 +146,7 @@ class QueueScreen(Screen):
         box = self.query_one("#filter", Input)
         box.display = True
         box.value = self.table.filter_text
+        box.selection = Selection(0, len(box.value))  # what is typed next replaces the filter, as a new one
         self.set_focus(box)  # at once: keys typed right after / (a paste, a slow link) go to the box
 
     @on(Input.Changed, "#filter")
@@ -196,10 +200,13 @@ class QueueScreen(Screen):
             event.stop()
             self.action_filter()
             return
-        if self.focused is box and event.is_printable:
+        if self.focused is box and event.is_printable:  # on its way to the table before the focus moved
             event.stop()
             event.prevent_default()
-            box.insert_text_at_cursor(event.character)
+            if box.selection.is_empty:  # as the box itself takes a letter
+                box.insert_text_at_cursor(event.character)
+            else:
+                box.replace(event.character, *box.selection)
             return
         if self._sorting and event.character:
             event.stop()

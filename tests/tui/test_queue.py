@@ -525,3 +525,30 @@ def test_a_lost_leader_shows_a_banner_and_the_app_reconnects(own_lab):
                     lambda: app.rows)
 
     drive(app, scenario)
+
+
+def test_letters_typed_with_the_slash_are_kept_whenever_the_box_takes_the_focus(canned_leader):
+    """A paste or a slow link: "/" and the letters after it reach the table before the focus moves, and the box's
+    own Focus event may come after they were put in it; none of them is lost, and what is typed on follows them
+    (the box once selected them all on focus, so the next letter replaced them: "state:run" became "ate")."""
+    import asyncio
+
+    from textual import events
+
+    from tests.tui.labs import SIZE
+
+    app = canned_leader.app()
+
+    async def scenario() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.connected, "the canned queue")
+            table, box = app.screen.table, app.screen.query_one("#filter")
+            for key, char in (("slash", "/"), ("s", "s"), ("t", "t")):
+                table.post_message(events.Key(key, char))  # queued to the table, as a burst is
+            await pilot.pause(0.2)
+            await pilot.press("a", "t", "e")
+            assert box.value == "state" and table.filter_text == "state"
+            await pilot.press("enter", "slash", "r")  # opened again: a new letter replaces the kept filter
+            assert box.value == "r"
+
+    asyncio.run(scenario())
