@@ -73,7 +73,7 @@ def submit_figures(repeats: int) -> dict:
             commits.append(store._committed - before)
             assert len(tasks) == TASKS
         return {"submit_best_s": min(times), "submit_median_s": statistics.median(times),
-                "submit_commits": max(commits), "journal_mib_per_array": store.journal_bytes / repeats / 2**20}
+                "submit_commits": max(commits)}
     finally:
         leader.stop()
         store.close()

@@ -13,7 +13,7 @@ breaks in the output are ours.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from labq.models.priority import priority_name
 from labq.terminal_text import escape_controls
@@ -152,24 +152,35 @@ def jobs_table(jobs: Sequence[Mapping], now: float, color: bool = False,
 
 
 def _folded_rows(jobs: Sequence[Mapping], now: float, waits: Mapping[int, Mapping]) -> list[list[object]]:
-    rows: list[list[object]] = []
-    groups: dict[tuple, tuple[list[object], list[int]]] = {}  #: (array, state, reason) -> (its row, indices)
-    for job in jobs:
-        row = job_row(job, now, waits.get(job["id"]))
-        array = job["spec"].get("array")
-        if array is None or job["state"] not in ("queued", "held"):
-            rows.append(row)
+    rows = [(job, job_row(job, now, waits.get(job["id"]))) for job in jobs]
+    shown, folded = fold_alike(rows, lambda pair: wait_alike(pair[0]["spec"].get("array"), pair[0]["state"],
+                                                             pair[1][-1]))
+    for members in folded:  # the first row stands for them all: 12.[2-5]
+        arrays = [job["spec"]["array"] for job, _ in members]
+        members[0][1][0] = f"{arrays[0]['id']}.[{index_ranges([a['index'] for a in arrays])}]"
+    return [row for _, row in shown]
+
+
+def wait_alike(array: Mapping | None, state: str, reason: str) -> tuple | None:
+    """What an array's task that waits shares with the tasks folded with it: its array, its state and its reason;
+    None for a job of its own, or a task past waiting (each has a row)."""
+    return None if array is None or state not in ("queued", "held") else (array["id"], state, reason)
+
+
+def fold_alike(items: Sequence, key: Callable[[object], Hashable | None]) -> tuple[list, list[list]]:
+    """``items`` with those of one ``key`` (not None) standing as one, at the first of them (``labq ls`` and the
+    TUI fold an array's tasks that wait alike): the items to show, and each group of several, its first first."""
+    shown, groups = [], {}
+    for item in items:
+        k = key(item)
+        if k is None:
+            shown.append(item)
             continue
-        key = (array["id"], job["state"], row[-1])
-        if key in groups:
-            groups[key][1].append(array["index"])
-            continue
-        groups[key] = (row, [array["index"]])
-        rows.append(row)
-    for (array_id, _, _), (row, indices) in groups.items():
-        if len(indices) > 1:
-            row[0] = f"{array_id}.[{index_ranges(indices)}]"
-    return rows
+        members = groups.setdefault(k, [])
+        if not members:
+            shown.append(item)
+        members.append(item)
+    return shown, [members for members in groups.values() if len(members) > 1]
 
 
 def index_ranges(indices: Sequence[int]) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from labq.models.priority import priority_name
-from labq.render import format_duration, job_note, job_ref, placement_text
+from labq.render import fold_alike, format_duration, job_note, job_ref, placement_text, wait_alike
 from labq.terminal_text import escape_controls
 
 COLUMNS = ("ID", "USER", "NAME", "STATE", "CLASS", "GPUS", "NODE:GPUS", "TIME", "REASON / EST. START")
@@ -92,18 +92,14 @@ def fold(ids: list[int], rows: Mapping[int, Row], expanded: set[int]) -> tuple[l
     """``ids`` with the waiting tasks of an array that wait alike (one state, one reason) standing as one row, at
     the first of them, unless their array is ``expanded``: the ids to show, and for each row that stands for
     several, the tasks it stands for (itself first)."""
-    shown: list[int] = []
-    groups: dict[tuple, list[int]] = {}
-    for job_id in ids:
+    def alike(job_id: int) -> tuple | None:
         row = rows[job_id]
-        if row.array is None or row.state not in ("queued", "held") or row.array[0] in expanded:
-            shown.append(job_id)
-            continue
-        members = groups.setdefault((row.array[0], row.state, row.why), [])
-        if not members:
-            shown.append(job_id)
-        members.append(job_id)
-    return shown, {members[0]: members for members in groups.values() if len(members) > 1}
+        if row.array is None or row.array[0] in expanded:
+            return None
+        return wait_alike({"id": row.array[0]}, row.state, row.why)
+
+    shown, folded = fold_alike(ids, alike)
+    return shown, {members[0]: members for members in folded}
 
 
 def parse_filter(text: str) -> Callable[[Row], bool]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import replace
 from operator import attrgetter
 from typing import NamedTuple
@@ -20,7 +21,7 @@ from labq.models.job import Job, JobSpec, JobState, Runtime
 from labq.models.priority import priority_name
 from labq.models.transitions import cancelled_by_someone, dependency_failure
 from labq.protocol import errors
-from labq.protocol.codec import decode_job, encode_job, encode_tasks, hide_env
+from labq.protocol.codec import decode_job, encode_tasks, hide_env
 from labq.protocol.requests import ActionRequest, SubmitRequest
 from labq.scheduler import why_never_fits, why_no_node_runs_user
 from labq.scheduler.inert import waits_whatever_the_order
@@ -53,38 +54,21 @@ class Queue:
 
     def submit(self, who: Principal, request: SubmitRequest) -> Job:
         user_only(who)
-        return self._enqueue(who, request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s))
+        return self._enqueue(who, request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s))[0]
 
     def submit_sweep(self, who: Principal, request: SubmitRequest) -> tuple[int, list[Job]]:
         """An array or grid (``request.sweep``): its id and its tasks, one job each, checked once (they have one
         shape) and committed in one commit."""
         user_only(who)
-        spec = request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s)
-        sweep, state = request.sweep, self.state
-        _check_spec(spec, who, state.config)
-        spec = _with_tasks(_in_queue(spec, who, state.config, restart=False), state)
-        with state.view:
-            self._check_lab(spec)
-            array_id = state.next_job_id  #: an id of its own, no job's: ``12``, its tasks ``12.0``...
-            state.next_job_id += 1 + len(sweep.tasks)
-            now = state.clock()
-        jobs = [Job(array_id + 1 + k, task_spec(spec, array_id, task, sweep.cap, len(sweep.tasks)), submitted_at=now)
-                for k, task in enumerate(sweep.tasks)]
-        try:
-            state.store.commit([PutJob(doc) for doc in encode_tasks(jobs)])
-        except CommitFailed as err:
-            raise errors.unavailable(f"the array was not saved, so it was not submitted: {err}") from None
-        with state.view:
-            for job in jobs:
-                state.add(job)
-            quiet = waits_whatever_the_order(jobs[0], state.nodes(), state.on_gpus.values(), state.policy())
-            if quiet:
-                state.defer(QUIET_SUBMIT_PASS_S)
-        for job in jobs:
-            state.publish_job(job)
-        if not quiet:
-            state.wake()
-        return array_id, jobs
+        sweep, size = request.sweep, len(request.sweep.tasks)
+
+        def tasks(array_id: int, spec: JobSpec, now: float) -> list[Job]:  # an id of its own, no job's: 12.0...
+            return [Job(array_id + 1 + k, task_spec(spec, array_id, task, sweep.cap, size), submitted_at=now)
+                    for k, task in enumerate(sweep.tasks)]
+
+        jobs = self._enqueue(who, request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s),
+                             tasks=(1 + size, tasks))
+        return jobs[0].spec.array_id, jobs
 
     def restart(self, who: Principal, job_id: int) -> Job:
         """A finished job submitted again as a new job with the same spec (``labq restart``)."""
@@ -96,34 +80,41 @@ class Queue:
         if old.user != who.name:
             raise errors.forbidden(f"job {job_id} belongs to {old.user}; a restart runs as its submitter, so only "
                                    "they may restart it")
-        return self._enqueue(who, old.spec, note=f"restart of job {job_id}")
+        return self._enqueue(who, old.spec, note=f"restart of job {job_id}")[0]
 
-    def _enqueue(self, who: Principal, spec: JobSpec, note: str = "") -> Job:
+    def _enqueue(self, who: Principal, spec: JobSpec, note: str = "",
+                 tasks: tuple[int, Callable[[int, JobSpec, float], list[Job]]] | None = None) -> list[Job]:
         """Checked, then committed outside the lab's locks, so that concurrent submits share the store's group commit.
-        A new job changes no version that is there: a submit only looks (the view), it waits for no change."""
+        A new job changes no version that is there: a submit only looks (the view), it waits for no change. One job
+        (``note``: a restart's); or ``tasks``: (how many ids to take, what makes an array's jobs from the first id)."""
         state = self.state
         _check_spec(spec, who, state.config)
         spec = _with_tasks(_in_queue(spec, who, state.config, restart=bool(note)), state)
+        ids, make = tasks or (1, lambda first, spec, now: [Job(first, spec, submitted_at=now, note=note)])
         with state.view:
             self._check_lab(spec)
-            job = Job(state.next_job_id, spec, submitted_at=state.clock(), note=note)
-            state.next_job_id += 1
+            first, now = state.next_job_id, state.clock()
+            state.next_job_id += ids
+        jobs = make(first, spec, now)
         try:
-            state.store.commit([PutJob(encode_job(job))])
+            state.store.commit([PutJob(doc) for doc in encode_tasks(jobs)])
         except CommitFailed as err:
-            raise errors.unavailable(f"the job was not saved, so it was not submitted: {err}") from None
+            what = "array" if tasks else "job"
+            raise errors.unavailable(f"the {what} was not saved, so it was not submitted: {err}") from None
         with state.view:
-            state.add(job)
+            for job in jobs:
+                state.add(job)
             # on a lab whose GPUs are all held by jobs this one may not preempt, a pass would only find its
             # reason to wait: it waits for the next pass (a second at most), and a stream of such submits costs
-            # one pass, not one each
-            quiet = waits_whatever_the_order(job, state.nodes(), state.on_gpus.values(), state.policy())
+            # one pass, not one each (an array's tasks have one shape: the first says it for all)
+            quiet = waits_whatever_the_order(jobs[0], state.nodes(), state.on_gpus.values(), state.policy())
             if quiet:
                 state.defer(QUIET_SUBMIT_PASS_S)
-        state.publish_job(job)
+        for job in jobs:
+            state.publish_job(job)
         if not quiet:
             state.wake()
-        return job
+        return jobs
 
     def is_array(self, array_id: int) -> bool:
         """Whether ``array_id`` is an array with unfinished tasks."""
@@ -162,7 +153,7 @@ class Queue:
         if request.action not in ARRAY_ACTIONS:
             raise errors.bad_request(f"an array takes {', '.join(ARRAY_ACTIONS)}; {request.action} one task at a "
                                      f"time ({array_id}.INDEX)", "action")
-        state, config = self.state, self.state.config
+        state = self.state
         with state.lock:
             tasks = sorted((state.jobs[i] for i in state.arrays.get(array_id, ())), key=_BY_ID)
             if not tasks:
@@ -170,11 +161,7 @@ class Queue:
             if tasks[0].user != who.name and not who.admin:
                 raise errors.forbidden(f"array {array_id} belongs to {tasks[0].user}; only they or an admin may "
                                        "change it")
-            mine = {t.id for t in tasks}
-            top = max((j.priority for j in state.jobs.values() if j.state is JobState.QUEUED and j.id not in mine),
-                      default=tasks[0].priority - 1)
-            wish = Wish(request.action, request.priority, request.gpus, request.time_limit_s, request.by, request.name)
-            rules = Rules(config.max_priority_for(who.name), config.max_time_limit_s)
+            wish, rules, top = self._reading(who, request, {t.id for t in tasks}, tasks[0].priority)
             changed, refused = [], None
             for task in tasks:
                 try:
@@ -182,9 +169,7 @@ class Queue:
                 except ActionRefused as err:
                     refused = refused or err
                     continue
-                if request.action == "cancel" and who.name != task.user:
-                    new = cancelled_by_someone(new, who.name)
-                changed.append(new)
+                changed.append(_by_whom(new, who, request))
             if not changed:
                 assert refused is not None
                 raise _REFUSALS[refused.kind](f"no task of array {array_id} could be changed so: {refused.message}",
@@ -288,29 +273,35 @@ class Queue:
 
     def act(self, who: Principal, job_id: int, request: ActionRequest) -> Job:
         user_only(who)
-        state, config = self.state, self.state.config
+        state = self.state
         with state.lock:
             job = state.jobs.get(job_id)
             if job is None:
                 raise errors.not_found(f"there is no unfinished job {job_id}")
             if job.user != who.name and not who.admin:
                 raise errors.forbidden(f"job {job_id} belongs to {job.user}; only they or an admin may change it")
-            top = max((j.priority for j in state.jobs.values() if j.state is JobState.QUEUED and j.id != job.id),
-                      default=job.priority - 1)
-            wish = Wish(request.action, request.priority, request.gpus, request.time_limit_s, request.by, request.name)
+            wish, rules, top = self._reading(who, request, {job.id}, job.priority)
             try:
-                new = acted(job, wish, state.clock(), admin=who.admin, top_priority=top,
-                            rules=Rules(config.max_priority_for(who.name), config.max_time_limit_s))
+                new = acted(job, wish, state.clock(), admin=who.admin, top_priority=top, rules=rules)
             except ActionRefused as refused:
                 raise _REFUSALS[refused.kind](refused.message, *([refused.field] if refused.field else [])) from None
             if request.action == "edit":
                 never = why_never_fits(new.spec, state.nodes()) if state.agents else None
                 if never is not None:
                     raise errors.unprocessable(f"the job could never run so: {never}")
-            if request.action == "cancel" and who.name != job.user:  # an admin's: its owner hears of it
-                new = cancelled_by_someone(new, who.name)
+            new = _by_whom(new, who, request)
             state.apply([new])
         return new
+
+    def _reading(self, who: Principal, request: ActionRequest, acted_on: set[int], priority: int
+                 ) -> tuple[Wish, Rules, int]:
+        """An action as the rules read it (the lock is held): the wish, the rules for ``who``, and the highest
+        priority among the queued jobs it does not act on."""
+        state, config = self.state, self.state.config
+        top = max((j.priority for j in state.jobs.values() if j.state is JobState.QUEUED and j.id not in acted_on),
+                  default=priority - 1)
+        wish = Wish(request.action, request.priority, request.gpus, request.time_limit_s, request.by, request.name)
+        return wish, Rules(config.max_priority_for(who.name), config.max_time_limit_s), top
 
 
 def _check_spec(spec: JobSpec, who: Principal, config: LeaderConfig) -> None:
@@ -353,12 +344,14 @@ def _in_queue(spec: JobSpec, who: Principal, config: LeaderConfig, restart: bool
 
 def _with_tasks(spec: JobSpec, state: LabState) -> JobSpec:
     """``spec`` waiting for every task of each array its ``depends_on`` names (``--after 12``: the whole array),
-    those that ended included (the archive is read, outside the lab's locks, only for an id that is no job here)."""
+    those that ended included (the archive is read, outside the lab's locks, only for an id that is no job: an
+    array's, or none at all)."""
     if not spec.depends_on:
         return spec
     with state.view:
+        known = finished_states(state, spec.depends_on)  # what the dependency check reads, once a leader's life
         tasks = {dep: set(state.arrays.get(dep, ())) for dep in spec.depends_on
-                 if dep not in state.jobs and dep not in state.finished}
+                 if dep not in state.jobs and dep not in known}
     if not tasks:
         return spec
     for doc in state.store.history():
@@ -382,6 +375,11 @@ def _check_dependencies(spec: JobSpec, state: LabState) -> None:
         why = dependency_failure(spec.after_any, dep, live.state if live is not None else finished.get(dep))
         if why is not None:
             raise errors.unprocessable(f"this job could never start: {why}", "depends_on")
+
+
+def _by_whom(job: Job, who: Principal, request: ActionRequest) -> Job:
+    """``job`` after ``request``, saying who cancelled it when that was not its owner (its owner hears of it)."""
+    return cancelled_by_someone(job, who.name) if request.action == "cancel" and who.name != job.user else job
 
 
 def _task_of(doc: dict) -> tuple[int | None, int | None]:

@@ -205,16 +205,19 @@ def _jobs(h: _Handler, who) -> tuple[int, bytes]:
 
 @route("GET", r"/v1/jobs/" + _REF)
 def _job(h: _Handler, who, ref: str) -> tuple[int, dict]:
-    queue = h.server.leader.queue
-    try:
-        job, pending = queue.job(who, _task_or_job(h, who, ref))
-    except errors.ApiError as err:
-        tasks = queue.array(who, _job_id(ref)) if err.status == 404 and "." not in ref else None
-        if tasks is None:
-            raise
-        return 200, {"array": _array_doc(_job_id(ref), tasks, _whole_for(who), queue.pending_of(t.id for t in tasks))}
-    doc = encode_job(job)
-    return 200, {"job": doc if _whole_for(who)(job) else hide_env(doc), "pending": encode_pending(pending)}
+    queue, job_id = h.server.leader.queue, _task_or_job(h, who, ref)
+    if "." in ref or not queue.is_array(job_id):  # no job has an unfinished array's id
+        try:
+            job, pending = queue.job(who, job_id)
+            doc = encode_job(job)
+            return 200, {"job": doc if _whole_for(who)(job) else hide_env(doc), "pending": encode_pending(pending)}
+        except errors.ApiError as err:
+            if err.status != 404 or "." in ref:
+                raise
+    tasks = queue.array(who, job_id)  # an array's, unfinished or ended
+    if tasks is None:
+        raise errors.not_found(f"there is no job {job_id}")
+    return 200, {"array": _array_doc(job_id, tasks, _whole_for(who), queue.pending_of(t.id for t in tasks))}
 
 
 @route("POST", r"/v1/jobs/" + _REF + "/actions", audit="act", about="job")

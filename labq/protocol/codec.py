@@ -111,8 +111,9 @@ def hide_env(doc: dict) -> dict:
 
 
 def encode_tasks(tasks: list[Job]) -> list[dict]:
-    """``encode_job`` of each of an array's new tasks, made from the first one's document: they differ only in
-    their id, command, environment and index (``tests/unit/test_arrays.py`` holds the two to the same documents)."""
+    """``encode_job`` of each of an array's new tasks (or of one new job), made from the first one's document: they
+    differ only in their id, command, environment and index (``tests/unit/test_arrays.py`` holds the two to the same
+    documents)."""
     if not tasks:
         return []
     first = encode_job(tasks[0])
