@@ -52,6 +52,9 @@ class AttemptEnd(str, Enum):
     TIMEOUT = "timeout"  #: asked to stop at its time limit, ended otherwise within the grace
     CANCELLED = "cancelled"  #: stopped by its user or an admin
     LOST = "lost"  #: its node went silent, or the node fenced it: requeued
+    #: a job sharing its GPU (``--share``) used more GPU memory than it declared, was asked to stop and ended
+    #: otherwise than by saving (a checkpoint exit is ``checkpointed``): requeued to run with what it used
+    OVER_MEMORY = "over_memory"
 
 
 class StopReason(str, Enum):
@@ -61,6 +64,7 @@ class StopReason(str, Enum):
     TIMEOUT = "timeout"
     CANCELLED = "cancel"
     LOST = "lost"
+    OVER_MEMORY = "over_memory"  #: it shares its GPU and used more memory than it declared (``--share --gpu-mem``)
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,9 @@ class JobSpec:
     array_index: int | None = None
     array_cap: int | None = None
     array_tasks: int | None = None  #: how many tasks the array has: job ids ``array_id + 1`` to ``+ array_tasks``
+    #: the GPU memory it says it uses (``--share --gpu-mem 10G``): it shares one GPU with other jobs that declare
+    #: theirs (``labq.models.sharing``); None: its GPUs are its own
+    share_mib: int | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -182,6 +189,11 @@ class JobSpec:
             raise ValueError(f"{self.gpus} GPUs cannot be split evenly over {self.nodes} nodes")
         if self.runtime is Runtime.DOCKER and not self.image:
             raise ValueError("a docker job needs an image")
+        if self.share_mib is not None:
+            if self.share_mib <= 0:
+                raise ValueError("a job that shares a GPU declares the memory it uses (--gpu-mem 10G)")
+            if self.gpus != 1:
+                raise ValueError("a job that shares a GPU (--share) runs on one GPU: use --gpus 1")
 
     @property
     def task_ref(self) -> str | None:
@@ -200,7 +212,7 @@ class JobSpec:
         and a string's hash, unlike a tuple's, is computed only once.
         """
         return repr((self.gpus, self.nodes, self.min_gpu_memory_mib, self.gpu_model, self.node, self.reservation,
-                     self.time_limit_s, self.preemptible, self.grace_s))
+                     self.time_limit_s, self.preemptible, self.grace_s, self.share_mib))
 
 
 @dataclass(frozen=True)
@@ -240,6 +252,9 @@ class Job:
     measured_gpu_s: float = 0.0
     busy_gpu_s: float = 0.0
     memory_mib_gpu_s: float = 0.0
+    #: a job that shares its GPU (``spec.share_mib``): the most GPU memory one of its attempts was seen using,
+    #: when that was more than it declared; it is placed by this from then on (``labq.models.sharing.need_mib``)
+    gpu_mem_peak_mib: int | None = None
 
     @property
     def user(self) -> str:

@@ -67,6 +67,9 @@ class Node:
     accounts: tuple[Account, ...] = ()
     #: what keeps jobs from starting here now, as its agent last reported
     problems: tuple[NodeProblem, ...] = ()
+    #: (GPU index, MiB) of GPU memory that processes outside labq use, where NVML says: a job that shares a GPU
+    #: is placed only where it fits beside them (``labq.models.sharing``)
+    unmanaged_mib: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if [g.index for g in self.gpus] != list(range(len(self.gpus))):
@@ -79,6 +82,13 @@ class Node:
     @property
     def gpu_count(self) -> int:
         return len(self.gpus)
+
+    def unmanaged_on(self, index: int) -> int:
+        """The GPU memory processes outside labq use on GPU ``index`` (0 where none do, or NVML does not say)."""
+        for gpu, mib in self.unmanaged_mib:
+            if gpu == index:
+                return mib
+        return 0
 
     @property
     def schedulable(self) -> bool:

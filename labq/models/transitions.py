@@ -17,6 +17,10 @@ from labq.models.placement import Placement
 from labq.models.reservation import Reservation
 
 _FINAL_STATE = {StopReason.CANCELLED: JobState.CANCELLED, StopReason.TIMEOUT: JobState.TIMEOUT}
+#: how an attempt asked to stop ended when it did not save (exit 0) within its grace
+_STOPPED_ENDS = {StopReason.PREEMPTED: AttemptEnd.PREEMPTED, StopReason.TIMEOUT: AttemptEnd.TIMEOUT,
+                 StopReason.OVER_MEMORY: AttemptEnd.OVER_MEMORY}
+_REQUEUED = frozenset({StopReason.PREEMPTED, StopReason.OVER_MEMORY})  #: stops that send a job back to the queue
 
 
 def placed(job: Job, placement: Placement) -> Job:
@@ -71,8 +75,8 @@ def exited(job: Job, exit_code: int | None, ended_at: float, *, escalated: bool 
     elif exit_code == 0:
         end = AttemptEnd.CHECKPOINTED
     else:
-        end = AttemptEnd.PREEMPTED if reason is StopReason.PREEMPTED else AttemptEnd.TIMEOUT
-    if reason is StopReason.PREEMPTED or (reason is StopReason.TIMEOUT and job.spec.requeue_on_timeout):
+        end = _STOPPED_ENDS[reason]
+    if reason in _REQUEUED or (reason is StopReason.TIMEOUT and job.spec.requeue_on_timeout):
         return _requeue(job, _attempt(job, ended_at, end, exit_code, reason))
     if reason is None:
         state = JobState.SUCCEEDED if exit_code == 0 else JobState.FAILED
@@ -87,6 +91,16 @@ def lost(job: Job, now: float, *, checkpoint_at: float | None = None) -> Job:
     """Its node went silent past requeue_after, or fenced it: back to the queue."""
     job = checkpointed(job, checkpoint_at)
     return _requeue(job, _attempt(job, now, AttemptEnd.LOST, None, StopReason.LOST))
+
+
+def over_memory(job: Job, peak_mib: int, line: str) -> Job:
+    """A running job that shares its GPU used ``peak_mib`` of GPU memory, past its declaration and the margin: it
+    is asked to stop through its checkpoint contract, and will run with that much from then on (``line``: why,
+    for its note). A stop asked already (a cancel, a preemption) stays the one asked."""
+    peak = max(peak_mib, job.gpu_mem_peak_mib or 0)
+    if job.state is not JobState.RUNNING or job.stop_requested is not None:
+        return job.evolve(gpu_mem_peak_mib=peak) if peak != job.gpu_mem_peak_mib else job
+    return job.evolve(stop_requested=StopReason.OVER_MEMORY.value, gpu_mem_peak_mib=peak, note=_noted(job, line))
 
 
 def preempting(job: Job, for_job: int | None, reservation: str | None = None) -> Job:

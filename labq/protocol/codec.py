@@ -31,6 +31,8 @@ def encode_spec(spec: JobSpec) -> dict:
     doc["depends_on"] = list(spec.depends_on)
     if spec.notify is not None:  # only when asked: a job of the owner's defaults is stored as before
         doc["notify"] = [e.value for e in spec.notify]
+    if spec.share_mib is not None:  # only for a job that shares its GPU
+        doc["share_mib"] = spec.share_mib
     if spec.array_id is not None:  # only for an array's tasks
         doc["array"] = {"id": spec.array_id, "index": spec.array_index, "cap": spec.array_cap,
                         "tasks": spec.array_tasks}
@@ -48,6 +50,7 @@ def decode_spec(doc: dict) -> JobSpec:
         depends_on=tuple(doc.get("depends_on", ())),
         after_reservation=AfterReservation(doc.get("after_reservation", "queue")),
         notify=tuple(NotifyEvent(e) for e in doc["notify"]) if doc.get("notify") is not None else None,
+        share_mib=doc.get("share_mib"),
         **({"array_id": doc["array"]["id"], "array_index": doc["array"]["index"], "array_cap": doc["array"]["cap"],
             "array_tasks": doc["array"].get("tasks")} if doc.get("array") else {}),
     )
@@ -94,6 +97,8 @@ def encode_job(job: Job) -> dict:
         doc.update({name: round(getattr(job, name), 1) for name in _MEASURED})
     if job.cancelled_by is not None:
         doc["cancelled_by"] = job.cancelled_by
+    if job.gpu_mem_peak_mib is not None:
+        doc["gpu_mem_peak_mib"] = job.gpu_mem_peak_mib
     if job.learned_signal is not None and job.learned_from is not None:
         doc["learned_signal"], doc["learned_from"] = job.learned_signal, job.learned_from.value
     doc["placement"] = encode_placement(job.placement)
@@ -128,6 +133,7 @@ def decode_job(doc: dict) -> Job:
                placement=decode_placement(doc.get("placement")),
                history=tuple(decode_attempt(a) for a in doc.get("attempts", ())),
                learned_signal=doc.get("learned_signal"), cancelled_by=doc.get("cancelled_by"),
+               gpu_mem_peak_mib=doc.get("gpu_mem_peak_mib"),
                learned_from=SignalSource(doc["learned_from"]) if doc.get("learned_from") else None,
                **{name: doc[name] for name in _JOB_SCALARS + _MEASURED if name in doc})
 
@@ -153,15 +159,19 @@ def decode_gpu(doc: dict) -> Gpu:
 
 
 def encode_node(node: Node) -> dict:
-    return {"name": node.name, "health": node.health.value, "gpus": [encode_gpu(g) for g in node.gpus],
-            "topology": encode_topology(node.topology), "unmanaged_busy": sorted(node.unmanaged_busy),
-            "simulated": node.simulated, "labels": list(node.labels)}
+    doc = {"name": node.name, "health": node.health.value, "gpus": [encode_gpu(g) for g in node.gpus],
+           "topology": encode_topology(node.topology), "unmanaged_busy": sorted(node.unmanaged_busy),
+           "simulated": node.simulated, "labels": list(node.labels)}
+    if node.unmanaged_mib:
+        doc["unmanaged_mib"] = {str(index): mib for index, mib in node.unmanaged_mib}
+    return doc
 
 
 def decode_node(doc: dict) -> Node:
     return Node(doc["name"], tuple(decode_gpu(g) for g in doc["gpus"]), decode_topology(doc["topology"]),
                 NodeHealth(doc.get("health", "up")), frozenset(doc.get("unmanaged_busy", ())),
-                doc.get("simulated", False), tuple(doc.get("labels", ())))
+                doc.get("simulated", False), tuple(doc.get("labels", ())),
+                unmanaged_mib=tuple(sorted((int(i), int(m)) for i, m in (doc.get("unmanaged_mib") or {}).items())))
 
 
 def encode_pending(pending: Pending | None) -> dict | None:

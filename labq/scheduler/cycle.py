@@ -39,6 +39,8 @@ from labq.scheduler.placement import SetChoice, best_set, indices_to_mask, mask_
 from labq.scheduler.policy import Policy, order_queue, served_priority, waiting_since
 from labq.scheduler.preemption import NodePlan, Victim, plan_on_node
 from labq.scheduler.queues import OUTSIDE, borrow_problem
+from labq.scheduler.sharing import join, no_room, open_one
+from labq.models.sharing import need_mib
 
 #: what a job within its queue's guarantee waits for when it waits for GPUs: its queue's idle guarantee is not lent
 _WANTING = frozenset({PendingReason.RESOURCES, PendingReason.PRIORITY, PendingReason.PREEMPTING,
@@ -183,6 +185,9 @@ class _Pass(LabView):
             if problem is not None and not self._may_make_room(job):
                 self._wait(job, *problem)
                 return
+        if spec.share_mib is not None:
+            self._share(job, problem)
+            return
         shape = self._shape(job)
         seen = self.memo.version
         placement = self._place(job, shape)
@@ -368,6 +373,26 @@ class _Pass(LabView):
             return None
         return Placement(tuple(self._allocation(node, c.mask, c.score) for node, c in chosen))
 
+    def _share(self, job: Job, problem: tuple | None) -> None:
+        """Start a job that shares a GPU by memory where it fits (``labq.scheduler.sharing``), or let it wait: it
+        preempts nobody and holds nothing, since freeing a whole GPU for part of one would waste the rest."""
+        need = need_mib(job)
+        best = None
+        for node in self._candidate_nodes(job):
+            choice = join(node, self.joinable(job, node), self.declared.get(node.name, {}), need)
+            if choice is None and self.free[node.name]:
+                choice = open_one(node, self._available(job, node), need)
+            if choice is not None and (best is None or choice.rank < best.rank):
+                best = choice
+        if best is not None and (self.book is None or self._queue_allows(job, int(best.opens), 0)):
+            self._start(job, Placement((self._allocation(self.nodes[best.node], 1 << best.gpu, best.score),)))
+            return
+        if problem is not None:
+            self._wait(job, *problem)
+            return
+        biggest = max((g.memory_mib for n in self.up for g in n.gpus), default=0)
+        self._wait(job, PendingReason.RESOURCES, no_room(need, biggest))
+
     @staticmethod
     def _allocation(node: Node, mask: int, score: int) -> NodeAllocation:
         indices = mask_to_indices(mask)
@@ -377,6 +402,7 @@ class _Pass(LabView):
         for alloc in placement.allocations:
             mask = indices_to_mask(alloc.gpu_indices)
             self.free[alloc.node] &= ~mask
+            self._take(job, alloc.node, mask)
             self.on_gpus[alloc.node].append(OnGpus(job, mask, self._end_of(job), False))
         self.in_use[job.user] = self.in_use.get(job.user, 0) + job.spec.gpus
         if job.spec.array_cap is not None:

@@ -8,6 +8,7 @@ from labq.models.decisions import PendingReason
 from labq.models.job import JobSpec
 from labq.models.node import Node
 from labq.models.reservation import Reservation
+from labq.models.sharing import margin_mib
 
 
 def gpu_matches(spec: JobSpec, model: str, memory_mib: int) -> bool:
@@ -62,6 +63,10 @@ def _mib(value: int) -> str:
     return f"{value / 1024:g} GiB" if value % 1024 == 0 or value > 10240 else f"{value} MiB"
 
 
+def _shares_fit(spec: JobSpec, memory_mib: int) -> bool:
+    return spec.share_mib is None or memory_mib - margin_mib(memory_mib) >= spec.share_mib
+
+
 def _fits_when_idle(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> bool:
     """Whether enough nodes have enough suitable GPUs: the usual answer, found at the first nodes that fit.
 
@@ -73,7 +78,7 @@ def _fits_when_idle(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> bool
     for node in nodes:
         if spec.node is not None and node.name != spec.node:
             continue
-        if sum(1 for g in node.gpus if gpu_matches(spec, g.model, g.memory_mib)) >= gpn:
+        if sum(1 for g in node.gpus if gpu_matches(spec, g.model, g.memory_mib) and _shares_fit(spec, g.memory_mib)) >= gpn:
             missing -= 1
             if not missing:
                 return True
@@ -101,6 +106,9 @@ def why_never_fits(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> str |
     biggest = max(g.memory_mib for n in nodes for g in n.gpus) if any(n.gpus for n in nodes) else 0
     if spec.min_gpu_memory_mib > biggest:
         return f"asks for GPUs with {_mib(spec.min_gpu_memory_mib)} but the largest GPU has {_mib(biggest)}"
+    if spec.share_mib is not None:
+        return (f"declares {_mib(spec.share_mib)} of GPU memory to share a GPU, but no GPU it may use has that "
+                f"much beside its margin (the largest has {_mib(biggest)}, less {_mib(margin_mib(biggest))})")
     counts = sorted(
         (sum(1 for g in n.gpus if gpu_matches(spec, g.model, g.memory_mib)), n.name) for n in nodes
     )

@@ -19,7 +19,8 @@ from math import inf
 from labq.models.job import Job, JobState
 from labq.models.node import Node
 from labq.models.reservation import Reservation
-from labq.scheduler.fit import eligible_mask
+from labq.models.sharing import need_mib
+from labq.scheduler.fit import eligible_mask, gpu_matches
 from labq.scheduler.memo import NodeMemo
 from labq.scheduler.placement import best_set, indices_to_mask
 from labq.scheduler.policy import Policy, order_queue
@@ -98,6 +99,11 @@ class LabView:
         self.held: list[Job] = []
         #: by array id, how many of its tasks hold GPUs (``%N`` caps it); only arrays that have a cap
         self.array_on_gpus: dict[int, int] = {}
+        #: by node: the GPUs jobs have to themselves (never shared), and per shared GPU the memory its sharing
+        #: jobs are placed by and how many there are (``labq.models.sharing``)
+        self.whole: dict[str, int] = dict.fromkeys(self.nodes, 0)
+        self.declared: dict[str, dict[int, int]] = {}
+        self.sharers: dict[str, dict[int, int]] = {}
         for job in self.jobs:
             state = job.state
             if state is _QUEUED:
@@ -108,6 +114,8 @@ class LabView:
                 self._occupy(job)
                 if job.spec.array_cap is not None:
                     self.array_on_gpus[job.spec.array_id] = self.array_on_gpus.get(job.spec.array_id, 0) + 1
+        if self.sharers:
+            self._alone_on_shared_gpus()
         self.most_free = self._count_most_free()
         if self.book is not None:
             self._count_on_one_node()
@@ -152,11 +160,52 @@ class LabView:
             if book is not None and not leaving and name in self._up_names:
                 book.take(job, len(alloc.gpu_indices))  # a job on its way out no longer counts for its queue
             self.free[name] &= ~mask
+            self._take(job, name, mask)
             self.on_gpus[name].append(OnGpus(job, mask, end, candidate))
             if candidate and spec.priority < self.lowest_victim:
                 self.lowest_victim = spec.priority
             if preempting and job.preempted_for is not None:
                 self.inflight.setdefault(job.preempted_for, []).append((name, mask, job.id))
+
+    def _take(self, job: Job, node: str, mask: int) -> None:
+        """``job`` is on GPUs ``mask`` of ``node``: to itself, or sharing one by memory."""
+        if job.spec.share_mib is None:
+            self.whole[node] |= mask
+            return
+        declared = self.declared.setdefault(node, {})
+        sharers = self.sharers.setdefault(node, {})
+        for gpu in range(mask.bit_length()):
+            if mask >> gpu & 1:
+                declared[gpu] = declared.get(gpu, 0) + need_mib(job)
+                sharers[gpu] = sharers.get(gpu, 0) + 1
+
+    def _alone_on_shared_gpus(self) -> None:
+        """A sharing job is a preemption candidate only alone on its GPU: preempting one of several frees nothing."""
+        for name, counts in self.sharers.items():
+            crowded = indices_to_mask(gpu for gpu, n in counts.items() if n > 1)
+            if crowded:
+                for entry in self.on_gpus[name]:
+                    if entry.candidate and entry.mask & crowded:
+                        entry.candidate = False
+
+    def joinable(self, job: Job, node: Node) -> int:
+        """GPUs of ``node`` a sharing job may join: used by sharing jobs or outside labq, by no job to itself, of
+        the model it asks for, and kept from it by no hold or reservation."""
+        spec = job.spec
+        if spec.node is not None and spec.node != node.name:
+            return 0
+        taken = ((1 << node.gpu_count) - 1) & ~self.free[node.name] & ~self.whole[node.name]
+        mask = 0
+        for gpu in range(taken.bit_length()):
+            if taken >> gpu & 1 and gpu_matches(spec, node.gpus[gpu].model, node.gpus[gpu].memory_mib):
+                mask |= 1 << gpu
+        if not mask:
+            return 0
+        end = self._end_of(job)
+        mask &= ~self._held_against(job, node.name, end)
+        if self.reservation_list:
+            mask &= ~self._reserved_against(job, node.name, end)
+        return mask
 
     @cached_property
     def states(self) -> dict[int, JobState]:
