@@ -28,6 +28,8 @@ from pathlib import Path
 from labq import __version__
 from labq.agent.accounts import USER_MAP_FILE, Accounts
 from labq.agent.faults import NodeFault, ProblemBook, sentence
+from labq.agent.gpu_watch import WATCH_EVERY_S as MEMORY_EVERY_S
+from labq.agent.gpu_watch import MemoryWatch, process_table, processes_of
 from labq.agent.identity import AgentIdentity
 from labq.agent.inventory import GpuInventory, Inventory
 from labq.agent.process_runtime import AttemptState, Launch
@@ -100,6 +102,7 @@ class Agent:
         self._stopping: set[tuple[int, int]] = set()
         self._stop = threading.Event()
         self._reported_running: set[tuple[int, int]] = set()  #: as the leader last heard it
+        self.memory_watch = MemoryWatch()  #: the GPU memory of the jobs that share GPUs
         self._kick = threading.Event()
         #: this node's own key and certificate, in a TLS lab (``labq.agent.identity``)
         self.identity = AgentIdentity(config.state_dir / "tls", config.name) if self.pin else None
@@ -308,7 +311,8 @@ class Agent:
             attempts.append(AttemptReport(s.job_id, s.attempt, s.state is AttemptState.RUNNING, s.exit_code,
                                           s.signal, s.started_at, s.ended_at, s.fenced, notes.escalated,
                                           checkpoint_at, sentence(s.node_fault) if users is not None and
-                                          s.node_fault is not None else None, *declared))
+                                          s.node_fault is not None else None, *declared,
+                                          *self.memory_watch.reading((s.job_id, s.attempt))))
         reading = self._read_inventory()
         return SyncReport(tuple(attempts),
             reading.unmanaged_busy if reading else None, wait_s,
@@ -316,7 +320,8 @@ class Agent:
              for u in reading.usage} if reading and reading.usage else None,
             tuple(replace(a, problem=sentence(a.problem)) if a.problem else a for a in self.accounts.report(users))
             if users is not None else None,
-            self.problems.current(self.monotonic(), self.runtime.still_there) if users is not None else None)
+            self.problems.current(self.monotonic(), self.runtime.still_there) if users is not None else None,
+            dict(reading.unmanaged_mib) if reading and users is not None else None)
 
     def _sync_loop(self) -> None:
         """Sync for as long as the agent runs: no error of the network, the leader or this machine ends it.
@@ -353,7 +358,7 @@ class Agent:
         starts and ends between two looks must be reported too. New checkpoints are
         reported at most every ``CHECKPOINT_NEWS_S``, however often a job saves.
         """
-        told_at, pause = 0.0, WATCH_EVERY_S
+        told_at, measured_at, pause = 0.0, 0.0, WATCH_EVERY_S
         backoff, trouble = Backoff(cap=2.0), RetryLog(log, "cannot report an exit or a checkpoint at once")
         while not self._stop.wait(pause):
             try:
@@ -362,6 +367,9 @@ class Agent:
                 self.check_graces()
                 news = self.monotonic() - told_at >= CHECKPOINT_NEWS_S and any(
                     self._checkpoints_told.get((s.job_id, s.attempt)) != self._checkpoint_at(s) for s in running)
+                if self.memory_watch.limits and self.monotonic() - measured_at >= MEMORY_EVERY_S:
+                    measured_at = self.monotonic()
+                    news = bool(self._watch_memory(running)) or news
                 if (exited or news) and self.token is not None:
                     told_at = self.monotonic()
                     self.sync_once(0.0)
@@ -424,6 +432,8 @@ class Agent:
             self._applied = reply
             known = {(s.job_id, s.attempt): s for s in self.runtime.attempts()}
             wanted = {(r.job_id, r.attempt): r for r in reply.run}
+            self.memory_watch.expect({key: r.gpu_mem_limit_mib for key, r in wanted.items()
+                                      if r.gpu_mem_limit_mib is not None})
             for key, order in wanted.items():
                 if key not in known:
                     self._launch(order)
@@ -543,10 +553,25 @@ class Agent:
             else:
                 self._graces.pop(key, None)
 
+    def _watch_memory(self, running) -> list[tuple[int, int]]:
+        """Read the GPU memory of the jobs that share GPUs; the attempts that went over their limit just now."""
+        table = process_table()
+        roots = {(s.job_id, s.attempt): s.pid for s in running if s.pid}
+        processes = processes_of(roots, table)
+        managed = frozenset(pid for pids in processes.values() for pid in pids)
+        over = self.memory_watch.look(self.inventory.memory(managed), processes)
+        for key in over:
+            log.warning("job %d attempt %d uses %d MiB of GPU memory, past its limit of %d MiB: telling the leader",
+                        *key, self.memory_watch.used.get(key, 0), self.memory_watch.limits[key])
+        return over
+
     def _managed_pids(self) -> frozenset[int]:
         """Every process of every running job: its whole process group, dataloader workers and all."""
-        groups = {s.pid for s in self.runtime.attempts() if s.pid and s.state is AttemptState.RUNNING}
-        return frozenset(processes_in_groups(groups)) if groups else frozenset()
+        roots = {(s.job_id, s.attempt): s.pid for s in self.runtime.attempts()
+                 if s.pid and s.state is AttemptState.RUNNING}
+        if not roots:
+            return frozenset()
+        return frozenset(pid for pids in processes_of(roots, process_table()).values() for pid in pids)
 
     def _read_inventory(self) -> Inventory | None:
         try:
@@ -554,23 +579,6 @@ class Agent:
         except Exception as err:  # an inventory hiccup must not stop the sync
             log.warning("cannot read the GPU inventory: %s", err)
             return None
-
-
-def processes_in_groups(groups: set[int]) -> set[int]:
-    """Pids whose process group is one of ``groups`` (field 5 of /proc/PID/stat)."""
-    found = set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) in groups:
-            found.add(int(entry.name))
-    return found
 
 
 def _own_checkpoint_folder(folder: Path, user: str | None) -> None:

@@ -10,6 +10,7 @@ function (:func:`build_topology`) so it can be checked without a GPU.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,16 +23,19 @@ from labq.agent.nvml import (
     NoGpuFound,
     NvmlError,
     NvmlSession,
+    ProcessMemory,
     device_count,
     read_devices,
     read_pcie_levels,
+    read_process_memory,
     source,
 )
 from labq.models.node import Gpu, Node
 from labq.models.topology import PcieLevel, Topology
 from labq.topologies import names, parse_sim_spec
+from labq.units import parse_size_mib
 
-__all__ = ["GpuInventory", "Inventory", "NoGpuFound", "NvmlInventory", "SimulatedInventory",
+__all__ = ["GpuInventory", "GpuMemory", "Inventory", "NoGpuFound", "NvmlInventory", "SimulatedInventory",
            "build_topology", "open_inventory"]
 
 NVLINK_UNSUPPORTED = "NVLink query unsupported: topology from PCIe only"
@@ -57,11 +61,37 @@ class Inventory:
     source: str  #: ``sim:dgx1`` or ``NVML 12.535.104, driver 535.104.05``
     notes: tuple[str, ...] = ()  #: what could not be read, and what was assumed instead
     usage: tuple[GpuUsage, ...] = ()  #: free memory and utilization per GPU, when known
+    unmanaged_mib: tuple[tuple[int, int], ...] = ()  #: (GPU index, MiB) used by processes outside labq
 
     def as_node(self, name: str, labels: tuple[str, ...] = ()) -> Node:
         """The node as the leader models it (which also checks the tables fit the GPUs)."""
         return Node(name, self.gpus, self.topology, unmanaged_busy=self.unmanaged_busy,
-                    simulated=self.simulated, labels=labels)
+                    simulated=self.simulated, labels=labels, unmanaged_mib=self.unmanaged_mib)
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """One reading of who uses how much GPU memory: the agent's watch of the jobs that share GPUs."""
+
+    #: every compute process seen on a GPU: pid -> (GPU index, MiB; None where NVML will not say)
+    by_pid: dict[int, tuple[int, int | None]]
+    #: per GPU with processes outside labq: the memory they use (where one's is unknown, all that the GPU's
+    #: processes use less labq's own: never less than the truth)
+    unmanaged_mib: dict[int, int]
+
+    @classmethod
+    def of(cls, processes: list[ProcessMemory], used: dict[int, int | None],
+           managed_pids: frozenset[int]) -> GpuMemory:
+        by_pid = {p.pid: (p.gpu, p.used_mib) for p in processes}
+        unmanaged: dict[int, int] = {}
+        for gpu in sorted({p.gpu for p in processes if p.pid not in managed_pids}):
+            here = [p for p in processes if p.gpu == gpu]
+            outside = [p.used_mib for p in here if p.pid not in managed_pids]
+            if None not in outside:
+                unmanaged[gpu] = sum(outside)
+            elif used.get(gpu) is not None:
+                unmanaged[gpu] = max(0, used[gpu] - sum(p.used_mib or 0 for p in here if p.pid in managed_pids))
+        return cls(by_pid, unmanaged)
 
 
 class GpuInventory(Protocol):
@@ -69,24 +99,79 @@ class GpuInventory(Protocol):
         """The GPUs now. ``managed_pids``: processes labq started, whose GPU use is not "unmanaged"."""
         ...
 
+    def memory(self, managed_pids: frozenset[int] = frozenset()) -> GpuMemory:
+        """Who uses how much GPU memory now: cheap enough to read every second."""
+        ...
+
     def close(self) -> None:
         """Release what the inventory holds open (NVML); reading afterwards is an error."""
         ...
 
 
+#: a process on a simulated GPU says in its environment how much GPU memory it uses (``12G``), and which GPU it
+#: is on by ``CUDA_VISIBLE_DEVICES``; one that labq did not start names its simulated node in ``SIM_NODE_ENV``
+SIM_GPU_MEM_ENV = "LABQ_SIM_GPU_MEM"
+SIM_NODE_ENV = "LABQ_SIM_NODE"
+
+
 class SimulatedInventory:
-    """A named simulated machine (``sim:dgx1``, ``sim:flat:4``); nobody else ever uses its GPUs."""
+    """A named simulated machine (``sim:dgx1``, ``sim:flat:4``).
+
+    Its GPU memory is modelled from the processes themselves: one whose environment says
+    ``LABQ_SIM_GPU_MEM=12G`` uses that much of the simulated GPU its ``CUDA_VISIBLE_DEVICES`` names, as
+    NVML would report it. Jobs labq runs here count as this node's; any other process counts only when
+    ``LABQ_SIM_NODE`` names this node (someone's notebook, for a demo), and is then busy outside labq. So
+    sharing GPUs by memory, and the watch that stops a job using more than it declared, run whole on
+    machines without GPUs."""
 
     def __init__(self, spec: str, node: str) -> None:
         self.sim = parse_sim_spec(spec)  # ValueError naming every choice when unknown
         self.node = node
 
     def read(self, managed_pids: frozenset[int] = frozenset()) -> Inventory:
+        memory = self.memory(managed_pids)
         return Inventory(gpus=self.sim.gpus(self.node), topology=self.sim.topology, simulated=True,
-                         unmanaged_busy=frozenset(), source=f"sim:{self.sim.name}")
+                         unmanaged_busy=frozenset(memory.unmanaged_mib), source=f"sim:{self.sim.name}",
+                         unmanaged_mib=tuple(sorted(memory.unmanaged_mib.items())))
+
+    def memory(self, managed_pids: frozenset[int] = frozenset()) -> GpuMemory:
+        processes = []
+        for pid, env in _declaring_processes():
+            if pid not in managed_pids and env.get(SIM_NODE_ENV) != self.node:
+                continue
+            try:
+                gpu = int(env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0])
+                mib = parse_size_mib(env[SIM_GPU_MEM_ENV])
+            except ValueError:
+                continue
+            if 0 <= gpu < self.sim.gpu_count:
+                processes.append(ProcessMemory(gpu, pid, mib))
+        return GpuMemory.of(processes, {}, managed_pids)
 
     def close(self) -> None:
         pass
+
+
+def _declaring_processes():
+    """(pid, environment) of each process on this machine that declares simulated GPU memory, as far as this
+    user may read environments (/proc/PID/environ)."""
+    needle = SIM_GPU_MEM_ENV.encode() + b"="
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        if needle not in raw:
+            continue
+        env = {}
+        for item in raw.split(b"\0"):
+            key, sep, value = item.partition(b"=")
+            if sep:
+                env[key.decode(errors="replace")] = value.decode(errors="replace")
+        yield int(entry.name), env
 
 
 class NvmlInventory:
@@ -105,6 +190,9 @@ class NvmlInventory:
             raise
         self._source = source(self._nvml)
 
+    def memory(self, managed_pids: frozenset[int] = frozenset()) -> GpuMemory:
+        return GpuMemory.of(*read_process_memory(self._nvml), managed_pids)
+
     def read(self, managed_pids: frozenset[int] = frozenset()) -> Inventory:
         devices = read_devices(self._nvml)
         levels = read_pcie_levels(self._nvml, [d.handle for d in devices])
@@ -117,6 +205,7 @@ class NvmlInventory:
             source=self._source,
             notes=(*self._nvml.take_notes(), *topology_notes),
             usage=tuple(GpuUsage(d.index, d.memory_free_mib, d.utilization_pct) for d in devices),
+            unmanaged_mib=tuple(sorted(self.memory(managed_pids).unmanaged_mib.items())),
         )
 
     def close(self) -> None:

@@ -209,6 +209,37 @@ def read_devices(nvml: NvmlSession) -> list[DeviceFacts]:
     return facts
 
 
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One compute process on one GPU and the GPU memory it uses."""
+
+    gpu: int
+    pid: int
+    used_mib: int | None  #: None where NVML will not say (``usedGpuMemory`` not available)
+
+
+_NOT_AVAILABLE = (1 << 64) - 1  #: NVML_VALUE_NOT_AVAILABLE, as older bindings pass it through
+
+
+def read_process_memory(nvml: NvmlSession) -> tuple[list[ProcessMemory], dict[int, int | None]]:
+    """Each compute process on each GPU with its memory, and each GPU's memory in use (total less free): the
+    agent's watch of the jobs that share GPUs, read every second, so nothing else (no topology, no links)."""
+    processes: list[ProcessMemory] = []
+    used: dict[int, int | None] = {}
+    for index in range(device_count(nvml)):
+        h = nvml("nvmlDeviceGetHandleByIndex", index)
+        memory = nvml("nvmlDeviceGetMemoryInfo", h, default=None, note=None)
+        free = getattr(memory, "free", None) if memory is not None else None
+        used[index] = (int(memory.total) - int(free)) // (1024 * 1024) if free is not None else None
+        procs = nvml(("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"), h,
+                     default=None, note=f"compute processes unavailable on GPU {index}: other users' jobs go unseen")
+        for p in procs or ():
+            mib = getattr(p, "usedGpuMemory", None)
+            processes.append(ProcessMemory(index, int(p.pid), None if mib is None or mib == _NOT_AVAILABLE
+                                           else int(mib) // (1024 * 1024)))
+    return processes, used
+
+
 def _compute_pids(nvml: NvmlSession, h: Any, index: int) -> frozenset[int] | None:
     procs = nvml(("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"), h,
                  default=None, note=f"compute processes unavailable on GPU {index}: other users' jobs go unseen")

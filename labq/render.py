@@ -392,6 +392,11 @@ def _in_use(node: Mapping) -> dict[int, int]:
     return {int(k): v for k, v in (node.get("gpus_in_use") or {}).items()}
 
 
+def _shared(node: Mapping) -> dict[int, list[Mapping]]:
+    """``gpus_shared`` with int keys: the jobs sharing each GPU by memory."""
+    return {int(k): v for k, v in (node.get("gpus_shared") or {}).items()}
+
+
 def models_text(gpus: Sequence[Mapping]) -> str:
     """``8x A100-SXM4-80GB`` or ``2x RTX 3090, 1x A6000``; the ``NVIDIA`` prefix says nothing."""
     counts: dict[str, int] = {}
@@ -417,7 +422,7 @@ def nodes_table(nodes: Sequence[Mapping], now: float, color: bool = False) -> st
         return "no nodes: start `labq agent` on a workstation (or `labq up`)"
     rows = []
     for n in nodes:
-        busy = set(_in_use(n)) | set(n.get("unmanaged_busy") or ())
+        busy = set(_in_use(n)) | set(_shared(n)) | set(n.get("unmanaged_busy") or ())
         seen = f"{format_duration(now - n['last_seen'])} ago" if n.get("last_seen") else "never"
         found = " ".join(x for x in (n.get("found"), n.get("address")) if x) or "-"
         free = f"{len(n['gpus']) - len(busy)}/{len(n['gpus'])}" if n["gpus"] else "-"
@@ -458,18 +463,39 @@ def queues_table(queues: Sequence[Mapping]) -> str:
 
 def gpu_rows(nodes: Sequence[Mapping], users: Mapping[int, str]) -> list[dict]:
     """One dict per GPU of every node, with the job on it and that job's user where known."""
+    from labq.models.sharing import room_mib
+
     out = []
     for n in nodes:
-        in_use, unmanaged = _in_use(n), set(n.get("unmanaged_busy") or ())
+        in_use, shared, unmanaged = _in_use(n), _shared(n), set(n.get("unmanaged_busy") or ())
+        unmanaged_mib = {int(k): v for k, v in (n.get("unmanaged_mib") or {}).items()}
         for g in n["gpus"]:
             job = in_use.get(g["index"])
             usage = (n.get("gpu_usage") or {}).get(str(g["index"]), {})
-            out.append({"node": n["name"], "index": g["index"], "uuid": g["uuid"], "model": g["model"],
-                        "memory_mib": g["memory_mib"], "job": job, "user": users.get(job) if job else None,
-                        "busy_outside_labq": g["index"] in unmanaged and job is None,
-                        "memory_free_mib": usage.get("memory_free_mib"),
-                        "utilization_pct": usage.get("utilization_pct")})
+            sharers = shared.get(g["index"], [])
+            row = {"node": n["name"], "index": g["index"], "uuid": g["uuid"], "model": g["model"],
+                   "memory_mib": g["memory_mib"], "job": job, "user": users.get(job) if job else None,
+                   "busy_outside_labq": g["index"] in unmanaged and job is None,
+                   "memory_free_mib": usage.get("memory_free_mib"),
+                   "utilization_pct": usage.get("utilization_pct"),
+                   "unmanaged_mib": unmanaged_mib.get(g["index"]), "sharing": sharers}
+            if sharers or g["index"] in unmanaged_mib:  # what one more sharing job could declare there
+                row["share_free_mib"] = max(0, room_mib(g["memory_mib"], sum(s["need_mib"] for s in sharers),
+                                                        unmanaged_mib.get(g["index"], 0)))
+            out.append(row)
     return out
+
+
+def sharing_text(row: Mapping) -> str:
+    """A shared GPU's jobs, each with its declared / measured memory, and what is left to declare:
+    ``shared: job 12 (alice) 10G/8.1G, job 13 (bob) 6G/-; 52G left``."""
+    from labq.models.sharing import mib_text
+
+    jobs = [f"job {s['job_id']} ({s['user']}) {mib_text(s['need_mib'])}/"
+            + ("-" if s.get("used_mib") is None else mib_text(s["used_mib"])) for s in row["sharing"]]
+    if row.get("unmanaged_mib"):
+        jobs.append(f"not labq {mib_text(row['unmanaged_mib'])}")
+    return f"shared: {', '.join(jobs)}; {mib_text(row.get('share_free_mib') or 0)} left"
 
 
 def gpus_table(rows: Sequence[Mapping]) -> str:
@@ -479,6 +505,8 @@ def gpus_table(rows: Sequence[Mapping]) -> str:
     def using(r: Mapping) -> str:
         if r["job"] is not None:
             return f"job {r['job']}" + (f" ({r['user']})" if r["user"] else "")
+        if r.get("sharing"):
+            return sharing_text(r)
         return "busy (not labq)" if r["busy_outside_labq"] else "free"
 
     def measured(value, text) -> str:

@@ -21,7 +21,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Static
 
-from labq.render import format_duration, gpu_rows, models_text, table, topology_text
+from labq.render import format_duration, gpu_rows, models_text, sharing_text, table, topology_text
 from labq.terminal_text import escape_controls
 from labq.tui.app import KeyFooter
 
@@ -158,6 +158,8 @@ def gpu_grid(node: Mapping, jobs: Mapping[int, Mapping], reservations: list[Mapp
             job = jobs.get(g["job"]) or {}
             name = (job.get("spec") or {}).get("name") or ""
             who = f"job {g['job']}" + (f" {g['user']}" if g["user"] else "") + (f" {name}" if name else "")
+        elif g.get("sharing"):
+            who = sharing_text(g)
         elif g["busy_outside_labq"]:
             who = "busy (not labq)"
         else:

@@ -70,7 +70,8 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
         command, gpus=args.gpus,
         workdir=(args.workdir or None) if args.image else workdir,  # a container starts in its image's folder
         name=args.name or None,
-        min_gpu_memory_mib=parse_size_mib(args.gpu_mem) if args.gpu_mem else None,
+        min_gpu_memory_mib=parse_size_mib(args.gpu_mem) if args.gpu_mem and not args.share else None,
+        share_mib=_share(args),
         gpu_model=args.gpu_model or None,
         priority=args.klass or (parse_priority_arg(args.priority) if args.priority else None),
         preemptible=not args.no_preempt,
@@ -87,6 +88,18 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
         image=args.image or None,
         mounts=[parse_mount(m, cwd) for m in _container_only(args, "mount")],
         shm_size_mib=parse_size_mib(args.shm_size, "--shm-size") if _container_only(args, "shm_size") else None)
+
+
+def _share(args: argparse.Namespace) -> int | None:
+    """``--share --gpu-mem 10G``: the GPU memory the job declares it uses, sharing one GPU; None without --share."""
+    if not args.share:
+        return None
+    if not args.gpu_mem:
+        raise CliError("--share needs --gpu-mem SIZE: the most GPU memory the job uses (e.g. --share --gpu-mem 10G); "
+                       "it shares a GPU with jobs whose memory fits beside it")
+    if args.gpus != 1 or args.nodes not in (None, 1):
+        raise CliError("--share runs a job on part of one GPU: leave out --gpus (or give --gpus 1)")
+    return parse_size_mib(args.gpu_mem)
 
 
 def _notify(texts: list[str]) -> list[str] | None:
@@ -226,10 +239,16 @@ def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
                 "  labq submit --after-any 12 -- ./cleanup.sh      runs once job 12 has ended, however\n"
                 "  labq submit --notify end,fail -- python train.py  e-mail or chat when it ends\n"
                 "  labq submit --array 0-99%8 -- python train.py --shard {index}   100 tasks, 8 at a time\n"
-                "  labq submit --grid lr=1e-3,3e-4 --grid seed=0,1,2 -- python train.py --lr {lr} --seed {seed}",
+                "  labq submit --grid lr=1e-3,3e-4 --grid seed=0,1,2 -- python train.py --lr {lr} --seed {seed}\n"
+                "  labq submit --share --gpu-mem 10G -- python eval.py   shares a GPU with jobs that fit beside it",
                 _submit, c)
     p.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs the job needs (default 1)")
-    p.add_argument("--gpu-mem", metavar="SIZE", help="least memory per GPU: 40G, 24GiB, 8000M (plain number: GiB)")
+    p.add_argument("--gpu-mem", metavar="SIZE", help="least memory per GPU: 40G, 24GiB, 8000M (plain number: GiB); "
+                   "with --share, the most GPU memory the job uses")
+    p.add_argument("--share", action="store_true",
+                   help="share one GPU with other jobs by memory: placed where --gpu-mem fits beside the jobs there "
+                        "(and beside programs outside labq), and stopped through its checkpoint signal, then "
+                        "requeued, if it uses more than that by over the margin (5%% of the GPU, at least 512 MiB)")
     p.add_argument("--gpu-model", metavar="MODEL", help="part of the GPU model name: A100, 3090")
     prio = p.add_mutually_exclusive_group()
     prio.add_argument("--class", dest="klass", choices=CLASSES, help="priority class (default normal)")

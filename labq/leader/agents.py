@@ -18,9 +18,10 @@ from labq.leader.auth import Principal, new_token
 from labq.leader.state import AgentSession, LabState
 from labq.leader.joins import Joins
 from labq.leader.users import admin_only, user_only
+from labq.models import sharing
 from labq.models import transitions as t
 from labq.models.actions import timeout_grace
-from labq.models.job import Job, JobState
+from labq.models.job import Job, JobState, StopReason
 from labq.models.node import NodeHealth
 from labq.protocol import errors
 from labq.protocol.agents import (
@@ -144,12 +145,21 @@ class Agents:
         state = self.state
         with state.view:
             in_use: dict[str, dict[int, int]] = {}
-            for job in state.jobs.values():
-                if job.state.holds_gpus and job.placement:
-                    for a in job.placement.allocations:
-                        for g in a.gpu_indices:
+            shared: dict[str, dict[str, list[dict]]] = {}
+            for job in state.on_gpus.values():
+                if job.placement is None:
+                    continue
+                for a in job.placement.allocations:
+                    for g in a.gpu_indices:
+                        if job.spec.share_mib is None:
                             in_use.setdefault(a.node, {})[g] = job.id
-            return [{**encode_node(s.node), "gpus_in_use": in_use.get(name, {}), "last_seen": s.last_seen,
+                        else:
+                            used, peak = state.gpu_mem.get(job.id, (None, None))
+                            shared.setdefault(a.node, {}).setdefault(str(g), []).append(
+                                {"job_id": job.id, "user": job.user, "declared_mib": job.spec.share_mib,
+                                 "need_mib": sharing.need_mib(job), "used_mib": used, "peak_mib": peak})
+            return [{**encode_node(s.node), "gpus_in_use": in_use.get(name, {}),
+                     "gpus_shared": shared.get(name, {}), "last_seen": s.last_seen,
                      "gpu_usage": {str(i): u for i, u in (s.gpu_usage or {}).items()},
                      "found": "mDNS" if name in state.seen_over_mdns else "join token",
                      "address": s.address, "accounts": [encode_account(a) for a in s.node.accounts],
@@ -205,6 +215,11 @@ class Agents:
         if report.unmanaged_busy is not None and report.unmanaged_busy != session.node.unmanaged_busy:
             session.node = replace(session.node, unmanaged_busy=report.unmanaged_busy)
             changed = True
+        if report.unmanaged_mib is not None:
+            unmanaged_mib = tuple(sorted(report.unmanaged_mib.items()))
+            if unmanaged_mib != session.node.unmanaged_mib:
+                session.node = replace(session.node, unmanaged_mib=unmanaged_mib)
+                changed = True
         changed = self._take_accounts(session, report) or changed  # before the attempts: a requeued job
         # must not go back to a node that has just said it cannot start it
         updates = [new for a in report.attempts if (new := self._learned(session.name, a, now)) is not None]
@@ -244,6 +259,8 @@ class Agents:
         if a.running:
             new = t.running(job, a.started_at or now) if job.state is JobState.STARTING else job
             new = t.checkpointed(new, a.checkpoint_at)
+            if a.gpu_mem_mib is not None and job.spec.share_mib is not None:
+                new = self._watched(agent, new, a)
             return new if new is not expected else None
         if a.cannot_start is not None and t.stop_reason(job) is None:
             return self._not_started(agent, job, a.cannot_start, a.ended_at or now)
@@ -252,6 +269,23 @@ class Agents:
         if a.fenced:  # stopped on its node while the agent could not reach us
             return t.lost(started, a.ended_at or now, checkpoint_at=a.checkpoint_at)
         return t.exited(started, a.exit_code, a.ended_at or now, escalated=a.escalated, checkpoint_at=a.checkpoint_at)
+
+    def _watched(self, agent: str, job: Job, a: AttemptReport) -> Job:
+        """A sharing job's GPU memory as its agent measured it: kept for ``labq gpus``, and past its declaration
+        and the margin, the job is asked to stop through its checkpoint contract (``labq.models.sharing``)."""
+        peak = max(a.gpu_mem_peak_mib or 0, a.gpu_mem_mib or 0)
+        self.state.gpu_mem[job.id] = (a.gpu_mem_mib, peak)
+        (gpu,) = job.placement.gpus_on(agent) or (None,)
+        session = self.state.agents.get(agent)
+        if gpu is None or session is None or gpu >= len(session.node.gpus):
+            return job
+        memory = session.node.gpus[gpu].memory_mib
+        need = sharing.need_mib(job)
+        if peak <= sharing.limit_mib(need, memory) or job.stop_requested is not None:
+            return job
+        log.warning("job %d uses %d MiB of GPU memory on %s GPU %d, over the %d MiB it declared and the margin: "
+                    "stopping it", job.id, peak, agent, gpu, need)
+        return t.over_memory(job, peak, sharing.over_memory_note(peak, need, memory, f"{agent} GPU {gpu}"))
 
     @staticmethod
     def _not_started(agent: str, job: Job, why: str, now: float) -> Job:
@@ -288,6 +322,8 @@ class Agents:
                 stop.append(StopOrder(job.id, job.attempt, job.stop_signal, timeout_grace(job), "timeout"))
             elif job.state is JobState.PREEMPTING:
                 stop.append(StopOrder(job.id, job.attempt, job.stop_signal, job.spec.grace_s, "preempted"))
+            elif job.stop_requested == StopReason.OVER_MEMORY.value:  # its checkpoint contract, as a preemption
+                stop.append(StopOrder(job.id, job.attempt, job.stop_signal, job.spec.grace_s, "over its GPU memory"))
             elif job.stop_requested:
                 stop.append(StopOrder(job.id, job.attempt, "SIGTERM", min(job.spec.grace_s, 30.0), job.stop_requested))
         config = self.state.config
@@ -304,11 +340,18 @@ class Agents:
                     "LABQ_RESUMED": "1" if job.attempt > 1 else "0", "LABQ_PREEMPT_SIGNAL": job.stop_signal,
                     "CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible})
         spec = job.spec
+        limit = None
+        if spec.share_mib is not None and indices:
+            need = sharing.need_mib(job)
+            limit = sharing.limit_mib(need, node.gpus[indices[0]].memory_mib)
+            # what it may use, for the job to size its batches by; under MPS (when the node runs its control
+            # daemon) also a hard limit on the one device it sees
+            env.update({"LABQ_GPU_MEM_MIB": str(need), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={limit}M"})
         root = self.state.config.checkpoint_root
         return RunOrder(job.id, job.attempt, job.user, spec.command, env, spec.workdir, indices, uuids,
                         spec.grace_s, job.checkpoint_signal, spec.runtime.value, spec.image,
                         tuple((m.source, m.target, m.read_only) for m in spec.mounts), spec.shm_size_mib,
-                        node.simulated, f"{root.rstrip('/')}/{job.id}" if root else None)
+                        node.simulated, f"{root.rstrip('/')}/{job.id}" if root else None, limit)
 
 
 def _concerned(problem) -> str:

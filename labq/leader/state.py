@@ -120,6 +120,8 @@ class LabState:
         self.seen_over_mdns: dict[str, dict] = {}
         #: what each job's GPUs did since its version was last taken in (``measure``): [GPU-s, busy, MiB x s]
         self.gpu_measure: dict[int, list[float]] = {}
+        #: each running job that shares its GPU: the GPU memory its agent last saw it use, and the most (MiB)
+        self.gpu_mem: dict[int, tuple[int | None, int]] = {}
         self._measured_at: dict[str, float] = {}  #: each node's last measurement
         self._measures_saved_at = now  #: when the running jobs' measurements were last saved with them
         #: called with (old version or None, new version) of each job taken in, under the lock: the metrics
@@ -199,6 +201,7 @@ class LabState:
                 self.on_gpus[job.id] = job
             else:
                 self.on_gpus.pop(job.id, None)
+                self.gpu_mem.pop(job.id, None)
             if _waits_on(job) and not job.state.finished:
                 self.waiting_on[job.id] = job
             else:

@@ -143,6 +143,9 @@ class AttemptReport:
     #: ``labq checkpoint --signal``) or its image's label
     checkpoint_signal: str | None = None
     signal_from: SignalSource | None = None
+    #: a job that shares its GPU: the GPU memory its processes use now, and the most seen this attempt (MiB)
+    gpu_mem_mib: int | None = None
+    gpu_mem_peak_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,8 @@ class SyncReport:
     accounts: tuple[Account, ...] | None = None
     #: what keeps jobs from starting on this node now
     problems: tuple[NodeProblem, ...] | None = None
+    #: per GPU index: the GPU memory processes outside labq use (MiB), where NVML says
+    unmanaged_mib: dict[int, int] | None = None
 
 
 def encode_sync(report: SyncReport) -> dict:
@@ -175,6 +180,8 @@ def encode_sync(report: SyncReport) -> dict:
         doc["accounts"] = [encode_account(a) for a in report.accounts]
     if report.problems is not None:
         doc["problems"] = [encode_problem(p) for p in report.problems]
+    if report.unmanaged_mib is not None:
+        doc["unmanaged_mib"] = {str(i): mib for i, mib in report.unmanaged_mib.items()}
     return doc
 
 
@@ -186,6 +193,8 @@ def _encode_attempt(a: AttemptReport) -> dict:
         doc["cannot_start"] = a.cannot_start
     if a.checkpoint_signal is not None and a.signal_from is not None:
         doc["checkpoint_signal"], doc["signal_from"] = a.checkpoint_signal, a.signal_from.value
+    if a.gpu_mem_mib is not None:  # only for jobs that share their GPU
+        doc["gpu_mem_mib"], doc["gpu_mem_peak_mib"] = a.gpu_mem_mib, a.gpu_mem_peak_mib
     return doc
 
 
@@ -221,6 +230,7 @@ def parse_sync(body: object) -> SyncReport:
     usage = _gpu_usage(f.raw("gpu_usage"))
     accounts = _accounts(f.raw("accounts"))
     problems = _problems(f.raw("problems"))
+    unmanaged_mib = _per_gpu_mib(f.raw("unmanaged_mib"), "unmanaged_mib")
     f.done()
     if not isinstance(raw_attempts, list):
         raise bad_request("attempts must be a list", "attempts")
@@ -232,13 +242,24 @@ def parse_sync(body: object) -> SyncReport:
             a.boolean("running", default=False), a.integer("exit_code", low=-1, high=1 << 16),
             a.integer("signal", low=1, high=128), a.number("started_at"), a.number("ended_at"),
             a.boolean("fenced", default=False), a.boolean("escalated", default=False), a.number("checkpoint_at"),
-            a.string("cannot_start", max_len=MAX_DETAIL), *_declared(a)))
+            a.string("cannot_start", max_len=MAX_DETAIL), *_declared(a),
+            a.integer("gpu_mem_mib", high=1 << 30), a.integer("gpu_mem_peak_mib", high=1 << 30)))
         a.done()
     if busy is not None and (not isinstance(busy, list) or len(busy) > MAX_NODE_GPUS or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_NODE_GPUS for i in busy)):
         raise bad_request("unmanaged_busy must be a list of GPU indices", "unmanaged_busy")
     return SyncReport(tuple(attempts), frozenset(busy) if busy is not None else None, wait_s, usage, accounts,
-                      problems)
+                      problems, unmanaged_mib)
+
+
+def _per_gpu_mib(raw: object, what: str) -> dict[int, int] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or len(raw) > MAX_NODE_GPUS or not all(
+            isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 3 and isinstance(v, int)
+            and not isinstance(v, bool) and 0 <= v <= 1 << 30 for k, v in raw.items()):
+        raise bad_request(f"{what} must map GPU indices to MiB", what)
+    return {int(k): v for k, v in raw.items()}
 
 
 def _accounts(raw: object) -> tuple[Account, ...] | None:
@@ -303,6 +324,8 @@ class RunOrder:
     simulated: bool = False
     #: LABQ_CHECKPOINT_DIR when the lab keeps checkpoints on shared storage; None: the agent's own folder
     checkpoint_dir: str | None = None
+    #: a job that shares its GPU: past this much GPU memory (MiB) it is stopped (``labq.models.sharing``)
+    gpu_mem_limit_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -339,7 +362,8 @@ def encode_reply(reply: SyncReply) -> dict:
                  "env": r.env, "workdir": r.workdir, "gpu_indices": list(r.gpu_indices),
                  "gpu_uuids": list(r.gpu_uuids), "grace_s": r.grace_s, "checkpoint_signal": r.checkpoint_signal,
                  "runtime": r.runtime, "image": r.image, "mounts": [list(m) for m in r.mounts],
-                 "shm_size_mib": r.shm_size_mib, "simulated": r.simulated, "checkpoint_dir": r.checkpoint_dir}
+                 "shm_size_mib": r.shm_size_mib, "simulated": r.simulated, "checkpoint_dir": r.checkpoint_dir,
+                 **({"gpu_mem_limit_mib": r.gpu_mem_limit_mib} if r.gpu_mem_limit_mib is not None else {})}
                 for r in reply.run],
         "stop": [{"job_id": s.job_id, "attempt": s.attempt, "signal": s.signal, "grace_s": s.grace_s,
                   "reason": s.reason} for s in reply.stop],
@@ -354,7 +378,7 @@ def decode_reply(doc: dict) -> SyncReply:
                        tuple(r["gpu_indices"]), tuple(r["gpu_uuids"]), r["grace_s"], r["checkpoint_signal"],
                        r.get("runtime", "process"), r.get("image"),
                        tuple((m[0], m[1], bool(m[2])) for m in r.get("mounts", ())), r.get("shm_size_mib", 1024),
-                       r.get("simulated", False), r.get("checkpoint_dir"))
+                       r.get("simulated", False), r.get("checkpoint_dir"), r.get("gpu_mem_limit_mib"))
               for r in doc["run"]),
         tuple(StopOrder(s["job_id"], s["attempt"], s["signal"], s["grace_s"], s["reason"]) for s in doc["stop"]),
         doc["lease_s"], doc["fence_after_s"], int(doc.get("seq", 0)), str(doc.get("epoch", "")),

@@ -247,7 +247,7 @@ def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: 
                    node: str | None = None, reservation: str | None = None, after_reservation: str | None = None,
                    image: str | None = None, mounts: Sequence[Mount] = (), shm_size_mib: int | None = None,
                    queue: str | None = None, notify: Sequence[str] | None = None, array: str | None = None,
-                   grid: Sequence[str] = ()) -> dict:
+                   grid: Sequence[str] = (), share_mib: int | None = None) -> dict:
     """The ``POST /v1/jobs`` body that ``parse_submit`` reads back: only what differs from the defaults.
 
     Plain values: seconds, MiB, absolute paths. An ``image`` makes it a container job (``runtime`` docker).
@@ -260,7 +260,7 @@ def submit_request(command: Sequence[str], *, gpus: int | None = None, workdir: 
                 "env": dict(env) if env else None, "depends_on": list(depends_on) if depends_on else None,
                 "after_any": after_any or None, "nodes": nodes, "node": node, "reservation": reservation, "after_reservation": after_reservation,
                 "queue": queue, "notify": list(notify) if notify is not None else None, "array": array,
-                "grid": list(grid) if grid else None}
+                "grid": list(grid) if grid else None, "share_mib": share_mib}
     body.update((key, value) for key, value in optional.items() if value is not None)
     if image is not None:
         body["runtime"], body["image"] = "docker", image
@@ -300,6 +300,10 @@ def parse_submit(body: object) -> SubmitRequest:
     out["nodes"] = f.integer("nodes", low=1, high=MAX_GPUS) or 1
     out["name"] = f.name("name", "job name") or ""
     out["min_gpu_memory_mib"] = f.integer("min_gpu_memory_mib", low=0, high=10**7) or 0
+    out["share_mib"] = f.integer("share_mib", low=1, high=10**7)
+    if out["share_mib"] is not None and (out["gpus"] != 1 or out["nodes"] != 1):
+        raise bad_request("a job that shares a GPU by memory (share_mib) runs on one GPU: gpus must be 1",
+                          "share_mib")
     out["gpu_model"] = f.string("gpu_model")
     out["node"] = f.name("node", "node name")
     out["priority"] = _priority(f.raw("priority"))

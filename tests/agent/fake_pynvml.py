@@ -36,6 +36,8 @@ class FakeGpu:
     #: NVLink links the GPU has (active or not); None: as many as ``nvlinks``; 0: no NVLink at all
     link_slots: int | None = None
     pids: tuple[int, ...] = ()
+    #: the GPU memory of each of ``pids``, in order (None: NVML will not say); 512 MiB each when not given
+    pid_mib: tuple[int | None, ...] = ()
     used_mib: int = 0
     utilization_pct: int = 0
 
@@ -195,8 +197,12 @@ class FakeNvml:
 
     def _processes(self, name: str, handle: Handle) -> list[Any]:
         self._enter(name, handle)
-        return [real.nvmlFriendlyObject({"pid": pid, "usedGpuMemory": 512 * MIB, "gpuInstanceId": 0xFFFFFFFF,
-                                         "computeInstanceId": 0xFFFFFFFF}) for pid in self._gpu(handle).pids]
+        gpu = self._gpu(handle)
+        mib = gpu.pid_mib or (512,) * len(gpu.pids)
+        # as the real binding turns NVML_VALUE_NOT_AVAILABLE into None
+        return [real.nvmlFriendlyObject({"pid": pid, "usedGpuMemory": None if m is None else m * MIB,
+                                         "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF})
+                for pid, m in zip(gpu.pids, mib)]
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[Any]:
         # The real one calls the driver's _v3 and turns a missing function into this error.

@@ -357,3 +357,72 @@ def test_utilization_unsupported_degrades_to_unknown(fake, machine):
     reading = read()
     assert all(u.utilization_pct is None for u in reading.usage)
     assert any("utilization" in note for note in reading.notes)
+
+
+# -- GPU memory per process (sharing GPUs by memory) -----------------------------------------------
+
+def _with_memory(base, procs: dict[int, tuple[tuple[int, int | None], ...]], used: dict[int, int] | None = None):
+    """Each GPU's processes as (pid, MiB or None), and its memory in use."""
+    return tuple(dataclasses.replace(g, pids=tuple(p for p, _ in procs.get(i, ())),
+                                     pid_mib=tuple(m for _, m in procs.get(i, ())),
+                                     used_mib=(used or {}).get(i, 0)) for i, g in enumerate(base.gpus))
+
+
+def memory(managed_pids: frozenset[int] = frozenset()):
+    inv = NvmlInventory()
+    try:
+        return inv.memory(managed_pids)
+    finally:
+        inv.close()
+
+
+def test_each_processs_gpu_memory_is_read_and_outside_use_summed_per_gpu(machine, fake):
+    machine(fake.WS_4X3090, gpus=_with_memory(fake.WS_4X3090, {0: ((10, 6144), (11, 2048), (99, 3000)),
+                                                               2: ((12, 1024),)}))
+    got = memory(frozenset({10, 11, 12}))
+    assert got.by_pid == {10: (0, 6144), 11: (0, 2048), 99: (0, 3000), 12: (2, 1024)}
+    assert got.unmanaged_mib == {0: 3000}  # GPU 2 has only labq's
+    inv = read(frozenset({10, 11, 12}))
+    assert inv.unmanaged_mib == ((0, 3000),) and inv.unmanaged_busy == frozenset({0})
+
+
+def test_outside_use_nvml_will_not_size_counts_all_the_gpu_uses_but_labqs(machine, fake):
+    # NVML_VALUE_NOT_AVAILABLE for the stranger's process: what the GPU uses less labq's own, never less
+    machine(fake.WS_4X3090, gpus=_with_memory(fake.WS_4X3090, {1: ((10, 4096), (99, None))}, used={1: 9000}))
+    got = memory(frozenset({10}))
+    assert got.by_pid[99] == (1, None)
+    assert got.unmanaged_mib == {1: 9000 - 4096}
+
+
+def test_gpu_memory_unreadable_is_no_reading_with_a_note(machine, fake):
+    machine(fake.WS_4X3090, gpus=_with_memory(fake.WS_4X3090, {1: ((99, 500),)}),
+            no_permission=frozenset({"nvmlDeviceGetComputeRunningProcesses",
+                                     "nvmlDeviceGetComputeRunningProcesses_v2"}))
+    inv = NvmlInventory()
+    try:
+        got = inv.memory()
+        assert (got.by_pid, got.unmanaged_mib) == ({}, {})
+        assert inv._nvml.take_notes()[0].startswith("compute processes unavailable on GPU 0")
+    finally:
+        inv.close()
+
+
+def test_simulated_gpu_memory_is_what_the_processes_declare(tmp_path):
+    """Real processes: the agent's own job (managed) and someone's notebook that names this simulated node."""
+    env = {"PATH": "/usr/bin:/bin"}
+    job = subprocess.Popen(["sleep", "30"], env={**env, "LABQ_SIM_GPU_MEM": "10G", "CUDA_VISIBLE_DEVICES": "2"})
+    notebook = subprocess.Popen(["sleep", "30"], env={**env, "LABQ_SIM_GPU_MEM": "3000M", "CUDA_VISIBLE_DEVICES": "1",
+                                                      "LABQ_SIM_NODE": "simmem-node"})
+    elsewhere = subprocess.Popen(["sleep", "30"], env={**env, "LABQ_SIM_GPU_MEM": "5G", "CUDA_VISIBLE_DEVICES": "0",
+                                                       "LABQ_SIM_NODE": "another-node"})
+    try:
+        inv = SimulatedInventory("sim:ws-4x3090", "simmem-node")
+        got = inv.memory(frozenset({job.pid}))
+        assert got.by_pid == {job.pid: (2, 10240), notebook.pid: (1, 3000)}
+        assert got.unmanaged_mib == {1: 3000}
+        read_back = inv.read(frozenset({job.pid}))
+        assert read_back.unmanaged_busy == frozenset({1}) and read_back.unmanaged_mib == ((1, 3000),)
+    finally:
+        for proc in (job, notebook, elsewhere):
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,91 @@
+"""The agent's watch over jobs that share a GPU by memory: what each uses, the most it used, who went over.
+
+Each attempt's processes are its process group and every process descended from its first one (a container's
+processes descend from the container's first process), found in /proc. Their GPU memory is what the inventory
+reads per process (NVML, or the simulated model). An attempt over its limit (``RunOrder.gpu_mem_limit_mib``:
+its declaration and the margin) is news for the leader at once; the leader asks it to stop through its
+checkpoint contract, so it is the one that stops and never its neighbours on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+from labq.agent.inventory import GpuMemory
+from labq.models.sharing import over_limit
+
+Key = tuple[int, int]  #: (job id, attempt)
+WATCH_EVERY_S = 1.0  #: how often the GPU memory of sharing jobs is read
+
+
+def process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group) of every process (fields 4 and 5 of /proc/PID/stat)."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 2:
+            table[int(entry.name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def processes_of(roots: Mapping[Key, int], table: Mapping[int, tuple[int, int]]) -> dict[Key, set[int]]:
+    """Each attempt's processes: its first process's group, and everything descended from that process."""
+    children: dict[int, list[int]] = {}
+    groups: dict[int, list[int]] = {}
+    for pid, (parent, group) in table.items():
+        children.setdefault(parent, []).append(pid)
+        groups.setdefault(group, []).append(pid)
+    found = {}
+    for key, root in roots.items():
+        mine = {root, *groups.get(root, ())}
+        todo = list(mine)
+        while todo:
+            for child in children.get(todo.pop(), ()):
+                if child not in mine:
+                    mine.add(child)
+                    todo.append(child)
+        found[key] = mine
+    return found
+
+
+class MemoryWatch:
+    """The GPU memory of the attempts that share a GPU, as last read, and the most each was seen using."""
+
+    def __init__(self) -> None:
+        self.limits: dict[Key, int] = {}  #: per sharing attempt: past this many MiB it is stopped
+        self.used: dict[Key, int] = {}
+        self.peaks: dict[Key, int] = {}
+        self._told: set[Key] = set()  #: attempts whose going over was news already
+
+    def expect(self, limits: Mapping[Key, int]) -> None:
+        """The sharing attempts the leader wants running here now, with their limits (the whole truth)."""
+        self.limits = dict(limits)
+        for book in (self.used, self.peaks):
+            for key in [k for k in book if k not in self.limits]:
+                del book[key]
+        self._told &= set(self.limits)
+
+    def look(self, memory: GpuMemory, processes: Mapping[Key, Iterable[int]]) -> list[Key]:
+        """Take in a reading; the attempts that went over their limit since the last look (news for the leader)."""
+        for key in self.limits:
+            pids = processes.get(key, ())
+            used = sum(mib or 0 for pid in pids if (seen := memory.by_pid.get(pid)) for mib in (seen[1],))
+            self.used[key] = used
+            self.peaks[key] = max(self.peaks.get(key, 0), used)
+        over = [key for key in over_limit(self.limits, self.peaks) if key not in self._told]
+        self._told.update(over)
+        return over
+
+    def reading(self, key: Key) -> tuple[int | None, int | None]:
+        """What the attempt uses now and the most it used, for the leader; (None, None) if not watched."""
+        if key not in self.used:
+            return None, None
+        return self.used[key], self.peaks[key]
