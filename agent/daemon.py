@@ -52,6 +52,7 @@ LONG_POLL_S = 20.0
 KILL_AFTER_S = KILL_AFTER_TERM_S  #: after the grace, TERM; this long after TERM, KILL
 WATCH_EVERY_S = 0.1  #: how often the agent looks for exits and new checkpoints to report at once
 CHECKPOINT_NEWS_S = 2.0
+LAUNCH_GAP_S = 0.002  #: between two launches of a burst, for a stop or a newer reply waiting for the lock
 GRACE_RETRY_S = 1.0  #: when stopping a job after its grace failed, the next try
 LOG_CHUNK = 1 << 20
 
@@ -103,6 +104,7 @@ class Agent:
         self._stop = threading.Event()
         self._reported_running: set[tuple[int, int]] = set()  #: as the leader last heard it
         self.memory_watch = MemoryWatch()  #: the GPU memory of the jobs that share GPUs
+        self._launches_pending = False  #: the latest reply wants attempts this node has not launched yet
         self._kick = threading.Event()
         #: this node's own key and certificate, in a TLS lab (``labq.agent.identity``)
         self.identity = AgentIdentity(config.state_dir / "tls", config.name) if self.pin else None
@@ -117,6 +119,7 @@ class Agent:
         self.workers.spawn("labq-agent-logs", self._logs.serve_forever)
         self.workers.spawn("labq-agent-sync", self._sync_loop)
         self.workers.spawn("labq-agent-exits", self._watch_exits)
+        self.workers.spawn("labq-agent-gpu-memory", self._memory_loop)
         if self.local is not None:
             self.workers.spawn("labq-agent-local", self.local.serve_forever)
 
@@ -273,7 +276,7 @@ class Agent:
                 body = encode_registration(Registration(node, self.logs_url, __version__, self.identity.request()))
         return self._request("/v1/agents/register", body, self.join_secret, timeout=30), "with the join token"
 
-    def sync_once(self, wait_s: float) -> None:
+    def sync_once(self, wait_s: float, *, launch: bool = True) -> None:
         if self.token is None:
             self.register()
         report = self.report(wait_s)
@@ -292,7 +295,7 @@ class Agent:
         self.last_contact = self.monotonic()
         self.fence_after_s, self.lease_s = reply.fence_after_s, reply.lease_s
         self.users = reply.users
-        self.apply(reply)
+        self.apply(reply, launch=launch)
 
     def report(self, wait_s: float) -> SyncReport:
         """Every attempt the runtimes know, the GPUs busy outside labq, and (to a leader that asks, by naming
@@ -358,18 +361,17 @@ class Agent:
         starts and ends between two looks must be reported too. New checkpoints are
         reported at most every ``CHECKPOINT_NEWS_S``, however often a job saves.
         """
-        told_at, measured_at, pause = 0.0, 0.0, WATCH_EVERY_S
+        told_at, pause = 0.0, WATCH_EVERY_S
         backoff, trouble = Backoff(cap=2.0), RetryLog(log, "cannot report an exit or a checkpoint at once")
         while not self._stop.wait(pause):
             try:
+                if self._launches_pending:
+                    self.launch_pending()
                 running = [s for s in self.runtime.attempts() if s.state is AttemptState.RUNNING]
                 exited = self._reported_running - {(s.job_id, s.attempt) for s in running}
                 self.check_graces()
                 news = self.monotonic() - told_at >= CHECKPOINT_NEWS_S and any(
                     self._checkpoints_told.get((s.job_id, s.attempt)) != self._checkpoint_at(s) for s in running)
-                if self.memory_watch.limits and self.monotonic() - measured_at >= MEMORY_EVERY_S:
-                    measured_at = self.monotonic()
-                    news = bool(self._watch_memory(running)) or news
                 if (exited or news) and self.token is not None:
                     told_at = self.monotonic()
                     self.sync_once(0.0)
@@ -425,7 +427,9 @@ class Agent:
 
     # -- doing what the leader says --------------------------------------------------------
 
-    def apply(self, reply) -> None:
+    def apply(self, reply, *, launch: bool = True) -> None:
+        """Follow a sync reply: stop what it says to stop, and what this node runs that it does not expect; then
+        (``launch``) start what it wants that is not running here yet (``launch_pending``)."""
         with self._apply_lock:
             if reply.older_than(self._applied):
                 return  # a long poll answered before the reply just applied: its orders are stale
@@ -434,10 +438,7 @@ class Agent:
             wanted = {(r.job_id, r.attempt): r for r in reply.run}
             self.memory_watch.expect({key: r.gpu_mem_limit_mib for key, r in wanted.items()
                                       if r.gpu_mem_limit_mib is not None})
-            for key, order in wanted.items():
-                if key not in known:
-                    self._launch(order)
-            for order in reply.stop:
+            for order in reply.stop:  # first: a stop is due now, and a burst of launches takes a while
                 status = known.get((order.job_id, order.attempt))
                 if status is not None and status.state is AttemptState.RUNNING:
                     self._stop_attempt(order)
@@ -451,6 +452,28 @@ class Agent:
                     self.notes.forget(*key)
                     self._checkpoints_told.pop(key, None)
                     self._stopping.discard(key)
+            self._launches_pending = any(key not in known for key in wanted)
+        if launch:
+            self.launch_pending()
+
+    def launch_pending(self) -> None:
+        """Start what the latest reply wants and this node does not run yet, one launch at a time: the lock is let
+        go between launches, so a stop (or a newer reply) never waits for a burst of them to end."""
+        tried: set[tuple[int, int]] = set()
+        while True:
+            if tried:
+                time.sleep(LAUNCH_GAP_S)  # a lock is not fair: without a pause this loop would take it straight back
+            with self._apply_lock:
+                reply = self._applied
+                if reply is None:
+                    return
+                known = {(s.job_id, s.attempt) for s in self.runtime.attempts()}
+                order = next((r for r in reply.run if (r.job_id, r.attempt) not in known | tried), None)
+                if order is None:
+                    self._launches_pending = False
+                    return
+                tried.add((order.job_id, order.attempt))
+                self._launch(order)
 
     def _launch(self, order: RunOrder) -> None:
         folder = Path(order.checkpoint_dir) if order.checkpoint_dir else self.checkpoints / str(order.job_id)
@@ -553,6 +576,27 @@ class Agent:
             else:
                 self._graces.pop(key, None)
 
+    def _memory_loop(self) -> None:
+        """Read the GPU memory of the jobs that share GPUs every ``MEMORY_EVERY_S``, and tell the leader at once of
+        one past its limit. A thread of its own: nothing the agent does meanwhile (a burst of launches) delays it."""
+        backoff, trouble = Backoff(cap=5.0), RetryLog(log, "cannot watch the GPU memory of the jobs that share GPUs")
+        pause = MEMORY_EVERY_S
+        while not self._stop.wait(pause):
+            try:
+                pause = MEMORY_EVERY_S
+                if not self.memory_watch.limits:
+                    continue
+                running = [s for s in self.runtime.attempts() if s.state is AttemptState.RUNNING]
+                if self._watch_memory(running) and self.token is not None:
+                    self.sync_once(0.0, launch=False)  # the exit watcher launches what the reply adds
+                trouble.ok()
+                backoff.reset()
+            except Exception as err:  # noqa: BLE001 - a daemon loop outlives every error of one round
+                if self._stop.is_set():
+                    return
+                trouble.failed(err)
+                pause = max(MEMORY_EVERY_S, backoff.next())
+
     def _watch_memory(self, running) -> list[tuple[int, int]]:
         """Read the GPU memory of the jobs that share GPUs; the attempts that went over their limit just now."""
         table = process_table()
@@ -561,7 +605,7 @@ class Agent:
         managed = frozenset(pid for pids in processes.values() for pid in pids)
         over = self.memory_watch.look(self.inventory.memory(managed), processes)
         for key in over:
-            log.warning("job %d attempt %d uses %d MiB of GPU memory, past its limit of %d MiB: telling the leader",
+            log.info("job %d attempt %d uses %d MiB of GPU memory, past its limit of %d MiB: telling the leader",
                         *key, self.memory_watch.used.get(key, 0), self.memory_watch.limits[key])
         return over
 

@@ -110,19 +110,19 @@ class GpuInventory(Protocol):
 
 #: a process on a simulated GPU says in its environment how much GPU memory it uses (``12G``), and which GPU it
 #: is on by ``CUDA_VISIBLE_DEVICES``; one that labq did not start names its simulated node in ``SIM_NODE_ENV``
-SIM_GPU_MEM_ENV = "LABQ_SIM_GPU_MEM"
-SIM_NODE_ENV = "LABQ_SIM_NODE"
+SIM_GPU_MEM_ENV = "SIM_GPU_MEM"
+SIM_NODE_ENV = "SIM_GPU_NODE"
 
 
 class SimulatedInventory:
     """A named simulated machine (``sim:dgx1``, ``sim:flat:4``).
 
     Its GPU memory is modelled from the processes themselves: one whose environment says
-    ``LABQ_SIM_GPU_MEM=12G`` uses that much of the simulated GPU its ``CUDA_VISIBLE_DEVICES`` names, as
-    NVML would report it. Jobs labq runs here count as this node's; any other process counts only when
-    ``LABQ_SIM_NODE`` names this node (someone's notebook, for a demo), and is then busy outside labq. So
-    sharing GPUs by memory, and the watch that stops a job using more than it declared, run whole on
-    machines without GPUs."""
+    ``SIM_GPU_MEM=12G`` uses that much of the simulated GPU its ``CUDA_VISIBLE_DEVICES`` names, as
+    NVML would report it (a child that inherited the same environment is the same user, not another).
+    Jobs labq runs here count as this node's; any other process counts only when ``SIM_GPU_NODE`` names
+    this node (someone's notebook, for a demo), and is then busy outside labq. So sharing GPUs by memory,
+    and the watch that stops a job using more than it declared, run whole on machines without GPUs."""
 
     def __init__(self, spec: str, node: str) -> None:
         self.sim = parse_sim_spec(spec)  # ValueError naming every choice when unknown
@@ -135,13 +135,18 @@ class SimulatedInventory:
                          unmanaged_mib=tuple(sorted(memory.unmanaged_mib.items())))
 
     def memory(self, managed_pids: frozenset[int] = frozenset()) -> GpuMemory:
+        declaring = dict(_declaring_processes())
         processes = []
-        for pid, env in _declaring_processes():
+        for pid, (parent, env) in declaring.items():
             if pid not in managed_pids and env.get(SIM_NODE_ENV) != self.node:
                 continue
+            mine = (env.get(SIM_GPU_MEM_ENV), env.get("CUDA_VISIBLE_DEVICES"))
+            above = declaring.get(parent)
+            if above is not None and (above[1].get(SIM_GPU_MEM_ENV), above[1].get("CUDA_VISIBLE_DEVICES")) == mine:
+                continue  # a child that inherited its parent's environment: the same user of that memory
             try:
-                gpu = int(env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0])
-                mib = parse_size_mib(env[SIM_GPU_MEM_ENV])
+                gpu = int((mine[1] or "").split(",")[0])
+                mib = parse_size_mib(mine[0])
             except ValueError:
                 continue
             if 0 <= gpu < self.sim.gpu_count:
@@ -153,8 +158,8 @@ class SimulatedInventory:
 
 
 def _declaring_processes():
-    """(pid, environment) of each process on this machine that declares simulated GPU memory, as far as this
-    user may read environments (/proc/PID/environ)."""
+    """(pid, (parent pid, environment)) of each process on this machine that declares simulated GPU memory, as far
+    as this user may read environments (/proc/PID/environ)."""
     needle = SIM_GPU_MEM_ENV.encode() + b"="
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -166,12 +171,18 @@ def _declaring_processes():
             continue
         if needle not in raw:
             continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+            parent = int(stat[stat.rfind(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
         env = {}
         for item in raw.split(b"\0"):
             key, sep, value = item.partition(b"=")
             if sep:
                 env[key.decode(errors="replace")] = value.decode(errors="replace")
-        yield int(entry.name), env
+        yield int(entry.name), (parent, env)
 
 
 class NvmlInventory:

@@ -3,9 +3,10 @@
 It starts a leader and an agent for a simulated workstation (four RTX 3090s in
 two NVLink pairs) in a temporary folder, adds two lab users with tokens of their
 own, submits a few jobs as each, and narrates what the queue does: best-connected
-placement, a waiting job and why, a preemption, logs. The jobs are tiny shell
-loops that run as the account running the demo, whichever lab user submits them.
-It takes about 15 seconds, and says at the end how long it took.
+placement, a waiting job and why, a preemption, logs, and small jobs sharing a GPU
+by memory. The jobs are tiny shell loops that run as the account running the demo,
+whichever lab user submits them.
+It takes about 20 seconds, and says at the end how long it took.
 
 It ends in order: the agent first, waiting for its threads to end (a short lease
 keeps its long poll short), then any job still running, then the leader, then the
@@ -30,7 +31,7 @@ from labq.agent.process_runtime import AttemptState
 from labq.client import Client
 from labq.leader.config import LeaderConfig
 from labq.leader.main import RunningLeader, join_token_path, start_leader
-from labq.render import jobs_table, why_text
+from labq.render import gpu_rows, gpus_table, jobs_table, why_text
 
 TRAIN = ("sh", "-c", 'i=0; while [ $i -lt {steps} ]; do i=$((i+1)); echo "step $i on GPUs $CUDA_VISIBLE_DEVICES"; '
          "sleep 0.5; done")
@@ -161,3 +162,40 @@ def _preempt_and_finish(admin: Client, urgent_user: Client, jobs: list[dict]) ->
     _say(f"labq logs {pair['id']} (last lines):")
     for line in data.decode().splitlines()[-3:]:
         _say(f"   {line}")
+    _say()
+    _share(admin, urgent_user)
+
+
+#: a small job that saves and exits 0 on SIGUSR1 (its checkpoint signal), using the simulated GPU memory it is given
+EVAL = 'trap "echo saved; exit 0" USR1; i=0; while [ $i -lt {steps} ]; do i=$((i+1)); sleep 0.5; done'
+
+
+def _share(admin: Client, user: Client) -> None:
+    """Sharing one GPU by memory, and the watch that stops only the job using more than it declared."""
+    _say("5. Small jobs share a GPU by memory (labq submit --share --gpu-mem 8G). Two evaluations that declare 8 GiB")
+    _say("   each go on one GPU together. One of them grows to 12 GiB a second in (its simulated GPU memory): the")
+    _say("   agent sees it through NVML, and labq stops that job, and only that job, through its checkpoint")
+    _say("   signal, and requeues it to run with what it used. Its neighbour runs on.")
+    common = {"gpus": 1, "share_mib": 8192, "checkpoint_signal": "SIGUSR1"}
+    steady = user.submit({**common, "name": "eval-a", "env": {"SIM_GPU_MEM": "6G"},
+                          "command": ["sh", "-c", EVAL.format(steps=16)]})
+    grows = user.submit({**common, "name": "eval-b", "env": {"SIM_GPU_MEM": "4G"},
+                         # a second in, it becomes a process that uses 12 GiB ($0: the loop, as sh -c's name)
+                         "command": ["sh", "-c", 'sleep 1; exec env SIM_GPU_MEM=12G sh -c "$0"',
+                                     EVAL.format(steps=8)]})
+    for job in (steady, grows):
+        _wait(admin, job["id"], {"running"})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        job, _ = admin.job(grows["id"])
+        if job["attempt"] > 1 and job["state"] == "running":
+            break
+        time.sleep(0.2)
+    _say(f"   labq show {grows['id']}: {job['note']}")
+    neighbour, _ = admin.job(steady["id"])
+    _say(f"   job {steady['id']} ({neighbour['spec']['name']}) is {neighbour['state']}, attempt {neighbour['attempt']}."
+         " labq gpus:")
+    _say(gpus_table([r for r in gpu_rows(admin.nodes(), {}) if r["sharing"]]))
+    _say()
+    for job in (steady, grows):
+        _wait(admin, job["id"], {"succeeded", "failed", "cancelled"}, timeout=60)

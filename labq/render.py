@@ -280,6 +280,10 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
         want.append(f"over {spec['nodes']} nodes")
     if spec.get("min_gpu_memory_mib"):
         want.append(f"at least {format_mib(spec['min_gpu_memory_mib'])} each")
+    if spec.get("share_mib"):
+        want[0] = f"part of one GPU: {format_mib(spec['share_mib'])} of its memory, shared"
+        if job.get("gpu_mem_peak_mib"):
+            want.append(f"placed by the {format_mib(job['gpu_mem_peak_mib'])} it was seen using")
     if spec.get("gpu_model"):
         want.append(f"model {spec['gpu_model']}")
     if spec.get("node"):

@@ -71,9 +71,9 @@ def add_commands(sub) -> None:
     _agent_options(up)
     up.set_defaults(run=_up)
 
-    demo = sub.add_parser("demo", help="a short tour of labq on simulated GPUs (about 15 seconds)",
+    demo = sub.add_parser("demo", help="a short tour of labq on simulated GPUs (about 20 seconds)",
                           description="Start a throwaway leader and a simulated 4-GPU workstation, add two lab users, "
-                          "submit a few jobs as each and narrate what the queue does. Takes about 15 seconds and "
+                          "submit a few jobs as each and narrate what the queue does. Takes about 20 seconds and "
                           "says how long it took. Runs anywhere; leaves nothing behind.")
     demo.add_argument("--keep", action="store_true", help="keep the temporary folder for a look afterwards")
     demo.set_defaults(run=_demo)

@@ -283,7 +283,7 @@ class Agents:
         need = sharing.need_mib(job)
         if peak <= sharing.limit_mib(need, memory) or job.stop_requested is not None:
             return job
-        log.warning("job %d uses %d MiB of GPU memory on %s GPU %d, over the %d MiB it declared and the margin: "
+        log.info("job %d uses %d MiB of GPU memory on %s GPU %d, over the %d MiB it declared and the margin: "
                     "stopping it", job.id, peak, agent, gpu, need)
         return t.over_memory(job, peak, sharing.over_memory_note(peak, need, memory, f"{agent} GPU {gpu}"))
 

@@ -78,7 +78,8 @@ def _fits_when_idle(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> bool
     for node in nodes:
         if spec.node is not None and node.name != spec.node:
             continue
-        if sum(1 for g in node.gpus if gpu_matches(spec, g.model, g.memory_mib) and _shares_fit(spec, g.memory_mib)) >= gpn:
+        if sum(1 for g in node.gpus
+               if gpu_matches(spec, g.model, g.memory_mib) and _shares_fit(spec, g.memory_mib)) >= gpn:
             missing -= 1
             if not missing:
                 return True

@@ -410,11 +410,11 @@ def test_gpu_memory_unreadable_is_no_reading_with_a_note(machine, fake):
 def test_simulated_gpu_memory_is_what_the_processes_declare(tmp_path):
     """Real processes: the agent's own job (managed) and someone's notebook that names this simulated node."""
     env = {"PATH": "/usr/bin:/bin"}
-    job = subprocess.Popen(["sleep", "30"], env={**env, "LABQ_SIM_GPU_MEM": "10G", "CUDA_VISIBLE_DEVICES": "2"})
-    notebook = subprocess.Popen(["sleep", "30"], env={**env, "LABQ_SIM_GPU_MEM": "3000M", "CUDA_VISIBLE_DEVICES": "1",
-                                                      "LABQ_SIM_NODE": "simmem-node"})
-    elsewhere = subprocess.Popen(["sleep", "30"], env={**env, "LABQ_SIM_GPU_MEM": "5G", "CUDA_VISIBLE_DEVICES": "0",
-                                                       "LABQ_SIM_NODE": "another-node"})
+    job = subprocess.Popen(["sleep", "30"], env={**env, "SIM_GPU_MEM": "10G", "CUDA_VISIBLE_DEVICES": "2"})
+    notebook = subprocess.Popen(["sleep", "30"], env={**env, "SIM_GPU_MEM": "3000M", "CUDA_VISIBLE_DEVICES": "1",
+                                                      "SIM_GPU_NODE": "simmem-node"})
+    elsewhere = subprocess.Popen(["sleep", "30"], env={**env, "SIM_GPU_MEM": "5G", "CUDA_VISIBLE_DEVICES": "0",
+                                                       "SIM_GPU_NODE": "another-node"})
     try:
         inv = SimulatedInventory("sim:ws-4x3090", "simmem-node")
         got = inv.memory(frozenset({job.pid}))

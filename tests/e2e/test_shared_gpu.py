@@ -1,5 +1,5 @@
 """Sharing a GPU by memory end to end: real leader and agent processes on ``sim:ws-4x3090`` (24 GiB GPUs), the jobs
-real processes whose simulated GPU memory their environment declares (``LABQ_SIM_GPU_MEM``), as NVML would report it.
+real processes whose simulated GPU memory their environment declares (``SIM_GPU_MEM``), as NVML would report it.
 
 Two jobs that declare 8 GiB each share one GPU. One of them grows past its declaration: it alone is asked to
 stop through its checkpoint signal, saves, and is requeued with the reason and what it used; its neighbour runs
@@ -27,9 +27,9 @@ def gpu_of(job: dict) -> tuple[str, int]:
 
 def test_the_job_over_its_declaration_is_the_only_one_stopped(running_lab):
     lab = running_lab
-    steady = lab.submit("sh", "-c", f"exec env LABQ_SIM_GPU_MEM=6G {LOOP}", share=True, gpu_mem="8G")
+    steady = lab.submit("sh", "-c", f"exec env SIM_GPU_MEM=6G {LOOP}", share=True, gpu_mem="8G")
     # declares 8 GiB; a second into its run it uses 12 (past 8 and the 1.2 GiB margin)
-    grows = lab.submit("sh", "-c", f"sleep 1; exec env LABQ_SIM_GPU_MEM=12G {LOOP}", share=True, gpu_mem="8G")
+    grows = lab.submit("sh", "-c", f"sleep 1; exec env SIM_GPU_MEM=12G {LOOP}", share=True, gpu_mem="8G")
     first = lab.wait_state(steady, "running")
     assert gpu_of(lab.wait_state(grows, "running")) == gpu_of(first)  # filled before another GPU is opened
 
@@ -68,7 +68,7 @@ def test_the_job_over_its_declaration_is_the_only_one_stopped(running_lab):
 
 def test_a_whole_gpu_job_never_lands_on_a_shared_gpu(running_lab):
     lab = running_lab
-    shared = [lab.submit("sh", "-c", f"exec env LABQ_SIM_GPU_MEM=1G {LOOP}", share=True, gpu_mem="2G")
+    shared = [lab.submit("sh", "-c", f"exec env SIM_GPU_MEM=1G {LOOP}", share=True, gpu_mem="2G")
               for _ in range(2)]
     where = {gpu_of(lab.wait_state(j, "running")) for j in shared}
     assert len(where) == 1  # both on one GPU

@@ -236,7 +236,7 @@ def labs(draw):
     unmanaged = draw(st.dictionaries(st.integers(0, 3), st.integers(1, 20 * GiB), max_size=2))
     node = replace(node, unmanaged_busy=frozenset(unmanaged), unmanaged_mib=tuple(sorted(unmanaged.items())))
     ids = iter(range(1, 1000))
-    running, used = [], {}
+    running = []
     for gpu in range(4):
         if gpu in unmanaged:
             continue
