@@ -230,7 +230,8 @@ TRACK = Style(color="grey62", bgcolor="grey23")
 def gpu_strip(nodes: list[Mapping], jobs: Mapping[int, Mapping], width: int, max_lines: int) -> Text:
     """A line (or more: it wraps) per node, a cell per GPU: ``0  62  97 alice``: its index, memory used and
     utilisation as bars with their percentages (``-`` where the agent does not measure them), and who holds
-    it: the job's user (and job, where there is room), ``free``, or ``busy`` (a process labq did not start).
+    it: the job's user (and job, where there is room), ``shared N +40G`` (N jobs sharing it by memory, and the GiB one
+    more may declare, where there is room), ``free``, or ``busy`` (a process labq did not start).
     Past ``max_lines`` the last line counts the GPUs left out."""
     if not nodes:
         return Text(" no GPUs yet: `labq agent` on a workstation adds its GPUs", style="dim")
@@ -283,6 +284,11 @@ def _gpu_cell(g: Mapping, cell: int, digits: int) -> Text:
         who, style = escape_controls(g["user"] or f"job {g['job']}"), "cyan"
         if g["user"] and len(who) + len(str(g["job"])) + 2 <= room:
             who += f" #{g['job']}"
+    elif g.get("sharing"):  # jobs sharing it by memory: how many, and what one more may declare
+        who, style = f"shared {len(g['sharing'])}", "magenta"
+        left = f" +{round((g.get('share_free_mib') or 0) / 1024)}G"
+        if len(who) + len(left) <= room:
+            who += left
     elif g["busy_outside_labq"]:
         who, style = "busy", "yellow"
     else:
