@@ -3,7 +3,8 @@
 #
 #   ./install.sh            # from any directory, as root or as a normal user
 #
-# 1. system packages the test-suite needs (docker.io, busybox-static, iproute2, tmux, prometheus)
+# 1. system packages the test-suite needs (docker.io, busybox-static, iproute2, tmux, prometheus, and
+#    slurm-wlm with munge for the Slurm export and runtime tests)
 # 2. a Python >= 3.11 virtual environment in .venv with `pip install -e '.[test]'`
 # 3. a check that `.venv/bin/labq --version` runs
 #
@@ -25,7 +26,7 @@ STAMP="$VENV/.labq-install-stamp"
 PIP_LOG="$VENV/labq-pip.log"
 MIN_PY="3.11"
 
-SYSTEM_PACKAGES=(docker.io busybox-static iproute2 tmux prometheus)
+SYSTEM_PACKAGES=(docker.io busybox-static iproute2 tmux prometheus slurm-wlm munge)
 DONE=()            # what this run changed, for the summary
 PENDING_WARN=""    # a warning to repeat in the summary
 
@@ -161,11 +162,16 @@ else
             DONE+=("installed system packages: ${missing[*]}")
             # the tests start their own Prometheus; the service Debian's package starts (on :9090) is not
             # wanted on a workstation that only installed it for them
-            if [[ " ${missing[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null 2>&1 \
-                    && systemctl is-enabled prometheus >/dev/null 2>&1; then
-                "${SUDO[@]}" systemctl disable --now prometheus >/dev/null 2>&1 \
-                    && say "stopped and disabled the prometheus service the package started (the tests run their own)"
-            fi
+            # likewise Slurm's and munge's: the tests start a Slurm of their own, with its own munge key and socket
+            for service in prometheus slurmctld slurmd munge; do
+                package="$service"
+                case "$service" in slurmctld|slurmd) package=slurm-wlm ;; esac
+                if [[ " ${missing[*]} " == *" $package "* ]] && command -v systemctl >/dev/null 2>&1 \
+                        && systemctl is-enabled "$service" >/dev/null 2>&1; then
+                    "${SUDO[@]}" systemctl disable --now "$service" >/dev/null 2>&1 \
+                        && say "stopped and disabled the $service service the package started (the tests run their own)"
+                fi
+            done
         fi
     fi
 fi

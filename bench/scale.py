@@ -70,6 +70,7 @@ try:
     import labq  # noqa: F401
 except ImportError:  # running from a checkout without an installed labq
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.slurm_cluster: the Slurm the tests run too
 
 from figures import print_figures
 from latency import LABQ, Lab, ms, pct, say
@@ -420,87 +421,18 @@ def bench_store(plan: Plan, keep: bool) -> dict:
     return fig
 
 
-SLURM_CONF = """ClusterName=labqbench
-SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={port}
-SlurmdPort={slurmd_port}
-SlurmUser={user}
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={munge_socket}
-StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
-SlurmctldLogFile={root}/slurmctld.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-MpiDefault=none
-ReturnToService=2
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-JobAcctGatherType=jobacct_gather/none
-MaxJobCount=200000
-NodeName={host} NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
-PartitionName=bench Nodes={host} Default=YES MaxTime=INFINITE State=UP
-"""
-SLURM_TOOLS = ("sbatch", "slurmctld", "scontrol", "munged")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_sbatch(clients: int, seconds: float, keep: bool) -> tuple[dict, str]:
-    """sbatch acknowledgements per second from ``clients`` threads against a single-node Slurm of its own; or
-    no figures and why."""
-    missing = [tool for tool in SLURM_TOOLS if shutil.which(tool) is None]
-    if missing:
-        return {}, f"sbatch: slurm-wlm not installed here ({', '.join(missing)} not on PATH); ratio skipped"
-    import getpass
-    import socket
+    """sbatch acknowledgements per second from ``clients`` threads against a single-node Slurm of its own (no
+    slurmd: jobs are submitted held, and never run); or no figures and why."""
+    from tests.slurm_cluster import SlurmCluster
 
     root = Path(tempfile.mkdtemp(prefix="labq-bench-slurm-"))
-    procs: list[subprocess.Popen] = []
+    cluster = SlurmCluster(root, partition="bench", with_slurmd=False)
     try:
-        for sub in ("state", "spool", "munge"):
-            (root / sub).mkdir(mode=0o700)
-        key, sock = root / "munge" / "munge.key", root / "munge" / "munge.socket"
-        key.write_bytes(os.urandom(1024))
-        key.chmod(0o600)
-        conf = root / "slurm.conf"
-        conf.write_text(SLURM_CONF.format(host=socket.gethostname().split(".")[0], port=free_port(),
-                                          slurmd_port=free_port(), user=getpass.getuser(), munge_socket=sock,
-                                          root=root))
-        env = os.environ | {"SLURM_CONF": str(conf)}
-        with open(root / "munged.out", "wb") as out:
-            procs.append(subprocess.Popen(
-                ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={sock}",
-                 f"--pid-file={root / 'munge' / 'munged.pid'}", f"--log-file={root / 'munge' / 'munged.log'}",
-                 f"--seed-file={root / 'munge' / 'munged.seed'}"], stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True))
-        with open(root / "slurmctld.out", "wb") as out:
-            procs.append(subprocess.Popen(["slurmctld", "-D", "-c", "-f", str(conf)], stdout=out,
-                                          stderr=subprocess.STDOUT, env=env, start_new_session=True))
-        deadline = time.monotonic() + 30
-        while True:
-            up = subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True, timeout=10)
-            if "UP" in up.stdout:
-                break
-            dead = [p.args[0] for p in procs if p.poll() is not None]
-            if dead or time.monotonic() > deadline:
-                logs = " | ".join((root / name).read_text(errors="replace").strip()[-300:]
-                                  for name in ("munged.out", "slurmctld.out", "slurmctld.log")
-                                  if (root / name).exists())
-                why = ", ".join(dead) or "no answer in 30 s"
-                return {}, f"sbatch: Slurm did not start ({why}: {logs}); ratio skipped"
-            time.sleep(0.3)
+        try:
+            cluster.start()
+        except RuntimeError as err:
+            return {}, f"sbatch: {err}; ratio skipped"
         argv = ["sbatch", "--hold", "--parsable", "-p", "bench", "-J", "bench", "-o", "/dev/null", "--wrap", "sleep 60"]
         counts, failures, lock = [], [], threading.Lock()
         gate = threading.Barrier(clients + 1)
@@ -510,7 +442,7 @@ def bench_sbatch(clients: int, seconds: float, keep: bool) -> tuple[dict, str]:
             acked = 0
             gate.wait()
             while time.perf_counter() < end[0]:
-                out = subprocess.run(argv, env=env, cwd=root, capture_output=True, text=True, timeout=60)
+                out = cluster.run(*argv, check=False, timeout=60)
                 if out.returncode == 0 and out.stdout.split(";")[0].strip().isdigit():
                     acked += 1
                 else:
@@ -533,14 +465,7 @@ def bench_sbatch(clients: int, seconds: float, keep: bool) -> tuple[dict, str]:
         note += f" (e.g. {failures[0]})" if failures else ""
         return {f"sbatch_acks_per_s_{clients}_clients": sum(counts) / wall}, note
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        cluster.stop()
         if keep:
             say(f"kept {root}")
         else:

@@ -1,7 +1,8 @@
 """The ``labq`` command. Thin: parse, call one function, print.
 
 One module per command family registers its commands on the parser: ``tools`` (topo, place, checkpoint),
-``jobs``, ``admin``, ``events``, ``usage``, ``notify``, ``reserve``, ``tui``, ``daemons``, ``sim`` and ``store`` (``FAMILIES``).
+``jobs``, ``admin``, ``events``, ``usage``, ``notify``, ``reserve``, ``tui``, ``daemons``, ``sim``, ``store`` and
+``export`` (``FAMILIES``).
 Each command runs under the one guard of ``labq.cli.errors``. Imports stay lazy, and ``labq CMD`` loads CMD's family
 alone and builds CMD's parser alone, so that ``labq`` starts fast and never loads the TUI's libraries for a plain
 command (``bench/cli_start.py`` times ``labq submit`` and ``labq ls``).
@@ -61,6 +62,7 @@ FAMILIES = {
     "daemons": ("leader", "agent", "up", "demo"),
     "sim": ("sim",),
     "store": ("store",),
+    "export": ("export",),
 }
 COMMANDS = {command: family for family, commands in FAMILIES.items() for command in commands}
 

@@ -33,8 +33,8 @@ ROOT_PACKAGE = "labq"
 PARTS: dict[str, tuple[str, ...]] = {
     # Pure: no I/O, no clock.
     "core": ("labq", "labq.models", "labq.scheduler", "labq.protocol", "labq.topologies"),
-    # Pure helpers for people's words: durations, dates, escaping, tables.
-    "text": ("labq.units", "labq.when", "labq.terminal_text", "labq.log_text", "labq.render"),
+    # Pure helpers for people's words: durations, dates, escaping, tables; a job as another scheduler's script.
+    "text": ("labq.units", "labq.when", "labq.terminal_text", "labq.log_text", "labq.render", "labq.export"),
     # Helpers a daemon uses on its machine: data folder, supervised threads, container policy, mDNS.
     "host": ("labq.paths", "labq.workers", "labq.isolation", "labq.discovery"),
     # The one HTTP seam: Request/Response and transports, the socket-level connection, the hardened server,
