@@ -69,6 +69,8 @@ class AgentConfig:
     user_map: Path | None = None
     #: where to serve this machine's people without a token (``labq.agent.local_socket``); None: nowhere
     local_socket: Path | None = None
+    #: a ``labq.agent.slurm.SlurmSite``: this node's jobs run as batch jobs of that Slurm partition
+    slurm: object | None = None
 
 
 class Agent:
@@ -81,7 +83,7 @@ class Agent:
         self.pin, self.join_secret = parse_join_token(config.join_token)
         self._pinned = None  #: the TLS context, once the lab's CA is fetched and checked against the pin
         config.state_dir.mkdir(parents=True, exist_ok=True)
-        self.runtime = Runtimes(config.state_dir, config.name, lab=lab_of(config.join_token))
+        self.runtime = Runtimes(config.state_dir, config.name, lab=lab_of(config.join_token), slurm=config.slurm)
         self.checkpoints = config.state_dir / "checkpoints"
         self.checkpoint_root: str | None = None  #: the admin's shared checkpoint storage, when set
         self.notes = NotesBook(config.state_dir / "attempts")
@@ -315,7 +317,9 @@ class Agent:
                                           s.signal, s.started_at, s.ended_at, s.fenced, notes.escalated,
                                           checkpoint_at, sentence(s.node_fault) if users is not None and
                                           s.node_fault is not None else None, *declared,
-                                          *self.memory_watch.reading((s.job_id, s.attempt))))
+                                          *self.memory_watch.reading((s.job_id, s.attempt)),
+                                          self.runtime.waiting(s.job_id, s.attempt)
+                                          if s.state is AttemptState.RUNNING else None))
         reading = self._read_inventory()
         return SyncReport(tuple(attempts),
             reading.unmanaged_busy if reading else None, wait_s,

@@ -20,11 +20,17 @@ PROBE_TIMEOUT_S = 5.0  #: a look at the Docker daemon, for a problem the node re
 
 
 class Runtimes:
-    def __init__(self, state_dir: Path, node: str, lab: str = "") -> None:
+    def __init__(self, state_dir: Path, node: str, lab: str = "", slurm=None) -> None:
+        """``slurm``: a ``labq.agent.slurm.SlurmSite``: this node's jobs run as Slurm batch jobs there."""
         self.state_dir = state_dir
         self.node = node
         self.lab = lab
         self.process = ProcessRuntime(state_dir / "runtime")
+        self.slurm = None
+        if slurm is not None:
+            from labq.agent.slurm import SlurmRuntime
+
+            self.slurm = SlurmRuntime(state_dir / "slurm", slurm, slurm.slurm_node())
         self.allowed_roots: tuple[str, ...] = ()
         self.allowed_images: tuple[str, ...] = ()
         self.checkpoint_areas: tuple[str, ...] = ()
@@ -72,6 +78,11 @@ class Runtimes:
         """Start an attempt; ValueError if it cannot start, ``NodeFault`` if that is this machine's fault."""
         from labq.agent.docker_runtime import DockerLaunch
 
+        if self.slurm is not None:
+            if isinstance(launch, DockerLaunch):
+                why = f"node {self.node} runs its jobs through Slurm, and container jobs are not run that way yet"
+                raise NodeFault(why, NodeProblem(why, runtime="docker"))
+            return self.slurm.launch(launch)
         if not isinstance(launch, DockerLaunch):
             return self.process.launch(launch)
         engine = self.docker()
@@ -99,9 +110,17 @@ class Runtimes:
         found = self.process.attempts()
         if self._docker is not None:
             found += self._docker.attempts()
+        if self.slurm is not None:
+            found += self.slurm.attempts()
         return found
 
+    def waiting(self, job_id: int, attempt: int) -> str | None:
+        """Why an attempt handed to another scheduler (Slurm) has not started there yet; None if it runs."""
+        return self.slurm.waiting(job_id, attempt) if self.slurm is not None else None
+
     def _owner(self, job_id: int, attempt: int):
+        if self.slurm is not None and self.slurm.owns(job_id, attempt):
+            return self.slurm
         if self._docker is not None and any(s.job_id == job_id and s.attempt == attempt
                                             for s in self._docker.attempts()):
             return self._docker
@@ -117,9 +136,13 @@ class Runtimes:
         self._owner(job_id, attempt).forget(job_id, attempt)
 
     def read_log(self, job_id: int, attempt: int, offset: int = 0, limit: int = 1 << 20) -> bytes:
+        if self.slurm is not None and self.slurm.owns(job_id, attempt):
+            return self.slurm.read_log(job_id, attempt, offset, limit)
         try:
             return self.process.read_log(job_id, attempt, offset, limit)
         except KeyError:
+            if self.slurm is not None:
+                return self.slurm.read_log(job_id, attempt, offset, limit)
             if self._docker is None:
                 raise
             return self._docker.read_log(job_id, attempt, offset, limit)

@@ -93,6 +93,13 @@ def _agent_options(parser) -> None:
     parser.add_argument("--gpus", default=None, metavar="SPEC",
                         help="the GPUs to offer: NVML when omitted, or sim:NAME (see labq topo --list)")
     parser.add_argument("--name", default=None, help="this node's name (default: the host name)")
+    parser.add_argument("--runtime", choices=("local", "slurm"), default="local",
+                        help="where jobs run: on this machine (default), or as batch jobs of a Slurm partition "
+                        "(--partition), this agent on a Slurm submit host")
+    parser.add_argument("--partition", metavar="NAME", help="with --runtime slurm: the partition whose GPUs this node "
+                        "offers")
+    parser.add_argument("--slurm-node", metavar="NAME", help="with --runtime slurm: the partition's node (default: "
+                        "its only node; one agent per node)")
     parser.add_argument("--state-dir", type=path_arg, default=None,
                         help="where the agent keeps logs and job state (default: in the data folder)")
     parser.add_argument("--local-socket", default=None, metavar="PATH",
@@ -259,6 +266,10 @@ def _open_inventory(args):
     from labq.agent.inventory import NoGpuFound, open_inventory
 
     _node_name(args)
+    if getattr(args, "runtime", "local") == "slurm":
+        return _slurm_inventory(args)
+    if getattr(args, "partition", None) or getattr(args, "slurm_node", None):
+        raise CliError("--partition and --slurm-node are for --runtime slurm")
     try:
         inventory = open_inventory(args.gpus, args.name)
         inventory.read()
@@ -271,6 +282,22 @@ def _open_inventory(args):
     return inventory
 
 
+def _slurm_inventory(args):
+    """``--runtime slurm --partition P``: the GPUs of the partition's node, by GRES."""
+    from labq.agent.slurm import SlurmError, SlurmInventory, SlurmSite
+
+    if not args.partition:
+        raise CliError("--runtime slurm needs --partition NAME: the Slurm partition whose GPUs this node offers")
+    if args.gpus:
+        raise CliError("--gpus and --runtime slurm: a Slurm node's GPUs are its GRES, not this machine's")
+    try:
+        inventory = SlurmInventory(SlurmSite(args.partition, args.slurm_node))
+        inventory.read()
+    except SlurmError as err:
+        raise CliError(f"--runtime slurm: {err}") from None
+    return inventory
+
+
 def _open_agent(args, inventory, leader_url: str, join_token: str, data_dir: Path):
     from labq.agent.daemon import Agent, AgentConfig
 
@@ -280,7 +307,8 @@ def _open_agent(args, inventory, leader_url: str, join_token: str, data_dir: Pat
     local = urllib.parse.urlsplit(leader_url).hostname in ("127.0.0.1", "localhost", "::1")
     # the log server is token-protected; a leader on another machine must be able to reach it
     return Agent(AgentConfig(leader_url, join_token, args.name, state_dir.expanduser(),
-                             logs_host="127.0.0.1" if local else "0.0.0.0", local_socket=_local_socket(args)),
+                             logs_host="127.0.0.1" if local else "0.0.0.0", local_socket=_local_socket(args),
+                             slurm=getattr(inventory, "site", None)),
                  inventory)
 
 

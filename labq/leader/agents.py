@@ -257,7 +257,10 @@ class Agents:
         if job is not expected:
             log.info("job %d checkpoints on %s, as %s", job.id, job.learned_signal, job.learned_from.words)
         if a.running:
-            new = t.running(job, a.started_at or now) if job.state is JobState.STARTING else job
+            starting = job.state is JobState.STARTING
+            if starting and a.waiting is not None:  # handed to Slurm, which has not started it yet
+                return None if job is expected else job
+            new = t.running(job, a.started_at or now) if starting else job
             new = t.checkpointed(new, a.checkpoint_at)
             if a.gpu_mem_mib is not None and job.spec.share_mib is not None:
                 new = self._watched(agent, new, a)

@@ -146,6 +146,8 @@ class AttemptReport:
     #: a job that shares its GPU: the GPU memory its processes use now, and the most seen this attempt (MiB)
     gpu_mem_mib: int | None = None
     gpu_mem_peak_mib: int | None = None
+    #: handed to another scheduler (a Slurm node) that has not started it yet, and why ("Slurm holds it: Priority")
+    waiting: str | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,8 @@ def _encode_attempt(a: AttemptReport) -> dict:
         doc["checkpoint_signal"], doc["signal_from"] = a.checkpoint_signal, a.signal_from.value
     if a.gpu_mem_mib is not None:  # only for jobs that share their GPU
         doc["gpu_mem_mib"], doc["gpu_mem_peak_mib"] = a.gpu_mem_mib, a.gpu_mem_peak_mib
+    if a.waiting is not None:  # only from a node that hands its jobs to Slurm
+        doc["waiting"] = a.waiting
     return doc
 
 
@@ -243,7 +247,8 @@ def parse_sync(body: object) -> SyncReport:
             a.integer("signal", low=1, high=128), a.number("started_at"), a.number("ended_at"),
             a.boolean("fenced", default=False), a.boolean("escalated", default=False), a.number("checkpoint_at"),
             a.string("cannot_start", max_len=MAX_DETAIL), *_declared(a),
-            a.integer("gpu_mem_mib", high=1 << 30), a.integer("gpu_mem_peak_mib", high=1 << 30)))
+            a.integer("gpu_mem_mib", high=1 << 30), a.integer("gpu_mem_peak_mib", high=1 << 30),
+            a.string("waiting", max_len=MAX_DETAIL)))
         a.done()
     if busy is not None and (not isinstance(busy, list) or len(busy) > MAX_NODE_GPUS or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_NODE_GPUS for i in busy)):

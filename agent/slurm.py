@@ -1,0 +1,299 @@
+"""A Slurm partition as one more labq node: ``labq agent --runtime slurm --partition gpu``.
+
+The agent runs on a Slurm submit host. Its node's GPUs are one Slurm node's GPUs in the partition, read from
+``scontrol show node`` (GRES ``gpu:TYPE:N``). labq keeps deciding what starts when: a job is handed to Slurm
+with ``sbatch`` only when labq places it, pinned with ``--nodelist`` to that node and with ``--gres=gpu:K``
+(Slurm picks which K and sets ``CUDA_VISIBLE_DEVICES``), and labq's own contract variables in its
+environment. The agent follows it with ``squeue`` (and ``scontrol show job`` for how it ended), signals it with
+``scancel --batch --signal`` (the batch shell ``exec``s the job, so the job gets it), and stops it with
+``scancel``, which Slurm turns into TERM and, after its ``KillWait``, KILL. The log is the job's ``--output``
+file in the agent's folder (a folder the submit host and the compute node share).
+
+Slurm holding a job back (its own priorities, a node drained) is reported as the attempt waiting there
+(``AttemptReport.waiting``): labq shows the job starting, not running, until Slurm runs it.
+
+Jobs are submitted as the job's user: with ``--uid`` when the agent runs as root (root or the SlurmUser may);
+as the agent's own user otherwise. A container job is not run here: the node says so, and labq places such
+jobs elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from labq.agent.faults import NodeFault
+from labq.agent.inventory import GpuMemory, Inventory
+from labq.agent.process_runtime import AttemptState, AttemptStatus, Launch
+from labq.models.node import Gpu, NodeProblem
+from labq.models.topology import PcieLevel, Topology
+
+POLL_S = 0.5  #: Slurm is asked about the attempts at most this often (the agent looks every 0.1 s)
+COMMAND_TIMEOUT_S = 30.0
+_GRES = re.compile(r"gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
+#: Slurm's job states that mean it has ended, and those that mean it waits to start
+_ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+          "OUT_OF_MEMORY"}
+_WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed, or Slurm is out of reach."""
+
+
+@dataclass(frozen=True)
+class SlurmSite:
+    """Where the agent's jobs go: ``partition``, on its Slurm node ``node`` (None: the partition's only node)."""
+
+    partition: str
+    node: str | None = None
+
+    def run(self, *argv: str, check: bool = True) -> str:
+        if shutil.which(argv[0]) is None:
+            raise SlurmError(f"{argv[0]} is not installed on this machine (Slurm's client commands are needed)")
+        try:
+            out = subprocess.run(list(argv), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{argv[0]} did not answer in {COMMAND_TIMEOUT_S:g} s") from None
+        if check and out.returncode != 0:
+            raise SlurmError(f"{' '.join(argv[:3])} failed: {out.stderr.strip() or out.stdout.strip()}")
+        return out.stdout
+
+    def slurm_node(self) -> str:
+        """The Slurm node this agent offers: the one named, or the partition's only node."""
+        names = self.run("sinfo", "-h", "-p", self.partition, "-N", "-o", "%N").split()
+        names = sorted(set(names))
+        if not names:
+            raise SlurmError(f"Slurm partition {self.partition!r} has no nodes (sinfo -p {self.partition})")
+        if self.node is not None:
+            if self.node not in names:
+                raise SlurmError(f"node {self.node!r} is not in partition {self.partition!r}: "
+                                 f"{', '.join(names)}")
+            return self.node
+        if len(names) > 1:
+            raise SlurmError(f"partition {self.partition!r} has nodes {', '.join(names)}: run one agent per node "
+                             "and name it (--slurm-node NAME)")
+        return names[0]
+
+
+def gres_gpus(gres: str) -> tuple[str | None, int]:
+    """``gpu:a100:8(S:0-1)`` -> ("a100", 8); several GPU entries add up (the first type names them)."""
+    found = _GRES.findall(gres)
+    kind = next((t for t, _ in found if t), None)
+    return kind, sum(int(n) for _, n in found)
+
+
+class SlurmInventory:
+    """The GPUs of one Slurm node, by GRES. Their wiring Slurm does not say: a flat topology (one host bridge)."""
+
+    def __init__(self, site: SlurmSite) -> None:
+        self.site = site
+        self.node = site.slurm_node()
+
+    def read(self, managed_pids: frozenset[int] = frozenset()) -> Inventory:
+        line = self.site.run("scontrol", "show", "node", "-o", self.node)
+        gres = re.search(r"\bGres=(\S+)", line)
+        kind, count = gres_gpus(gres.group(1) if gres else "")
+        if count == 0:
+            raise SlurmError(f"Slurm node {self.node} has no GPUs as GRES (Gres={gres.group(1) if gres else ''})")
+        model = f"Slurm GRES gpu:{kind}" if kind else "Slurm GRES gpu"
+        gpus = tuple(Gpu(i, f"SLURM-{self.node}-{i}", model, 0) for i in range(count))
+        pcie = {(i, j): PcieLevel.HOST_BRIDGE for i in range(count) for j in range(i + 1, count)}
+        return Inventory(gpus, Topology.from_pairs(count, pcie, {}), True, frozenset(),
+                         f"Slurm partition {self.site.partition}, node {self.node}",
+                         ("GPU memory and links are not known to Slurm: none assumed",))
+
+    def memory(self, managed_pids: frozenset[int] = frozenset()) -> GpuMemory:
+        return GpuMemory({}, {})  # no per-process reading through Slurm
+
+    def close(self) -> None:
+        pass
+
+
+class SlurmRuntime:
+    """Attempts run as Slurm batch jobs; what the agent knows of each is a small folder under ``root``."""
+
+    def __init__(self, root: Path, site: SlurmSite, node: str, *, run_as_root: bool | None = None) -> None:
+        self.root, self.site, self.node = root, site, node
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.run_as_root = os.geteuid() == 0 if run_as_root is None else run_as_root
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[int, int], AttemptStatus] = {}
+        self._asked_at = 0.0
+
+    def _folder(self, job_id: int, attempt: int) -> Path:
+        return self.root / f"{job_id}.{attempt}"
+
+    def owns(self, job_id: int, attempt: int) -> bool:
+        return (self._folder(job_id, attempt) / "slurm.json").exists()
+
+    def launch(self, launch: Launch) -> AttemptStatus:
+        folder = self._folder(launch.job_id, launch.attempt)
+        if folder.exists():
+            raise ValueError(f"attempt {launch.job_id}.{launch.attempt} already exists on this agent")
+        folder.mkdir(parents=True)
+        visible = launch.gpu_env.get("CUDA_VISIBLE_DEVICES", "")
+        gpus = len([g for g in visible.split(",") if g]) or 1
+        log = folder / "log"
+        log.touch(mode=0o644)
+        lines = ["#!/bin/bash", f"#SBATCH --job-name=labq-{launch.job_id}.{launch.attempt}",
+                 f"#SBATCH --partition={self.site.partition}", f"#SBATCH --nodelist={self.node}",
+                 f"#SBATCH --gres=gpu:{gpus}", f"#SBATCH --output={log}", "#SBATCH --open-mode=append",
+                 "#SBATCH --no-requeue"]  # labq requeues a stopped job itself, as its next attempt
+        if launch.workdir:
+            lines.append(f"#SBATCH --chdir={launch.workdir}")
+        env = {**launch.env, "LABQ_JOB_ID": str(launch.job_id), "LABQ_ATTEMPT": str(launch.attempt)}
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+        lines.append("exec " + shlex.join(launch.command))
+        script = folder / "job.sbatch"
+        script.write_text("\n".join(lines) + "\n")
+        argv = ["sbatch", "--parsable"]
+        if launch.user is not None and self.run_as_root:
+            argv.append(f"--uid={launch.user}")
+            os.chown(log, *_ids(launch.user))
+        try:
+            answer = self.site.run(*argv, str(script))
+        except SlurmError as err:
+            shutil.rmtree(folder, ignore_errors=True)
+            why = f"Slurm refused the job on {self.node}: {err}"
+            raise NodeFault(why, NodeProblem(why)) from None
+        slurm_id = answer.strip().split(";")[0]
+        now = time.time()
+        (folder / "slurm.json").write_text(json.dumps({"slurm_id": slurm_id, "submitted_at": now}))
+        status = AttemptStatus(launch.job_id, launch.attempt, AttemptState.RUNNING, None, None, None, now, None,
+                               str(log))
+        with self._lock:
+            self._seen[(launch.job_id, launch.attempt)] = status
+            self._asked_at = 0.0  # ask Slurm at the next look
+        return status
+
+    def attempts(self) -> list[AttemptStatus]:
+        """Every attempt handed to Slurm and not forgotten, as Slurm last said (asked at most every POLL_S)."""
+        with self._lock:
+            if time.monotonic() - self._asked_at >= POLL_S:
+                self._asked_at = time.monotonic()
+                self._ask()
+            return sorted(self._seen.values(), key=lambda s: (s.job_id, s.attempt))
+
+    def _ask(self) -> None:
+        known = {}
+        for folder in self.root.iterdir():
+            meta = folder / "slurm.json"
+            if meta.exists():
+                job_id, attempt = (int(x) for x in folder.name.split("."))
+                known[(job_id, attempt)] = json.loads(meta.read_text())
+        self._seen = {k: v for k, v in self._seen.items() if k in known}
+        if not known:
+            return
+        ids = {doc["slurm_id"]: key for key, doc in known.items()}
+        try:
+            table = self.site.run("squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r|%S", check=False)
+        except SlurmError:
+            return  # Slurm out of reach: as last seen
+        states = {}
+        for row in table.splitlines():
+            parts = row.split("|")
+            if len(parts) == 4:
+                states[parts[0]] = parts[1:]
+        for slurm_id, key in ids.items():
+            old = self._seen.get(key)
+            if old is not None and old.state is AttemptState.EXITED:
+                continue
+            folder = self._folder(*key)
+            started = known[key]["submitted_at"]
+            state, reason, start = states.get(slurm_id, ("GONE", "", ""))
+            if state in _ENDED or state == "GONE":
+                code, sig, ended = self._ending(slurm_id, state)
+                status = AttemptStatus(*key, AttemptState.EXITED, None, code, sig, started, ended, str(folder / "log"))
+            else:
+                began = _slurm_time(start) if state == "RUNNING" else None
+                status = AttemptStatus(*key, AttemptState.RUNNING, None, None, None, began or started, None,
+                                       str(folder / "log"))
+                waiting = f"Slurm holds it: {reason}" if state in _WAITING else None
+                (folder / "waiting").write_text(waiting or "")
+            self._seen[key] = status
+
+    def waiting(self, job_id: int, attempt: int) -> str | None:
+        """Why Slurm has not started the attempt yet, as it said at the last look; None once it runs."""
+        try:
+            return (self._folder(job_id, attempt) / "waiting").read_text() or None
+        except OSError:
+            return None
+
+    def _ending(self, slurm_id: str, state: str) -> tuple[int | None, int | None, float]:
+        """(exit code, signal, end) of an ended job, from ``scontrol show job``; a job Slurm forgot is lost."""
+        now = time.time()
+        try:
+            line = self.site.run("scontrol", "show", "job", "-o", slurm_id, check=False)
+        except SlurmError:
+            return None, None, now
+        found = re.search(r"\bExitCode=(\d+):(\d+)", line)
+        if found is None:
+            return None, None, now
+        code, sig = int(found.group(1)), int(found.group(2))
+        return (128 + sig, sig, now) if sig else (code, None, now)
+
+    def signal(self, job_id: int, attempt: int, sig: int) -> bool:
+        slurm_id = self._slurm_id(job_id, attempt)
+        if slurm_id is None:
+            return False
+        try:
+            self.site.run("scancel", "--batch", f"--signal={int(sig)}", slurm_id)
+        except SlurmError:
+            return False
+        return True
+
+    def stop(self, job_id: int, attempt: int, grace_s: float) -> None:
+        """``scancel``: Slurm sends TERM, and KILL after its KillWait."""
+        slurm_id = self._slurm_id(job_id, attempt)
+        if slurm_id is not None:
+            self.site.run("scancel", slurm_id, check=False)
+
+    def forget(self, job_id: int, attempt: int) -> None:
+        folder = self._folder(job_id, attempt)
+        logs = self.root / "logs"
+        logs.mkdir(exist_ok=True)
+        if (folder / "log").exists():
+            os.replace(folder / "log", logs / f"{job_id}.{attempt}.log")
+        shutil.rmtree(folder, ignore_errors=True)
+        with self._lock:
+            self._seen.pop((job_id, attempt), None)
+
+    def read_log(self, job_id: int, attempt: int, offset: int = 0, limit: int = 1 << 20) -> bytes:
+        for path in (self._folder(job_id, attempt) / "log", self.root / "logs" / f"{job_id}.{attempt}.log"):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    return f.read(limit)
+            except FileNotFoundError:
+                continue
+        raise KeyError((job_id, attempt))
+
+    def _slurm_id(self, job_id: int, attempt: int) -> str | None:
+        try:
+            return json.loads((self._folder(job_id, attempt) / "slurm.json").read_text())["slurm_id"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+
+def _slurm_time(text: str) -> float | None:
+    """Slurm's ``2026-11-26T23:44:43`` (this machine's zone) as a timestamp; None for ``N/A`` and the like."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def _ids(user: str) -> tuple[int, int]:
+    import pwd
+
+    entry = pwd.getpwnam(user)
+    return entry.pw_uid, entry.pw_gid

@@ -1,0 +1,67 @@
+"""A Slurm partition as one more labq node, end to end: a real leader, a simulated workstation and an agent with
+``--runtime slurm`` on a real one-node Slurm (``tests/slurm_cluster.py``). Jobs run on both; a low job on the Slurm
+node is preempted through its checkpoint signal (``scancel --batch --signal``) and resumes from its checkpoint;
+its log follows; a cancel ends the Slurm job."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import Lab
+
+pytestmark = pytest.mark.timeout(180)
+
+TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "checkpointing" / "train.py")
+
+
+@pytest.fixture
+def lab(tmp_path, slurm):
+    made = Lab(tmp_path)
+    made.start_leader()
+    made.start_agent("ws1", "sim:ws-4x3090")
+    made.agents["slurm1"] = made._spawn(["agent", "--leader", made.url, "--runtime", "slurm", "--partition",
+                                         slurm.partition, "--name", "slurm1", "--data-dir", str(made.data)],
+                                        "agent-slurm1.log", SLURM_CONF=str(slurm.conf))
+    made.wait(lambda: any(n["name"] == "slurm1" and n["health"] == "up" for n in made.api("nodes")),
+              "the Slurm node to join", detail=lambda: (tmp_path / "agent-slurm1.log").read_text()[-2000:])
+    yield made
+    made.close()
+    slurm.run("scancel", "--full", "--partition", slurm.partition, check=False)
+
+
+def slurm_jobs(slurm) -> list[str]:
+    return slurm.run("squeue", "-h", "-o", "%j %T").stdout.split("\n")
+
+
+def test_jobs_run_on_a_workstation_and_on_slurm_and_a_low_job_there_is_preempted_and_resumes(lab, slurm):
+    nodes = {n["name"]: n for n in lab.api("nodes")}
+    assert len(nodes["slurm1"]["gpus"]) == 8 and "a100" in nodes["slurm1"]["gpus"][0]["model"]
+    here = lab.submit("sh", "-c", "echo on the workstation", node="ws1")
+    there = lab.submit("sh", "-c", "echo on slurm as job $SLURM_JOB_ID with $SLURM_GPUS_ON_NODE GPUs, labq job "
+                       "$LABQ_JOB_ID", node="slurm1", gpus=2)
+    lab.wait_state(here, "succeeded")
+    lab.wait_state(there, "succeeded", timeout=60)
+    assert re.fullmatch(rf"on slurm as job \d+ with 2 GPUs, labq job {there}\n", lab.labq("logs", str(there)).stdout)
+
+    low = lab.submit(sys.executable, TRAIN, "--steps", "100000", "--step-time", "0.05", "--save-every", "1",
+                     node="slurm1", gpus=8, checkpoint_signal="SIGUSR1", **{"class": "low"})
+    lab.wait_state(low, "running", timeout=60)
+    assert any(line.startswith(f"labq-{low}.1 RUNNING") for line in slurm_jobs(slurm))
+    lab.wait(lambda: "step" in lab.labq("logs", str(low)).stdout, "the low job to make progress")
+    urgent = lab.submit("sh", "-c", "echo urgent; sleep 1", node="slurm1", gpus=8, **{"class": "urgent"})
+    lab.wait_state(urgent, "succeeded", timeout=90)
+    resumed = lab.wait_state(low, "running", timeout=90)
+    (first,) = resumed["attempts"]
+    assert (first["stop_reason"], first["ended"], first["preempted_for"]) == ("preempted", "checkpointed", urgent)
+    assert resumed["attempt"] == 2
+    lab.wait(lambda: "resumed" in lab.labq("logs", str(low)).stdout.lower(), "the second attempt to resume",
+             detail=lambda: lab.labq("logs", str(low)).stdout[-500:])
+
+    lab.labq("cancel", str(low))
+    lab.wait_state(low, "cancelled", timeout=60)
+    lab.wait(lambda: not any(line.startswith(f"labq-{low}.2 RUNNING") for line in slurm_jobs(slurm)),
+             "Slurm to end the cancelled job")
