@@ -105,6 +105,7 @@ class Agent:
         self._stopping: set[tuple[int, int]] = set()
         self._stop = threading.Event()
         self._reported_running: set[tuple[int, int]] = set()  #: as the leader last heard it
+        self._waiting_told: set[tuple[int, int]] = set()  #: attempts the leader last heard Slurm holds back
         self.memory_watch = MemoryWatch()  #: the GPU memory of the jobs that share GPUs
         self._launches_pending = False  #: the latest reply wants attempts this node has not launched yet
         self._kick = threading.Event()
@@ -304,6 +305,9 @@ class Agent:
         its users) how this machine maps the lab's users and what keeps jobs from starting here."""
         statuses = self.runtime.attempts()
         self._reported_running = {(s.job_id, s.attempt) for s in statuses if s.state is AttemptState.RUNNING}
+        waiting = {(s.job_id, s.attempt): self.runtime.waiting(s.job_id, s.attempt) for s in statuses
+                   if s.state is AttemptState.RUNNING}
+        self._waiting_told = {key for key, why in waiting.items() if why is not None}
         users = self.users
         attempts = []
         for s in statuses:
@@ -318,8 +322,7 @@ class Agent:
                                           checkpoint_at, sentence(s.node_fault) if users is not None and
                                           s.node_fault is not None else None, *declared,
                                           *self.memory_watch.reading((s.job_id, s.attempt)),
-                                          self.runtime.waiting(s.job_id, s.attempt)
-                                          if s.state is AttemptState.RUNNING else None))
+                                          waiting.get((s.job_id, s.attempt))))
         reading = self._read_inventory()
         return SyncReport(tuple(attempts),
             reading.unmanaged_busy if reading else None, wait_s,
@@ -373,6 +376,8 @@ class Agent:
                     self.launch_pending()
                 running = [s for s in self.runtime.attempts() if s.state is AttemptState.RUNNING]
                 exited = self._reported_running - {(s.job_id, s.attempt) for s in running}
+                # an attempt another scheduler (Slurm) held back has started: news, as an exit is
+                exited |= {key for key in self._waiting_told if self.runtime.waiting(*key) is None}
                 self.check_graces()
                 news = self.monotonic() - told_at >= CHECKPOINT_NEWS_S and any(
                     self._checkpoints_told.get((s.job_id, s.attempt)) != self._checkpoint_at(s) for s in running)

@@ -36,7 +36,10 @@ from labq.agent.process_runtime import AttemptState, AttemptStatus, Launch
 from labq.models.node import Gpu, NodeProblem
 from labq.models.topology import PcieLevel, Topology
 
-POLL_S = 0.5  #: Slurm is asked about the attempts at most this often (the agent looks every 0.1 s)
+#: Slurm is asked about the attempts at most this often (the agent looks every 0.1 s): often while an attempt
+#: waits to start or has been asked to stop (its start or its end is news), seldom while they just run
+POLL_S, POLL_BUSY_S = 1.0, 0.1
+BUSY_AFTER_SIGNAL_S = 60.0  #: how long after a signal its end is looked for often
 COMMAND_TIMEOUT_S = 30.0
 _GRES = re.compile(r"gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
 #: Slurm's job states that mean it has ended, and those that mean it waits to start
@@ -128,6 +131,7 @@ class SlurmRuntime:
         self._lock = threading.Lock()
         self._seen: dict[tuple[int, int], AttemptStatus] = {}
         self._asked_at = 0.0
+        self._busy_until = 0.0  #: until then, ask often: an attempt was signalled
 
     def _folder(self, job_id: int, attempt: int) -> Path:
         return self.root / f"{job_id}.{attempt}"
@@ -167,6 +171,7 @@ class SlurmRuntime:
             raise NodeFault(why, NodeProblem(why)) from None
         slurm_id = answer.strip().split(";")[0]
         now = time.time()
+        (folder / "waiting").write_text("Slurm holds it: submitted")  # until Slurm says it runs
         (folder / "slurm.json").write_text(json.dumps({"slurm_id": slurm_id, "submitted_at": now}))
         status = AttemptStatus(launch.job_id, launch.attempt, AttemptState.RUNNING, None, None, None, now, None,
                                str(log))
@@ -178,8 +183,11 @@ class SlurmRuntime:
     def attempts(self) -> list[AttemptStatus]:
         """Every attempt handed to Slurm and not forgotten, as Slurm last said (asked at most every POLL_S)."""
         with self._lock:
-            if time.monotonic() - self._asked_at >= POLL_S:
-                self._asked_at = time.monotonic()
+            now = time.monotonic()
+            busy = now < self._busy_until or any(
+                s.state is AttemptState.RUNNING and self.waiting(s.job_id, s.attempt) for s in self._seen.values())
+            if now - self._asked_at >= (POLL_BUSY_S if busy else POLL_S):
+                self._asked_at = now
                 self._ask()
             return sorted(self._seen.values(), key=lambda s: (s.job_id, s.attempt))
 
@@ -249,6 +257,7 @@ class SlurmRuntime:
             self.site.run("scancel", "--batch", f"--signal={int(sig)}", slurm_id)
         except SlurmError:
             return False
+        self._busy_until = time.monotonic() + BUSY_AFTER_SIGNAL_S
         return True
 
     def stop(self, job_id: int, attempt: int, grace_s: float) -> None:
@@ -256,6 +265,7 @@ class SlurmRuntime:
         slurm_id = self._slurm_id(job_id, attempt)
         if slurm_id is not None:
             self.site.run("scancel", slurm_id, check=False)
+            self._busy_until = time.monotonic() + BUSY_AFTER_SIGNAL_S
 
     def forget(self, job_id: int, attempt: int) -> None:
         folder = self._folder(job_id, attempt)
