@@ -20,6 +20,7 @@ jobs elsewhere.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
@@ -39,6 +40,7 @@ from labq.models.topology import PcieLevel, Topology
 #: Slurm is asked about the attempts at most this often (the agent looks every 0.1 s): often while an attempt
 #: waits to start or has been asked to stop (its start or its end is news), seldom while they just run
 POLL_S, POLL_BUSY_S = 1.0, 0.1
+log = logging.getLogger("labq.agent")
 BUSY_AFTER_SIGNAL_S = 60.0  #: how long after a signal its end is looked for often
 COMMAND_TIMEOUT_S = 30.0
 _GRES = re.compile(r"gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
@@ -195,15 +197,22 @@ class SlurmRuntime:
         known = {}
         for folder in self.root.iterdir():
             meta = folder / "slurm.json"
-            if meta.exists():
+            if not meta.exists():
+                continue
+            try:
                 job_id, attempt = (int(x) for x in folder.name.split("."))
-                known[(job_id, attempt)] = json.loads(meta.read_text())
+                doc = json.loads(meta.read_text())
+                known[(job_id, attempt)] = {"slurm_id": str(doc["slurm_id"]),
+                                            "submitted_at": float(doc["submitted_at"])}
+            except (OSError, ValueError, KeyError, TypeError) as err:  # one damaged folder never stops the others
+                log.warning("cannot read %s (%s): that attempt is not followed", meta, err)
         self._seen = {k: v for k, v in self._seen.items() if k in known}
         if not known:
             return
         ids = {doc["slurm_id"]: key for key, doc in known.items()}
         try:
-            table = self.site.run("squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r|%S", check=False)
+            table = self.site.run("squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r|%S",
+                                  check=False)
         except SlurmError:
             return  # Slurm out of reach: as last seen
         states = {}
