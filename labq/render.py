@@ -262,6 +262,8 @@ def _why_sentence(job: Mapping) -> str:
     if state == "preempting":
         return (f"job {job['id']} is checkpointing on {where} to make room for {_room_for(job)}; "
                 "then it waits in the queue to resume")
+    if state == "starting" and job.get("waiting_there"):  # handed to a node's own scheduler, which holds it
+        return f"job {job['id']} is starting on {where}, handed to {job['waiting_there']}"
     return f"job {job['id']} is {state} on {where}"
 
 

@@ -259,6 +259,7 @@ class Agents:
         if a.running:
             starting = job.state is JobState.STARTING
             if starting and a.waiting is not None:  # handed to Slurm, which has not started it yet
+                self.state.waiting_there[job.id] = f"{agent}: {a.waiting}"
                 return None if job is expected else job
             new = t.running(job, a.started_at or now) if starting else job
             new = t.checkpointed(new, a.checkpoint_at)

@@ -210,6 +210,8 @@ def _job(h: _Handler, who, ref: str) -> tuple[int, dict]:
         try:
             job, pending = queue.job(who, job_id)
             doc = encode_job(job)
+            if (there := h.server.leader.state.waiting_there.get(job.id)) is not None:
+                doc["waiting_there"] = there  # its node's scheduler (Slurm) holds it back
             return 200, {"job": doc if _whole_for(who)(job) else hide_env(doc), "pending": encode_pending(pending)}
         except errors.ApiError as err:
             if err.status != 404 or "." in ref:

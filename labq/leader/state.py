@@ -122,6 +122,8 @@ class LabState:
         self.gpu_measure: dict[int, list[float]] = {}
         #: each running job that shares its GPU: the GPU memory its agent last saw it use, and the most (MiB)
         self.gpu_mem: dict[int, tuple[int | None, int]] = {}
+        #: each starting job that its node handed to another scheduler (Slurm), which has not started it: why
+        self.waiting_there: dict[int, str] = {}
         self._measured_at: dict[str, float] = {}  #: each node's last measurement
         self._measures_saved_at = now  #: when the running jobs' measurements were last saved with them
         #: called with (old version or None, new version) of each job taken in, under the lock: the metrics
@@ -202,6 +204,8 @@ class LabState:
             else:
                 self.on_gpus.pop(job.id, None)
                 self.gpu_mem.pop(job.id, None)
+            if job.state is not JobState.STARTING:
+                self.waiting_there.pop(job.id, None)
             if _waits_on(job) and not job.state.finished:
                 self.waiting_on[job.id] = job
             else:

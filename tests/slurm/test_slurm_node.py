@@ -65,3 +65,22 @@ def test_jobs_run_on_a_workstation_and_on_slurm_and_a_low_job_there_is_preempted
     lab.wait_state(low, "cancelled", timeout=60)
     lab.wait(lambda: not any(line.startswith(f"labq-{low}.2 RUNNING") for line in slurm_jobs(slurm)),
              "Slurm to end the cancelled job")
+
+
+def test_a_job_slurm_holds_back_stays_starting_and_says_why(lab, slurm, tmp_path):
+    outside = tmp_path / "outside.sbatch"  # someone on the cluster who does not go through labq takes every GPU
+    outside.write_text("#!/bin/bash\n#SBATCH --gres=gpu:8\n#SBATCH --output=/dev/null\nsleep 120\n")
+    taken = slurm.run("sbatch", "--parsable", str(outside)).stdout.strip()
+    try:
+        job = lab.submit("sh", "-c", "echo at last", node="slurm1")
+        lab.wait(lambda: "Slurm holds it" in lab.labq("why", str(job)).stdout, "labq to say Slurm holds the job",
+                 detail=lambda: lab.labq("why", str(job)).stdout)
+        why = lab.labq("why", str(job)).stdout
+        # Slurm's own reason: the GPUs are taken (Resources), or a job ahead of it waits for them (Priority)
+        assert re.fullmatch(rf"job {job} is starting on slurm1:0, handed to slurm1: Slurm holds it: "
+                            r"(Resources|Priority)\n", why), why
+        assert lab.job(job)["state"] == "starting"
+    finally:
+        slurm.run("scancel", taken, check=False)
+    lab.wait_state(job, "succeeded", timeout=60)
+    assert lab.labq("logs", str(job)).stdout == "at last\n"
