@@ -29,7 +29,8 @@ from labq import __version__
 from labq.agent.accounts import USER_MAP_FILE, Accounts
 from labq.agent.faults import NodeFault, ProblemBook, sentence
 from labq.agent.gpu_watch import WATCH_EVERY_S as MEMORY_EVERY_S
-from labq.agent.gpu_watch import MemoryWatch, process_table, processes_of
+from labq.agent.gpu_watch import MemoryWatch, processes_of
+from labq.agent.procfs import process_table
 from labq.agent.identity import AgentIdentity
 from labq.agent.inventory import GpuInventory, Inventory
 from labq.agent.process_runtime import AttemptState, Launch

@@ -9,7 +9,6 @@ checkpoint contract, so it is the one that stops and never its neighbours on the
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 
 from labq.agent.inventory import GpuMemory
@@ -17,23 +16,6 @@ from labq.models.sharing import over_limit
 
 Key = tuple[int, int]  #: (job id, attempt)
 WATCH_EVERY_S = 1.0  #: how often the GPU memory of sharing jobs is read
-
-
-def process_table() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, process group) of every process (fields 4 and 5 of /proc/PID/stat)."""
-    table = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 2:
-            table[int(entry.name)] = (int(fields[1]), int(fields[2]))
-    return table
 
 
 def processes_of(roots: Mapping[Key, int], table: Mapping[int, tuple[int, int]]) -> dict[Key, set[int]]:

@@ -10,7 +10,6 @@ function (:func:`build_topology`) so it can be checked without a GPU.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
@@ -30,6 +29,7 @@ from labq.agent.nvml import (
     read_process_memory,
     source,
 )
+from labq.agent.procfs import environment, process_table
 from labq.models.node import Gpu, Node
 from labq.models.topology import PcieLevel, Topology
 from labq.topologies import names, parse_sim_spec
@@ -159,30 +159,12 @@ class SimulatedInventory:
 
 def _declaring_processes():
     """(pid, (parent pid, environment)) of each process on this machine that declares simulated GPU memory, as far
-    as this user may read environments (/proc/PID/environ)."""
+    as this user may read environments."""
     needle = SIM_GPU_MEM_ENV.encode() + b"="
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        if needle not in raw:
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-            parent = int(stat[stat.rfind(b")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        env = {}
-        for item in raw.split(b"\0"):
-            key, sep, value = item.partition(b"=")
-            if sep:
-                env[key.decode(errors="replace")] = value.decode(errors="replace")
-        yield int(entry.name), (parent, env)
+    for pid, (parent, _) in process_table().items():
+        env = environment(pid, needle)
+        if env is not None:
+            yield pid, (parent, env)
 
 
 class NvmlInventory:

@@ -6,7 +6,8 @@ import os
 import subprocess
 import time
 
-from labq.agent.gpu_watch import MemoryWatch, process_table, processes_of
+from labq.agent.gpu_watch import MemoryWatch, processes_of
+from labq.agent.procfs import process_table
 from labq.agent.inventory import GpuMemory
 
 
