@@ -146,12 +146,19 @@ class Agent:
     def runs_jobs_as(self) -> str:
         """Which account this agent's jobs run as, in a sentence for its start-up message."""
         mapped = self.accounts.describe()
+        slurm = self.runtime.slurm
         if self.config.run_as_job_user:
             root = "allowed" if self.runtime.process.allow_root else "refused"
-            return (f"jobs run as their lab user's Unix account here (uid 0 {root}, as the leader's "
-                    f"[jobs] allow_root says){'; ' + mapped if mapped else ''}")
+            where = (f"jobs go to Slurm partition {slurm.site.partition} (node {slurm.node}) as their lab user's "
+                     "account (sbatch --uid)" if slurm else "jobs run as their lab user's Unix account here")
+            return f"{where} (uid 0 {root}, as the leader's [jobs] allow_root says){'; ' + mapped if mapped else ''}"
         import getpass
 
+        if slurm is not None:
+            return (f"jobs go to Slurm partition {slurm.site.partition} (node {slurm.node}) as "
+                    f"{getpass.getuser()}, this agent's own account, whoever submits them: Slurm charges them to "
+                    "it. To submit each as its user's account, run the agent as root or as Slurm's SlurmUser "
+                    "(sbatch --uid)")
         return (f"jobs run as {getpass.getuser()}, this agent's own account, whoever submits them (an agent "
                 "started as root runs each job as its user's account)")
 

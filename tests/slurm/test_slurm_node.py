@@ -40,6 +40,9 @@ def slurm_jobs(slurm) -> list[str]:
 def test_jobs_run_on_a_workstation_and_on_slurm_and_a_low_job_there_is_preempted_and_resumes(lab, slurm):
     nodes = {n["name"]: n for n in lab.api("nodes")}
     assert len(nodes["slurm1"]["gpus"]) == 8 and "a100" in nodes["slurm1"]["gpus"][0]["model"]
+    said = f"jobs go to Slurm partition {slurm.partition} (node {slurm.host}) as their lab user's account"
+    lab.wait(lambda: said in (lab.root / "agent-slurm1.log").read_text(),  # whose account Slurm charges, at start
+             "the Slurm agent to say whose account its jobs go to Slurm as")
     here = lab.submit("sh", "-c", "echo on the workstation", node="ws1")
     there = lab.submit("sh", "-c", "echo on slurm as job $SLURM_JOB_ID with $SLURM_GPUS_ON_NODE GPUs, labq job "
                        "$LABQ_JOB_ID", node="slurm1", gpus=2)
