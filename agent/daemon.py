@@ -623,7 +623,7 @@ class Agent:
         over = self.memory_watch.look(self.inventory.memory(managed), processes)
         for key in over:
             log.info("job %d attempt %d uses %d MiB of GPU memory, past its limit of %d MiB: telling the leader",
-                        *key, self.memory_watch.used.get(key, 0), self.memory_watch.limits[key])
+                     *key, self.memory_watch.used.get(key, 0), self.memory_watch.limits[key])
         return over
 
     def _managed_pids(self) -> frozenset[int]:

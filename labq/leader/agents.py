@@ -279,7 +279,8 @@ class Agents:
         and the margin, the job is asked to stop through its checkpoint contract (``labq.models.sharing``)."""
         peak = max(a.gpu_mem_peak_mib or 0, a.gpu_mem_mib or 0)
         self.state.gpu_mem[job.id] = (a.gpu_mem_mib, peak)
-        (gpu,) = job.placement.gpus_on(agent) or (None,)
+        gpus = job.placement.gpus_on(agent)
+        gpu = gpus[0] if gpus else None
         session = self.state.agents.get(agent)
         if gpu is None or session is None or gpu >= len(session.node.gpus):
             return job
@@ -288,7 +289,7 @@ class Agents:
         if peak <= sharing.limit_mib(need, memory) or job.stop_requested is not None:
             return job
         log.info("job %d uses %d MiB of GPU memory on %s GPU %d, over the %d MiB it declared and the margin: "
-                    "stopping it", job.id, peak, agent, gpu, need)
+                 "stopping it", job.id, peak, agent, gpu, need)
         return t.over_memory(job, peak, sharing.over_memory_note(peak, need, memory, f"{agent} GPU {gpu}"))
 
     @staticmethod
