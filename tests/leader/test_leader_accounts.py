@@ -61,7 +61,8 @@ def test_adding_a_user_waits_for_the_agents_and_names_the_nodes_without_one(lb, 
     sync(lb, "ws-old", older)
     try:
         deadline = time.monotonic() + 20
-        while not node(lb, "ws1")["accounts"]:  # the agent heard the users and said how it maps them
+        # the agent joined, heard the users and said how it maps them (it joins from its own thread: not yet, at first)
+        while not {n["name"]: n for n in lb.request("GET", "/v1/nodes")[2]["nodes"]}.get("ws1", {}).get("accounts"):
             assert time.monotonic() < deadline, "the agent never reported its accounts"
             time.sleep(0.05)
         asked = time.monotonic()
