@@ -234,7 +234,9 @@ class SlurmRuntime:
                 began = _slurm_time(start) if state == "RUNNING" else None
                 status = AttemptStatus(*key, AttemptState.RUNNING, None, None, None, began or started, None,
                                        str(folder / "log"))
-                waiting = f"Slurm holds it: {reason}" if state in _WAITING else None
+                # Slurm's reason, once its scheduler has looked at the job ("None" until then)
+                said = reason if reason and reason != "None" else "not yet looked at by Slurm's scheduler"
+                waiting = f"Slurm holds it: {said}" if state in _WAITING else None
                 (folder / "waiting").write_text(waiting or "")
             self._seen[key] = status
 

@@ -76,12 +76,14 @@ def test_a_job_slurm_holds_back_stays_starting_and_says_why(lab, slurm, tmp_path
     taken = slurm.run("sbatch", "--parsable", str(outside)).stdout.strip()
     try:
         job = lab.submit("sh", "-c", "echo at last", node="slurm1")
-        lab.wait(lambda: "Slurm holds it" in lab.labq("why", str(job)).stdout, "labq to say Slurm holds the job",
-                 detail=lambda: lab.labq("why", str(job)).stdout)
+        # Slurm's own reason once its scheduler has looked (before that, labq says it has not): the GPUs are taken
+        # (Resources), or a job ahead of it waits for them (Priority)
+        said = re.compile(rf"job {job} is starting on slurm1:0, handed to slurm1: Slurm holds it: "
+                          r"(Resources|Priority)\n")
+        lab.wait(lambda: "Priority" in (why := lab.labq("why", str(job)).stdout) or "Resources" in why,
+                 "labq to give Slurm's reason for holding the job", detail=lambda: lab.labq("why", str(job)).stdout)
         why = lab.labq("why", str(job)).stdout
-        # Slurm's own reason: the GPUs are taken (Resources), or a job ahead of it waits for them (Priority)
-        assert re.fullmatch(rf"job {job} is starting on slurm1:0, handed to slurm1: Slurm holds it: "
-                            r"(Resources|Priority)\n", why), why
+        assert said.fullmatch(why), why
         assert lab.job(job)["state"] == "starting"
     finally:
         slurm.run("scancel", taken, check=False)
