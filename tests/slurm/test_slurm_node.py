@@ -49,6 +49,10 @@ def test_jobs_run_on_a_workstation_and_on_slurm_and_a_low_job_there_is_preempted
     lab.wait_state(here, "succeeded")
     lab.wait_state(there, "succeeded", timeout=60)
     assert re.fullmatch(rf"on slurm as job \d+ with 2 GPUs, labq job {there}\n", lab.labq("logs", str(there)).stdout)
+    # -f follows a Slurm job's log as it grows, and ends when the job does
+    slow = lab.submit("sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.5; done", node="slurm1")
+    followed = lab.labq("logs", "-f", str(slow))
+    assert followed.stdout == "line 1\nline 2\nline 3\n" and lab.job(slow)["state"] == "succeeded"
 
     low = lab.submit(sys.executable, TRAIN, "--steps", "100000", "--step-time", "0.05", "--save-every", "1",
                      node="slurm1", gpus=8, checkpoint_signal="SIGUSR1", **{"class": "low"})
