@@ -484,8 +484,8 @@ class Agent:
                 reply = self._applied
                 if reply is None:
                     return
-                known = {(s.job_id, s.attempt) for s in self.runtime.attempts()}
-                order = next((r for r in reply.run if (r.job_id, r.attempt) not in known | tried), None)
+                skip = {(s.job_id, s.attempt) for s in self.runtime.attempts()} | tried
+                order = next((r for r in reply.run if (r.job_id, r.attempt) not in skip), None)
                 if order is None:
                     self._launches_pending = False
                     return

@@ -198,7 +198,10 @@ class NvmlInventory:
             source=self._source,
             notes=(*self._nvml.take_notes(), *topology_notes),
             usage=tuple(GpuUsage(d.index, d.memory_free_mib, d.utilization_pct) for d in devices),
-            unmanaged_mib=tuple(sorted(self.memory(managed_pids).unmanaged_mib.items())),
+            unmanaged_mib=tuple(sorted(GpuMemory.of(  # from the same reading: NVML is asked once
+                [p for d in devices for p in d.processes],
+                {d.index: d.memory_mib - d.memory_free_mib if d.memory_free_mib is not None else None
+                 for d in devices}, managed_pids).unmanaged_mib.items())),
         )
 
     def close(self) -> None:

@@ -143,6 +143,15 @@ class NvLinkRemote:
 
 
 @dataclass(frozen=True)
+class ProcessMemory:
+    """One compute process on one GPU and the GPU memory it uses."""
+
+    gpu: int
+    pid: int
+    used_mib: int | None  #: None where NVML will not say (``usedGpuMemory`` not available)
+
+
+@dataclass(frozen=True)
 class DeviceFacts:
     """What NVML says about one GPU, as plain data."""
 
@@ -157,6 +166,7 @@ class DeviceFacts:
     nvlinks: tuple[NvLinkRemote, ...] | None  #: active links; None when NVLink queries are unsupported
     memory_free_mib: int | None = None  #: None when NVML would not say
     utilization_pct: int | None = None  #: GPU busy time over the last sample period; None when unsupported
+    processes: tuple[ProcessMemory, ...] = ()  #: ``pids`` with the memory each uses
 
 
 def normalize_bus_id(bus_id: str | bytes) -> str:
@@ -193,6 +203,7 @@ def read_devices(nvml: NvmlSession) -> list[DeviceFacts]:
         numa = nvml("nvmlDeviceGetNumaNodeId", h, default=None, note=None)
         memory = nvml("nvmlDeviceGetMemoryInfo", h)
         rates = nvml("nvmlDeviceGetUtilizationRates", h, default=None, note="GPU utilization unsupported")
+        processes = _compute_processes(nvml, h, index)
         facts.append(DeviceFacts(
             index=index,
             handle=h,
@@ -203,19 +214,11 @@ def read_devices(nvml: NvmlSession) -> list[DeviceFacts]:
             utilization_pct=int(rates.gpu) if rates is not None else None,
             bus_id=normalize_bus_id(pci.busId) if pci is not None else None,
             numa=numa if isinstance(numa, int) and numa >= 0 else None,
-            pids=_compute_pids(nvml, h, index),
+            pids=None if processes is None else frozenset(p.pid for p in processes),
+            processes=tuple(processes or ()),
             nvlinks=_nvlinks(nvml, h),
         ))
     return facts
-
-
-@dataclass(frozen=True)
-class ProcessMemory:
-    """One compute process on one GPU and the GPU memory it uses."""
-
-    gpu: int
-    pid: int
-    used_mib: int | None  #: None where NVML will not say (``usedGpuMemory`` not available)
 
 
 _NOT_AVAILABLE = (1 << 64) - 1  #: NVML_VALUE_NOT_AVAILABLE, as older bindings pass it through
@@ -231,19 +234,22 @@ def read_process_memory(nvml: NvmlSession) -> tuple[list[ProcessMemory], dict[in
         memory = nvml("nvmlDeviceGetMemoryInfo", h, default=None, note=None)
         free = getattr(memory, "free", None) if memory is not None else None
         used[index] = (int(memory.total) - int(free)) // (1024 * 1024) if free is not None else None
-        procs = nvml(("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"), h,
-                     default=None, note=f"compute processes unavailable on GPU {index}: other users' jobs go unseen")
-        for p in procs or ():
-            mib = getattr(p, "usedGpuMemory", None)
-            processes.append(ProcessMemory(index, int(p.pid), None if mib is None or mib == _NOT_AVAILABLE
-                                           else int(mib) // (1024 * 1024)))
+        processes += _compute_processes(nvml, h, index) or ()
     return processes, used
 
 
-def _compute_pids(nvml: NvmlSession, h: Any, index: int) -> frozenset[int] | None:
+def _compute_processes(nvml: NvmlSession, h: Any, index: int) -> list[ProcessMemory] | None:
+    """GPU ``index``'s compute processes with their memory; None when NVML cannot list them."""
     procs = nvml(("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"), h,
                  default=None, note=f"compute processes unavailable on GPU {index}: other users' jobs go unseen")
-    return None if procs is None else frozenset(int(p.pid) for p in procs)
+    if procs is None:
+        return None
+    found = []
+    for p in procs:
+        mib = getattr(p, "usedGpuMemory", None)
+        found.append(ProcessMemory(index, int(p.pid), None if mib is None or mib == _NOT_AVAILABLE
+                                   else int(mib) // (1024 * 1024)))
+    return found
 
 
 def _nvlinks(nvml: NvmlSession, h: Any) -> tuple[NvLinkRemote, ...] | None:

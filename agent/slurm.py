@@ -132,19 +132,39 @@ class SlurmRuntime:
         self.run_as_root = os.geteuid() == 0 if run_as_root is None else run_as_root
         self._lock = threading.Lock()
         self._seen: dict[tuple[int, int], AttemptStatus] = {}
+        #: each attempt handed to Slurm: (its Slurm job id, when it was submitted); on disk in its folder for an
+        #: agent started again, read from there once
+        self._known: dict[tuple[int, int], tuple[str, float]] = self._load()
+        #: why Slurm has not started an attempt yet, as it said at the last look
+        self._waiting: dict[tuple[int, int], str] = {}
         self._asked_at = 0.0
         self._busy_until = 0.0  #: until then, ask often: an attempt was signalled
 
     def _folder(self, job_id: int, attempt: int) -> Path:
         return self.root / f"{job_id}.{attempt}"
 
+    def _load(self) -> dict[tuple[int, int], tuple[str, float]]:
+        known = {}
+        for folder in self.root.iterdir():
+            meta = folder / "slurm.json"
+            if not meta.exists():
+                continue
+            try:
+                job_id, attempt = (int(x) for x in folder.name.split("."))
+                doc = json.loads(meta.read_text())
+                known[(job_id, attempt)] = (str(doc["slurm_id"]), float(doc["submitted_at"]))
+            except (OSError, ValueError, KeyError, TypeError) as err:  # one damaged folder never stops the others
+                log.warning("cannot read %s (%s): that attempt is not followed", meta, err)
+        return known
+
     def owns(self, job_id: int, attempt: int) -> bool:
-        return (self._folder(job_id, attempt) / "slurm.json").exists()
+        return (job_id, attempt) in self._known
 
     def launch(self, launch: Launch) -> AttemptStatus:
         folder = self._folder(launch.job_id, launch.attempt)
         if folder.exists():
             raise ValueError(f"attempt {launch.job_id}.{launch.attempt} already exists on this agent")
+        owner = _ids(launch.user) if launch.user is not None and self.run_as_root else None
         folder.mkdir(parents=True)
         visible = launch.gpu_env.get("CUDA_VISIBLE_DEVICES", "")
         gpus = len([g for g in visible.split(",") if g]) or 1
@@ -162,9 +182,9 @@ class SlurmRuntime:
         script = folder / "job.sbatch"
         script.write_text("\n".join(lines) + "\n")
         argv = ["sbatch", "--parsable"]
-        if launch.user is not None and self.run_as_root:
+        if owner is not None:
             argv.append(f"--uid={launch.user}")
-            os.chown(log, *_ids(launch.user))
+            os.chown(log, *owner)
         try:
             answer = self.site.run(*argv, str(script))
         except SlurmError as err:
@@ -173,12 +193,13 @@ class SlurmRuntime:
             raise NodeFault(why, NodeProblem(why)) from None
         slurm_id = answer.strip().split(";")[0]
         now = time.time()
-        (folder / "waiting").write_text("Slurm holds it: submitted")  # until Slurm says it runs
         (folder / "slurm.json").write_text(json.dumps({"slurm_id": slurm_id, "submitted_at": now}))
-        status = AttemptStatus(launch.job_id, launch.attempt, AttemptState.RUNNING, None, None, None, now, None,
-                               str(log))
+        key = (launch.job_id, launch.attempt)
+        status = AttemptStatus(*key, AttemptState.RUNNING, None, None, None, now, None, str(log))
         with self._lock:
-            self._seen[(launch.job_id, launch.attempt)] = status
+            self._known[key] = (slurm_id, now)
+            self._waiting[key] = "Slurm holds it: submitted"  # until Slurm says it runs
+            self._seen[key] = status
             self._asked_at = 0.0  # ask Slurm at the next look
         return status
 
@@ -186,30 +207,19 @@ class SlurmRuntime:
         """Every attempt handed to Slurm and not forgotten, as Slurm last said (asked at most every POLL_S)."""
         with self._lock:
             now = time.monotonic()
-            busy = now < self._busy_until or any(
-                s.state is AttemptState.RUNNING and self.waiting(s.job_id, s.attempt) for s in self._seen.values())
+            busy = now < self._busy_until or bool(self._waiting)
             if now - self._asked_at >= (POLL_BUSY_S if busy else POLL_S):
                 self._asked_at = now
                 self._ask()
             return sorted(self._seen.values(), key=lambda s: (s.job_id, s.attempt))
 
     def _ask(self) -> None:
-        known = {}
-        for folder in self.root.iterdir():
-            meta = folder / "slurm.json"
-            if not meta.exists():
-                continue
-            try:
-                job_id, attempt = (int(x) for x in folder.name.split("."))
-                doc = json.loads(meta.read_text())
-                known[(job_id, attempt)] = {"slurm_id": str(doc["slurm_id"]),
-                                            "submitted_at": float(doc["submitted_at"])}
-            except (OSError, ValueError, KeyError, TypeError) as err:  # one damaged folder never stops the others
-                log.warning("cannot read %s (%s): that attempt is not followed", meta, err)
-        self._seen = {k: v for k, v in self._seen.items() if k in known}
-        if not known:
+        """Take in Slurm's word on every attempt still running here (one squeue; scontrol for those that ended)."""
+        self._seen = {k: v for k, v in self._seen.items() if k in self._known}
+        ids = {slurm_id: key for key, (slurm_id, _) in self._known.items()
+               if key not in self._seen or self._seen[key].state is AttemptState.RUNNING}
+        if not ids:
             return
-        ids = {doc["slurm_id"]: key for key, doc in known.items()}
         try:
             table = self.site.run("squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r|%S",
                                   check=False)
@@ -221,33 +231,29 @@ class SlurmRuntime:
             if len(parts) == 4:
                 states[parts[0]] = parts[1:]
         for slurm_id, key in ids.items():
-            old = self._seen.get(key)
-            if old is not None and old.state is AttemptState.EXITED:
-                continue
-            folder = self._folder(*key)
-            started = known[key]["submitted_at"]
+            log_path = str(self._folder(*key) / "log")
+            submitted = self._known[key][1]
             state, reason, start = states.get(slurm_id, ("GONE", "", ""))
             if state in _ENDED or state == "GONE":
-                code, sig, ended = self._ending(slurm_id, state)
-                status = AttemptStatus(*key, AttemptState.EXITED, None, code, sig, started, ended, str(folder / "log"))
-            else:
-                began = _slurm_time(start) if state == "RUNNING" else None
-                status = AttemptStatus(*key, AttemptState.RUNNING, None, None, None, began or started, None,
-                                       str(folder / "log"))
+                code, sig, ended = self._ending(slurm_id)
+                self._seen[key] = AttemptStatus(*key, AttemptState.EXITED, None, code, sig, submitted, ended, log_path)
+                self._waiting.pop(key, None)
+                continue
+            began = _slurm_time(start) if state == "RUNNING" else None
+            self._seen[key] = AttemptStatus(*key, AttemptState.RUNNING, None, None, None, began or submitted, None,
+                                            log_path)
+            if state in _WAITING:
                 # Slurm's reason, once its scheduler has looked at the job ("None" until then)
                 said = reason if reason and reason != "None" else "not yet looked at by Slurm's scheduler"
-                waiting = f"Slurm holds it: {said}" if state in _WAITING else None
-                (folder / "waiting").write_text(waiting or "")
-            self._seen[key] = status
+                self._waiting[key] = f"Slurm holds it: {said}"
+            else:
+                self._waiting.pop(key, None)
 
     def waiting(self, job_id: int, attempt: int) -> str | None:
         """Why Slurm has not started the attempt yet, as it said at the last look; None once it runs."""
-        try:
-            return (self._folder(job_id, attempt) / "waiting").read_text() or None
-        except OSError:
-            return None
+        return self._waiting.get((job_id, attempt))
 
-    def _ending(self, slurm_id: str, state: str) -> tuple[int | None, int | None, float]:
+    def _ending(self, slurm_id: str) -> tuple[int | None, int | None, float]:
         """(exit code, signal, end) of an ended job, from ``scontrol show job``; a job Slurm forgot is lost."""
         now = time.time()
         try:
@@ -286,7 +292,8 @@ class SlurmRuntime:
             os.replace(folder / "log", logs / f"{job_id}.{attempt}.log")
         shutil.rmtree(folder, ignore_errors=True)
         with self._lock:
-            self._seen.pop((job_id, attempt), None)
+            for book in (self._seen, self._known, self._waiting):
+                book.pop((job_id, attempt), None)
 
     def read_log(self, job_id: int, attempt: int, offset: int = 0, limit: int = 1 << 20) -> bytes:
         for path in (self._folder(job_id, attempt) / "log", self.root / "logs" / f"{job_id}.{attempt}.log"):
@@ -299,10 +306,8 @@ class SlurmRuntime:
         raise KeyError((job_id, attempt))
 
     def _slurm_id(self, job_id: int, attempt: int) -> str | None:
-        try:
-            return json.loads((self._folder(job_id, attempt) / "slurm.json").read_text())["slurm_id"]
-        except (OSError, ValueError, KeyError):
-            return None
+        known = self._known.get((job_id, attempt))
+        return known[0] if known is not None else None
 
 
 def _slurm_time(text: str) -> float | None:
