@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
+from tests.conftest import unavailable
 
 PREFIX = "lqt-"
 
@@ -108,20 +108,13 @@ def _build(lab: NetLab) -> None:
         _ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", "eth0")
 
 
-def unavailable(why: str) -> None:
-    """Namespaces cannot be had here: fail under CI (a guard that skips guards nothing), skip elsewhere."""
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"CI needs network namespaces: {why}", pytrace=False)
-    pytest.skip(why)
-
-
 @contextmanager
 def netlab(n: int) -> Iterator[NetLab]:
     """Build an N-host lab, yield it, and tear everything down (checking nothing is left)."""
     if os.geteuid() != 0:
-        unavailable("network-namespace tests need root")
+        unavailable("network namespaces", "network-namespace tests need root")
     if shutil.which("ip") is None:
-        unavailable("network-namespace tests need iproute2's `ip`")
+        unavailable("network namespaces", "network-namespace tests need iproute2's `ip`")
     tag = secrets.token_hex(3)
     lab = NetLab(tag, _free_subnet(), [f"{PREFIX}{tag}-{i}" for i in range(n)], f"{PREFIX}{tag}-br")
     try:
@@ -129,7 +122,7 @@ def netlab(n: int) -> Iterator[NetLab]:
             _build(lab)
         except (subprocess.CalledProcessError, OSError) as e:
             detail = e.stderr.strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
-            unavailable(f"cannot build network namespaces here: {detail}")
+            unavailable("network namespaces", f"cannot build network namespaces here: {detail}")
         yield lab
     finally:
         lab._end_processes()

@@ -5,7 +5,6 @@ API for the job and GPU series, as a lab's dashboard would."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -15,6 +14,7 @@ import urllib.request
 
 import pytest
 
+from tests.conftest import unavailable
 from tests.e2e.conftest import TEST_CONFIG, Lab, stop_processes
 
 pytestmark = pytest.mark.timeout(180)
@@ -28,20 +28,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def unavailable(why: str) -> None:
-    """Fail under CI (the real part must be there), skip elsewhere."""
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"CI needs Prometheus: {why}", pytrace=False)
-    pytest.skip(why)
-
-
 class Prometheus:
     """``prometheus`` as a process in ``root``, scraping ``target`` every second with the scrape token."""
 
     def __init__(self, root, target: str) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
-            unavailable("the prometheus binary is not installed (install.sh installs Debian's prometheus)")
+            unavailable("Prometheus",
+                        "the prometheus binary is not installed (install.sh installs Debian's prometheus)")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = root / "prometheus.yml"
@@ -59,7 +53,7 @@ class Prometheus:
         deadline = time.monotonic() + 60
         while not self._ready():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                unavailable(f"prometheus did not start: {self.log.read_text()[-1500:]}")
+                unavailable("Prometheus", f"prometheus did not start: {self.log.read_text()[-1500:]}")
             time.sleep(0.2)
 
     def _ready(self) -> bool:

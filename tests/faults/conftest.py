@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.counts import CONTROLLER_PRINTS, PROPERTY, FaultCounts, Tally, merge_and_maybe_print
-from tests.faults.lab import unavailable
+from tests.conftest import unavailable
 
 _tally = Tally()
 
@@ -38,7 +38,7 @@ def docker_image() -> str:
 
         from tests.docker.conftest import ENGINE_LOCK, IMAGE, _build_image, _ping, _start_dockerd
     except pytest.skip.Exception as err:  # the docker package is missing
-        unavailable(str(err))
+        unavailable("this fault test's real parts", str(err))
     try:
         with open(ENGINE_LOCK, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -51,27 +51,27 @@ def docker_image() -> str:
             finally:
                 client.close()
     except pytest.skip.Exception as err:
-        unavailable(f"no Docker engine for the container jobs: {err}")
+        unavailable("this fault test's real parts", f"no Docker engine for the container jobs: {err}")
     return IMAGE
 
 
 @pytest.fixture
 def netns_root() -> None:
     if os.geteuid() != 0 or shutil.which("ip") is None:
-        unavailable("network namespaces need root and iproute2")
+        unavailable("this fault test's real parts", "network namespaces need root and iproute2")
 
 
 @pytest.fixture
 def small_disk() -> Iterator[Path]:
     """A 2 MiB tmpfs of the test's own, unmounted afterwards."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        unavailable("mounting a small tmpfs needs root")
+        unavailable("this fault test's real parts", "mounting a small tmpfs needs root")
     folder = tempfile.mkdtemp(prefix="labq-fault-disk-")
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", folder], capture_output=True,
                              text=True, timeout=30)
     if mounted.returncode != 0:
         os.rmdir(folder)
-        unavailable(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        unavailable("this fault test's real parts", f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
         yield Path(folder)
     finally:

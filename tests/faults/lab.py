@@ -32,16 +32,6 @@ from labq.protocol.errors import ApiError
 CLONE_NEWNET = 0x40000000
 
 
-def unavailable(why: str) -> None:
-    """A real part this test needs cannot be had here: fail under CI (a guard that skips guards nothing),
-    skip elsewhere."""
-    import pytest
-
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"CI needs this fault test's real parts: {why}", pytrace=False)
-    pytest.skip(why)
-
-
 def leader_toml(*, lease: float, fence_after: float, requeue_after: float, max_grace: float = 5,
                 default_grace: float = 2, listen: str = "127.0.0.1:0", extra_jobs: str = "") -> str:
     """The leader's settings for a fault test: short leases, so that a round takes seconds.

@@ -27,7 +27,8 @@ from tests.faults.invariants import (
     assert_no_id_reused, assert_node_lost_after_lease, assert_nothing_fenced, assert_runs_unchanged,
     assert_stale_run_stopped_on_return, live_runs,
 )
-from tests.faults.lab import FaultLab, leader_toml, soak, unavailable
+from tests.conftest import unavailable
+from tests.faults.lab import FaultLab, leader_toml, soak
 
 LEASE_S, FENCE_S, REQUEUE_S, GRACE_S = 4.0, 14.0, 34.0, 2.0  #: requeue_after past the last stop (33 s)
 SHORT_S = LEASE_S + 2.0  #: past the lease; with a long poll and a reconnect still well inside fence_after
@@ -43,7 +44,7 @@ def lan(netns_root) -> Iterator:
             try:
                 return stack.enter_context(netlab(n))
             except pytest.skip.Exception as err:
-                unavailable(str(err))
+                unavailable("this fault test's real parts", str(err))
         yield build
 
 

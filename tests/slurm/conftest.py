@@ -3,18 +3,10 @@ after. Without slurm-wlm and munge a test skips, and under CI (where ./install.s
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.conftest import unavailable
 from tests.slurm_cluster import SlurmCluster
-
-
-def unavailable(why: str) -> None:
-    """Fail under CI (the real part must be there), skip elsewhere."""
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"CI needs Slurm: {why}", pytrace=False)
-    pytest.skip(why)
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +16,6 @@ def slurm(tmp_path_factory):
         cluster.start()
     except RuntimeError as err:
         cluster.stop()
-        unavailable(str(err))
+        unavailable("Slurm", str(err))
     yield cluster
     cluster.stop()
