@@ -4,7 +4,7 @@
 #   ./install.sh            # from any directory, as root or as a normal user
 #
 # 1. system packages the test-suite needs (docker.io, busybox-static, iproute2, tmux, prometheus, and
-#    slurm-wlm with munge for the Slurm export and runtime tests)
+#    slurm-wlm with munge for the Slurm export and runtime tests, sudo for a Slurm node's agent that is not root)
 # 2. a Python >= 3.11 virtual environment in .venv with `pip install -e '.[test]'`
 # 3. a check that `.venv/bin/labq --version` runs
 #
@@ -26,7 +26,7 @@ STAMP="$VENV/.labq-install-stamp"
 PIP_LOG="$VENV/labq-pip.log"
 MIN_PY="3.11"
 
-SYSTEM_PACKAGES=(docker.io busybox-static iproute2 tmux prometheus slurm-wlm munge)
+SYSTEM_PACKAGES=(docker.io busybox-static iproute2 tmux prometheus slurm-wlm munge sudo)
 DONE=()            # what this run changed, for the summary
 PENDING_WARN=""    # a warning to repeat in the summary
 

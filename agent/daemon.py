@@ -149,16 +149,18 @@ class Agent:
         slurm = self.runtime.slurm
         if self.config.run_as_job_user:
             root = "allowed" if self.runtime.process.allow_root else "refused"
+            how = "sudo -n -u USER sbatch" if slurm and slurm.site.submit == "sudo" else "sbatch --uid"
             where = (f"jobs go to Slurm partition {slurm.site.partition} (node {slurm.node}) as their lab user's "
-                     "account (sbatch --uid)" if slurm else "jobs run as their lab user's Unix account here")
+                     f"account ({how})" if slurm else "jobs run as their lab user's Unix account here")
             return f"{where} (uid 0 {root}, as the leader's [jobs] allow_root says){'; ' + mapped if mapped else ''}"
         import getpass
 
         if slurm is not None:
             return (f"jobs go to Slurm partition {slurm.site.partition} (node {slurm.node}) as "
                     f"{getpass.getuser()}, this agent's own account, whoever submits them: Slurm charges them to "
-                    "it. To submit each as its user's account, run the agent as root or as Slurm's SlurmUser "
-                    "(sbatch --uid)")
+                    "it. To submit each as its user's account, run the agent as root (sbatch --uid), or let its "
+                    "account run sbatch and scancel as the lab's users in sudoers and start it with "
+                    "--slurm-submit sudo")
         return (f"jobs run as {getpass.getuser()}, this agent's own account, whoever submits them (an agent "
                 "started as root runs each job as its user's account)")
 
@@ -504,7 +506,7 @@ class Agent:
             _own_checkpoint_folder(folder, user)
         except (OSError, ValueError) as err:
             why = f"cannot make the checkpoint folder {folder} on {self.config.name}: " + (
-                err.strerror if isinstance(err, OSError) else str(err))
+                (err.strerror or str(err)) if isinstance(err, OSError) else str(err))
             if isinstance(err, OSError):  # the node's disk or shared storage, not the job
                 self._not_started(order, NodeFault(why, NodeProblem(why)))
             else:
@@ -651,6 +653,7 @@ def _own_checkpoint_folder(folder: Path, user: str | None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     if folder.is_symlink() or not folder.is_dir():
         raise ValueError("it is not a plain folder (a symlink?); remove it and requeue the job")
+    entry = None
     if user is not None:
         import pwd
 
@@ -658,6 +661,23 @@ def _own_checkpoint_folder(folder: Path, user: str | None) -> None:
             entry = pwd.getpwnam(user)
         except KeyError:
             pass  # the launch refuses the job for want of the account, with a clearer message
-        else:
-            os.chown(folder, entry.pw_uid, entry.pw_gid)
-    os.chmod(folder, 0o700)
+    me = os.geteuid()
+    if entry is None or entry.pw_uid == me:
+        os.chmod(folder, 0o700)
+    elif me == 0:
+        os.chown(folder, entry.pw_uid, entry.pw_gid)
+        os.chmod(folder, 0o700)
+    else:
+        # an agent that is not root runs jobs as their users (a Slurm node submitting through sudo): it cannot give
+        # the folder away, so it keeps it and gives the job's user rwx by ACL, and whatever the job makes in it
+        # stays the agent's to clean up (a default ACL)
+        from labq.agent import acl
+
+        if folder.stat().st_uid != me:
+            raise ValueError(f"it belongs to uid {folder.stat().st_uid}, not to this agent; remove it and requeue "
+                             "the job")
+        os.chmod(folder, 0o700)
+        acl.grant(folder, entry.pw_uid, 7, inherit_to=(entry.pw_uid, me))
+        stopped = acl.let_reach(folder, entry.pw_uid)
+        if stopped is not None:
+            raise OSError(f"{user} cannot reach it: {stopped} is not this agent's and others may not pass it")

@@ -12,9 +12,17 @@ file in the agent's folder (a folder the submit host and the compute node share)
 Slurm holding a job back (its own priorities, a node drained) is reported as the attempt waiting there
 (``AttemptReport.waiting``): labq shows the job starting, not running, until Slurm runs it.
 
-Jobs are submitted as the job's user: with ``--uid`` when the agent runs as root (root or the SlurmUser may);
-as the agent's own user otherwise. A container job is not run here: the node says so, and labq places such
-jobs elsewhere.
+How a job gets to Slurm as its user (``SlurmSite.submit``, ``labq agent --slurm-submit``):
+
+- ``uid``: ``sbatch --uid=USER``, for an agent run as root (the default then);
+- ``sudo``: ``sudo -n -u USER sbatch``, and ``scancel`` likewise, for an agent run as a service account that
+  the site's sudoers lets run those two as the lab's users. Such an agent cannot ``chown``: it gives the job's
+  user its attempt folder, its log and its checkpoint folder by POSIX ACL (``labq.agent.acl``). A user sudo
+  refuses is kept off this node, said as the node's problem for that user alone;
+- ``agent``: every job as the agent's own account (the default for an agent not run as root), said at start.
+
+The script goes to ``sbatch`` on its standard input: the job's user never needs to read the agent's files. A
+container job is not run here: the node says so, and labq places such jobs elsewhere.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from labq.agent import acl
 from labq.agent.faults import NodeFault
 from labq.agent.inventory import GpuMemory, Inventory
 from labq.agent.process_runtime import AttemptState, AttemptStatus, Launch
@@ -54,22 +63,43 @@ class SlurmError(RuntimeError):
     """A Slurm command failed, or Slurm is out of reach."""
 
 
+class SudoRefused(SlurmError):
+    """``sudo -n -u USER`` would not run a Slurm command as that user."""
+
+
+#: ``labq agent --slurm-submit``: how a job goes to Slurm as its user
+SUBMIT_WAYS = ("uid", "sudo", "agent")
+
+
 @dataclass(frozen=True)
 class SlurmSite:
     """Where the agent's jobs go: ``partition``, on its Slurm node ``node`` (None: the partition's only node)."""
 
     partition: str
     node: str | None = None
+    #: how jobs go to Slurm as their users: ``uid`` (sbatch --uid, as root), ``sudo`` or ``agent`` (SUBMIT_WAYS)
+    submit: str = "agent"
 
-    def run(self, *argv: str, check: bool = True) -> str:
+    def run(self, *argv: str, check: bool = True, as_user: str | None = None, stdin: str | None = None) -> str:
+        """Run a Slurm command (``as_user``: through ``sudo -n -u``); its output. ``SudoRefused`` when sudo will
+        not, ``SlurmError`` when the command fails or does not answer."""
         if shutil.which(argv[0]) is None:
             raise SlurmError(f"{argv[0]} is not installed on this machine (Slurm's client commands are needed)")
+        command = list(argv)
+        if as_user is not None:
+            if shutil.which("sudo") is None:
+                raise SlurmError("--slurm-submit sudo: sudo is not installed on this machine")
+            command = ["sudo", "-n", "-u", as_user, "--", shutil.which(argv[0]), *argv[1:]]
         try:
-            out = subprocess.run(list(argv), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+            out = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, input=stdin)
         except subprocess.TimeoutExpired:
             raise SlurmError(f"{argv[0]} did not answer in {COMMAND_TIMEOUT_S:g} s") from None
+        said = out.stderr.strip() or out.stdout.strip()
+        if as_user is not None and out.returncode != 0 and said.startswith("sudo:"):
+            raise SudoRefused(f"sudo -n -u {as_user} {argv[0]} was refused ({said}): the site's sudoers must let "
+                              f"this agent's account run sbatch and scancel as {as_user} without a password")
         if check and out.returncode != 0:
-            raise SlurmError(f"{' '.join(argv[:3])} failed: {out.stderr.strip() or out.stdout.strip()}")
+            raise SlurmError(f"{' '.join(argv[:3])} failed: {said}")
         return out.stdout
 
     def slurm_node(self) -> str:
@@ -126,12 +156,13 @@ class SlurmInventory:
 class SlurmRuntime:
     """Attempts run as Slurm batch jobs; what the agent knows of each is a small folder under ``root``."""
 
-    def __init__(self, root: Path, site: SlurmSite, node: str, *, run_as_root: bool | None = None) -> None:
+    def __init__(self, root: Path, site: SlurmSite, node: str) -> None:
         self.root, self.site, self.node = root, site, node
         self.root.mkdir(parents=True, exist_ok=True)
-        self.run_as_root = os.geteuid() == 0 if run_as_root is None else run_as_root
         self._lock = threading.Lock()
         self._seen: dict[tuple[int, int], AttemptStatus] = {}
+        #: each attempt handed to Slurm through sudo: the user it went as (its scancel goes as that user too)
+        self._sudo: dict[tuple[int, int], str] = {}
         #: each attempt handed to Slurm: (its Slurm job id, when it was submitted); on disk in its folder for an
         #: agent started again, read from there once
         self._known: dict[tuple[int, int], tuple[str, float]] = self._load()
@@ -153,6 +184,8 @@ class SlurmRuntime:
                 job_id, attempt = (int(x) for x in folder.name.split("."))
                 doc = json.loads(meta.read_text())
                 known[(job_id, attempt)] = (str(doc["slurm_id"]), float(doc["submitted_at"]))
+                if doc.get("sudo_user"):
+                    self._sudo[(job_id, attempt)] = str(doc["sudo_user"])
             except (OSError, ValueError, KeyError, TypeError) as err:  # one damaged folder never stops the others
                 log.warning("cannot read %s (%s): that attempt is not followed", meta, err)
         return known
@@ -164,12 +197,16 @@ class SlurmRuntime:
         folder = self._folder(launch.job_id, launch.attempt)
         if folder.exists():
             raise ValueError(f"attempt {launch.job_id}.{launch.attempt} already exists on this agent")
-        owner = _ids(launch.user) if launch.user is not None and self.run_as_root else None
-        folder.mkdir(parents=True)
+        user = launch.user if self.site.submit != "agent" else None
+        ids = _ids(user) if user is not None else None
+        sudo = user if self.site.submit == "sudo" and ids is not None and ids[0] != os.geteuid() else None
+        folder.mkdir(parents=True, mode=0o700 if sudo else 0o755)
         visible = launch.gpu_env.get("CUDA_VISIBLE_DEVICES", "")
         gpus = len([g for g in visible.split(",") if g]) or 1
         log = folder / "log"
-        log.touch(mode=0o644)
+        log.touch(mode=0o600 if sudo else 0o644)
+        if sudo is not None:
+            self._give(folder, log, ids[0])
         lines = ["#!/bin/bash", f"#SBATCH --job-name=labq-{launch.job_id}.{launch.attempt}",
                  f"#SBATCH --partition={self.site.partition}", f"#SBATCH --nodelist={self.node}",
                  f"#SBATCH --gres=gpu:{gpus}", f"#SBATCH --output={log}", "#SBATCH --open-mode=append",
@@ -179,29 +216,54 @@ class SlurmRuntime:
         env = {**launch.env, "LABQ_JOB_ID": str(launch.job_id), "LABQ_ATTEMPT": str(launch.attempt)}
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
         lines.append("exec " + shlex.join(launch.command))
-        script = folder / "job.sbatch"
-        script.write_text("\n".join(lines) + "\n")
+        text = "\n".join(lines) + "\n"
+        script = folder / "job.sbatch"  # what was handed to Slurm, for whoever looks into the folder
+        script.write_text(text)
         argv = ["sbatch", "--parsable"]
-        if owner is not None:
-            argv.append(f"--uid={launch.user}")
-            os.chown(log, *owner)
+        if self.site.submit == "uid" and ids is not None:
+            argv.append(f"--uid={user}")
+            os.chown(log, *ids)
         try:
-            answer = self.site.run(*argv, str(script))
+            answer = self.site.run(*argv, stdin=text, as_user=sudo)
+        except SudoRefused as err:  # that user's jobs, not the node's: others still run here
+            shutil.rmtree(folder, ignore_errors=True)
+            why = f"cannot hand {user}'s jobs to Slurm on {self.node}: {err}"
+            raise NodeFault(why, NodeProblem(why, user=user)) from None
         except SlurmError as err:
             shutil.rmtree(folder, ignore_errors=True)
             why = f"Slurm refused the job on {self.node}: {err}"
             raise NodeFault(why, NodeProblem(why)) from None
         slurm_id = answer.strip().split(";")[0]
         now = time.time()
-        (folder / "slurm.json").write_text(json.dumps({"slurm_id": slurm_id, "submitted_at": now}))
+        (folder / "slurm.json").write_text(json.dumps({"slurm_id": slurm_id, "submitted_at": now,
+                                                       "sudo_user": sudo}))
         key = (launch.job_id, launch.attempt)
         status = AttemptStatus(*key, AttemptState.RUNNING, None, None, None, now, None, str(log))
         with self._lock:
+            if sudo is not None:
+                self._sudo[key] = sudo
             self._known[key] = (slurm_id, now)
             self._waiting[key] = "Slurm holds it: submitted"  # until Slurm says it runs
             self._seen[key] = status
             self._asked_at = 0.0  # ask Slurm at the next look
         return status
+
+    def _give(self, folder: Path, log: Path, uid: int) -> None:
+        """Let user ``uid`` (a job's, through sudo) reach ``folder`` and write its Slurm ``log``, by ACL."""
+        try:
+            stopped = acl.let_reach(folder, uid)
+            acl.grant(folder, uid, 1)
+            acl.grant(log, uid, 6)
+        except OSError as err:
+            shutil.rmtree(folder, ignore_errors=True)
+            why = (f"cannot give a job's user its folder {folder} by ACL ({err.strerror or err}): an agent that "
+                   "submits through sudo needs a file system that takes POSIX ACLs there (--state-dir)")
+            raise NodeFault(why, NodeProblem(why)) from None
+        if stopped is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+            why = (f"the jobs' users cannot reach {folder}: {stopped} is not this agent's and others may not pass "
+                   "it (choose a --state-dir they can reach)")
+            raise NodeFault(why, NodeProblem(why))
 
     def attempts(self) -> list[AttemptStatus]:
         """Every attempt handed to Slurm and not forgotten, as Slurm last said (asked at most every POLL_S)."""
@@ -271,8 +333,10 @@ class SlurmRuntime:
         if slurm_id is None:
             return False
         try:
-            self.site.run("scancel", "--batch", f"--signal={int(sig)}", slurm_id)
-        except SlurmError:
+            self.site.run("scancel", "--batch", f"--signal={int(sig)}", slurm_id,
+                          as_user=self._sudo.get((job_id, attempt)))
+        except SlurmError as err:
+            log.warning("could not signal job %d attempt %d (Slurm job %s): %s", job_id, attempt, slurm_id, err)
             return False
         self._busy_until = time.monotonic() + BUSY_AFTER_SIGNAL_S
         return True
@@ -281,7 +345,10 @@ class SlurmRuntime:
         """``scancel``: Slurm sends TERM, and KILL after its KillWait."""
         slurm_id = self._slurm_id(job_id, attempt)
         if slurm_id is not None:
-            self.site.run("scancel", slurm_id, check=False)
+            try:
+                self.site.run("scancel", slurm_id, check=False, as_user=self._sudo.get((job_id, attempt)))
+            except SlurmError as err:
+                log.warning("could not stop job %d attempt %d (Slurm job %s): %s", job_id, attempt, slurm_id, err)
             self._busy_until = time.monotonic() + BUSY_AFTER_SIGNAL_S
 
     def forget(self, job_id: int, attempt: int) -> None:
@@ -292,7 +359,7 @@ class SlurmRuntime:
             os.replace(folder / "log", logs / f"{job_id}.{attempt}.log")
         shutil.rmtree(folder, ignore_errors=True)
         with self._lock:
-            for book in (self._seen, self._known, self._waiting):
+            for book in (self._seen, self._known, self._waiting, self._sudo):
                 book.pop((job_id, attempt), None)
 
     def read_log(self, job_id: int, attempt: int, offset: int = 0, limit: int = 1 << 20) -> bytes:

@@ -100,6 +100,11 @@ def _agent_options(parser) -> None:
                         "offers")
     parser.add_argument("--slurm-node", metavar="NAME", help="with --runtime slurm: the partition's node (default: "
                         "its only node; one agent per node)")
+    parser.add_argument("--slurm-submit", choices=("uid", "sudo", "agent"), default=None,
+                        help="with --runtime slurm: how a job goes to Slurm as its user: uid (sbatch --uid, the "
+                        "default for an agent run as root), sudo (sudo -n -u USER sbatch, for a service account "
+                        "the site's sudoers lets run sbatch and scancel as the lab's users) or agent (every job as "
+                        "this agent's account, the default otherwise)")
     parser.add_argument("--state-dir", type=path_arg, default=None,
                         help="where the agent keeps logs and job state (default: in the data folder)")
     parser.add_argument("--local-socket", default=None, metavar="PATH",
@@ -268,8 +273,8 @@ def _open_inventory(args):
     _node_name(args)
     if getattr(args, "runtime", "local") == "slurm":
         return _slurm_inventory(args)
-    if getattr(args, "partition", None) or getattr(args, "slurm_node", None):
-        raise CliError("--partition and --slurm-node are for --runtime slurm")
+    if getattr(args, "partition", None) or getattr(args, "slurm_node", None) or getattr(args, "slurm_submit", None):
+        raise CliError("--partition, --slurm-node and --slurm-submit are for --runtime slurm")
     try:
         inventory = open_inventory(args.gpus, args.name)
         inventory.read()
@@ -284,14 +289,22 @@ def _open_inventory(args):
 
 def _slurm_inventory(args):
     """``--runtime slurm --partition P``: the GPUs of the partition's node, by GRES."""
+    import shutil
+
     from labq.agent.slurm import SlurmError, SlurmInventory, SlurmSite
 
     if not args.partition:
         raise CliError("--runtime slurm needs --partition NAME: the Slurm partition whose GPUs this node offers")
     if args.gpus:
         raise CliError("--gpus and --runtime slurm: a Slurm node's GPUs are its GRES, not this machine's")
+    submit = args.slurm_submit or ("uid" if os.geteuid() == 0 else "agent")
+    if submit == "uid" and os.geteuid() != 0:
+        raise CliError("--slurm-submit uid: only root may submit as another user (sbatch --uid); an agent run as a "
+                       "service account can use --slurm-submit sudo")
+    if submit == "sudo" and shutil.which("sudo") is None:
+        raise CliError("--slurm-submit sudo: sudo is not installed on this machine")
     try:
-        inventory = SlurmInventory(SlurmSite(args.partition, args.slurm_node))
+        inventory = SlurmInventory(SlurmSite(args.partition, args.slurm_node, submit))
         inventory.read()
     except SlurmError as err:
         raise CliError(f"--runtime slurm: {err}") from None
@@ -306,9 +319,11 @@ def _open_agent(args, inventory, leader_url: str, join_token: str, data_dir: Pat
 
     local = urllib.parse.urlsplit(leader_url).hostname in ("127.0.0.1", "localhost", "::1")
     # the log server is token-protected; a leader on another machine must be able to reach it
+    site = getattr(inventory, "site", None)
+    as_users = {"run_as_job_user": True} if site is not None and site.submit == "sudo" else {}
     return Agent(AgentConfig(leader_url, join_token, args.name, state_dir.expanduser(),
                              logs_host="127.0.0.1" if local else "0.0.0.0", local_socket=_local_socket(args),
-                             slurm=getattr(inventory, "site", None)),
+                             slurm=site, **as_users),
                  inventory)
 
 
