@@ -56,7 +56,7 @@ ResumeProgram=/bin/true
 SuspendTime=3600
 ResumeTimeout=60
 MaxJobCount=200000
-NodeName={host} NodeAddr=127.0.0.1 CPUs=16 RealMemory=64000 Gres=gpu:{gres_type}:{gpus} State=UNKNOWN
+{scheduler_parameters}NodeName={host} NodeAddr=127.0.0.1 CPUs=16 RealMemory=64000 Gres=gpu:{gres_type}:{gpus} State=UNKNOWN
 NodeName={host}-b NodeAddr=127.0.0.1 CPUs=16 RealMemory=64000 Gres=gpu:{gres_type}:{gpus} State=CLOUD Weight=100
 PartitionName={partition} Nodes={host},{host}-b Default=YES MaxTime=INFINITE State=UP
 """
@@ -76,8 +76,13 @@ class SlurmCluster:
     """``start()`` brings it up (``RuntimeError`` saying why when it cannot); ``env`` is what a Slurm command needs;
     ``stop()`` ends every daemon it started."""
 
-    def __init__(self, root: Path, *, partition: str = "gpu", with_slurmd: bool = True) -> None:
+    def __init__(self, root: Path, *, partition: str = "gpu", with_slurmd: bool = True,
+                 scheduler_parameters: str | None = None, open_to_all: bool = False) -> None:
+        """``scheduler_parameters``: Slurm's ``SchedulerParameters`` (e.g. ``batch_sched_delay=0``), else its
+        defaults. ``open_to_all``: every account here may use it (its folder, config and munge socket may be
+        reached), as on a cluster; else only this one."""
         self.root, self.partition, self.with_slurmd = root, partition, with_slurmd
+        self.scheduler_parameters, self.open_to_all = scheduler_parameters, open_to_all
         self.host = socket.gethostname().split(".")[0]
         self.conf = root / "slurm.conf"
         self.env = os.environ | {"SLURM_CONF": str(self.conf)}
@@ -91,6 +96,9 @@ class SlurmCluster:
         root = self.root
         for sub in ("state", "spool", "munge", "gpus"):
             (root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.open_to_all:
+            for folder in (root, root / "munge"):
+                folder.chmod(0o755)
         for i in range(GPUS):  # the GRES files: slurmd only checks they exist
             (root / "gpus" / f"gpu{i}").touch()
         key, sock = root / "munge" / "munge.key", root / "munge" / "munge.socket"
@@ -98,7 +106,9 @@ class SlurmCluster:
         key.chmod(0o600)
         self.conf.write_text(SLURM_CONF.format(
             host=self.host, port=free_port(), slurmd_port=free_port(), user=getpass.getuser(), munge_socket=sock,
-            root=root, gres_type=GRES_TYPE, gpus=GPUS, partition=self.partition))
+            root=root, gres_type=GRES_TYPE, gpus=GPUS, partition=self.partition,
+            scheduler_parameters=f"SchedulerParameters={self.scheduler_parameters}\n" if self.scheduler_parameters
+            else ""))
         (root / "gres.conf").write_text(
             f"NodeName={self.host} Name=gpu Type={GRES_TYPE} File={root}/gpus/gpu[0-{GPUS - 1}]\n")
         self._spawn("munged", ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={sock}",
