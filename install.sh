@@ -4,7 +4,8 @@
 #   ./install.sh            # from any directory, as root or as a normal user
 #
 # 1. system packages the test-suite needs (docker.io, busybox-static, iproute2, tmux, prometheus, and
-#    slurm-wlm with munge for the Slurm export and runtime tests, sudo for a Slurm node's agent that is not root)
+#    slurm-wlm with munge for the Slurm export and runtime tests, slurmdbd with mariadb-server for Slurm's
+#    accounting, sudo for a Slurm node's agent that is not root)
 # 2. a Python >= 3.11 virtual environment in .venv with `pip install -e '.[test]'`
 # 3. a check that `.venv/bin/labq --version` runs
 #
@@ -26,7 +27,7 @@ STAMP="$VENV/.labq-install-stamp"
 PIP_LOG="$VENV/labq-pip.log"
 MIN_PY="3.11"
 
-SYSTEM_PACKAGES=(docker.io busybox-static iproute2 tmux prometheus slurm-wlm munge sudo)
+SYSTEM_PACKAGES=(docker.io busybox-static iproute2 tmux prometheus slurm-wlm munge slurmdbd mariadb-server sudo)
 DONE=()            # what this run changed, for the summary
 PENDING_WARN=""    # a warning to repeat in the summary
 
@@ -162,10 +163,11 @@ else
             DONE+=("installed system packages: ${missing[*]}")
             # the tests start their own Prometheus; the service Debian's package starts (on :9090) is not
             # wanted on a workstation that only installed it for them
-            # likewise Slurm's and munge's: the tests start a Slurm of their own, with its own munge key and socket
-            for service in prometheus slurmctld slurmd munge; do
+            # likewise Slurm's, munge's and MariaDB's: the tests start a Slurm of their own, with its own munge key
+            # and socket, and its own slurmdbd on a MariaDB of its own
+            for service in prometheus slurmctld slurmd munge slurmdbd mariadb; do
                 package="$service"
-                case "$service" in slurmctld|slurmd) package=slurm-wlm ;; esac
+                case "$service" in slurmctld|slurmd) package=slurm-wlm ;; mariadb) package=mariadb-server ;; esac
                 if [[ " ${missing[*]} " == *" $package "* ]] && command -v systemctl >/dev/null 2>&1 \
                         && systemctl is-enabled "$service" >/dev/null 2>&1; then
                     "${SUDO[@]}" systemctl disable --now "$service" >/dev/null 2>&1 \

@@ -316,17 +316,39 @@ class SlurmRuntime:
         return self._waiting.get((job_id, attempt))
 
     def _ending(self, slurm_id: str) -> tuple[int | None, int | None, float]:
-        """(exit code, signal, end) of an ended job, from ``scontrol show job``; a job Slurm forgot is lost."""
+        """(exit code, signal, end) of an ended job: from ``scontrol show job`` while slurmctld still keeps it
+        (``MinJobAge``, 5 minutes by default), else from the accounting (``sacct``), which keeps it for good where
+        the site runs slurmdbd; else unknown (None: the attempt failed, its exit not known), ended now."""
         now = time.time()
         try:
             line = self.site.run("scontrol", "show", "job", "-o", slurm_id, check=False)
         except SlurmError:
-            return None, None, now
+            line = ""
         found = re.search(r"\bExitCode=(\d+):(\d+)", line)
+        end = re.search(r"\bEndTime=(\S+)", line)
         if found is None:
-            return None, None, now
+            return self._accounted(slurm_id) or (None, None, now)
         code, sig = int(found.group(1)), int(found.group(2))
-        return (128 + sig, sig, now) if sig else (code, None, now)
+        ended = (_slurm_time(end.group(1)) if end else None) or now
+        return (128 + sig, sig, ended) if sig else (code, None, ended)
+
+    def _accounted(self, slurm_id: str) -> tuple[int | None, int | None, float] | None:
+        """How Slurm's accounting says the job ended; None where there is no accounting or it has no record."""
+        try:
+            table = self.site.run("sacct", "-n", "-P", "-X", "-j", slurm_id, "-o", "JobID,State,ExitCode,End",
+                                  check=False)
+        except SlurmError:
+            return None
+        found = None
+        for row in table.splitlines():  # oldest first: a later record of the same id (a requeue) wins
+            parts = row.split("|")
+            if len(parts) != 4 or parts[0] != slurm_id or parts[1].split()[0] not in _ENDED:
+                continue
+            code, _, sig = parts[2].partition(":")
+            if code.isdigit() and sig.isdigit():
+                ended = _slurm_time(parts[3]) or time.time()
+                found = (128 + int(sig), int(sig), ended) if int(sig) else (int(code), None, ended)
+        return found
 
     def signal(self, job_id: int, attempt: int, sig: int) -> bool:
         slurm_id = self._slurm_id(job_id, attempt)

@@ -20,6 +20,27 @@ import time
 from pathlib import Path
 
 TOOLS = ("sbatch", "slurmctld", "slurmd", "scontrol", "munged")
+#: what a cluster with accounting (``sacct``) needs besides: slurmdbd and a MariaDB of its own
+ACCOUNTING_TOOLS = ("slurmdbd", "sacctmgr", "sacct", "mariadbd", "mariadb-install-db", "mariadb")
+NO_ACCOUNTING = "AccountingStorageType=accounting_storage/none\n"
+#: (``AccountingStoragePass`` names the munge socket for slurmdbd's side, as a site with a second munge does)
+WITH_ACCOUNTING = ("AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=127.0.0.1\n"
+                   "AccountingStoragePort={dbd_port}\nAccountingStoragePass={munge_socket}\n")
+SLURMDBD_CONF = """AuthType=auth/munge
+AuthInfo=socket={munge_socket}
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={dbd_port}
+SlurmUser={user}
+PidFile={root}/slurmdbd.pid
+LogFile={root}/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={db_port}
+StorageUser=slurm
+StoragePass={db_password}
+StorageLoc=slurm_acct
+"""
 GPUS = 8
 GRES_TYPE = "a100"
 
@@ -47,8 +68,7 @@ SlurmdParameters=config_overrides
 GresTypes=gpu
 MpiDefault=none
 ReturnToService=2
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+{accounting}JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
 KillWait=5
 SuspendProgram=/bin/true
@@ -62,8 +82,8 @@ PartitionName={partition} Nodes={host},{host}-b Default=YES MaxTime=INFINITE Sta
 """
 
 
-def missing_tools() -> list[str]:
-    return [tool for tool in TOOLS if shutil.which(tool) is None]
+def missing_tools(accounting: bool = False) -> list[str]:
+    return [tool for tool in TOOLS + (ACCOUNTING_TOOLS if accounting else ()) if shutil.which(tool) is None]
 
 
 def free_port() -> int:
@@ -77,22 +97,25 @@ class SlurmCluster:
     ``stop()`` ends every daemon it started."""
 
     def __init__(self, root: Path, *, partition: str = "gpu", with_slurmd: bool = True,
-                 scheduler_parameters: str | None = None, open_to_all: bool = False) -> None:
+                 scheduler_parameters: str | None = None, open_to_all: bool = False,
+                 accounting: bool = False) -> None:
         """``scheduler_parameters``: Slurm's ``SchedulerParameters`` (e.g. ``batch_sched_delay=0``), else its
         defaults. ``open_to_all``: every account here may use it (its folder, config and munge socket may be
-        reached), as on a cluster; else only this one."""
+        reached), as on a cluster; else only this one. ``accounting``: with slurmdbd on a MariaDB of its own
+        (``sacct`` answers), as most sites run Slurm."""
         self.root, self.partition, self.with_slurmd = root, partition, with_slurmd
         self.scheduler_parameters, self.open_to_all = scheduler_parameters, open_to_all
+        self.accounting = accounting
         self.host = socket.gethostname().split(".")[0]
         self.conf = root / "slurm.conf"
         self.env = os.environ | {"SLURM_CONF": str(self.conf)}
         self.procs: list[subprocess.Popen] = []
 
     def start(self, timeout: float = 30.0) -> SlurmCluster:
-        missing = missing_tools()
+        missing = missing_tools(self.accounting)
         if missing:
-            raise RuntimeError(f"slurm-wlm and munge are not installed here ({', '.join(missing)} not on PATH): "
-                               "./install.sh installs them")
+            raise RuntimeError(f"slurm-wlm, munge (and for accounting slurmdbd and mariadb-server) are not installed "
+                               f"here ({', '.join(missing)} not on PATH): ./install.sh installs them")
         root = self.root
         for sub in ("state", "spool", "munge", "gpus"):
             (root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -104,9 +127,11 @@ class SlurmCluster:
         key, sock = root / "munge" / "munge.key", root / "munge" / "munge.socket"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
+        dbd_port = free_port()
+        accounting = WITH_ACCOUNTING.format(dbd_port=dbd_port, munge_socket=sock) if self.accounting else NO_ACCOUNTING
         self.conf.write_text(SLURM_CONF.format(
             host=self.host, port=free_port(), slurmd_port=free_port(), user=getpass.getuser(), munge_socket=sock,
-            root=root, gres_type=GRES_TYPE, gpus=GPUS, partition=self.partition,
+            root=root, gres_type=GRES_TYPE, gpus=GPUS, partition=self.partition, accounting=accounting,
             scheduler_parameters=f"SchedulerParameters={self.scheduler_parameters}\n" if self.scheduler_parameters
             else ""))
         (root / "gres.conf").write_text(
@@ -115,6 +140,8 @@ class SlurmCluster:
                                f"--pid-file={root / 'munge' / 'munged.pid'}",
                                f"--log-file={root / 'munge' / 'munged.log'}",
                                f"--seed-file={root / 'munge' / 'munged.seed'}"])
+        if self.accounting:
+            self._start_accounting(sock, dbd_port, timeout)
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(self.conf)])
         if self.with_slurmd:
             self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.host])
@@ -127,6 +154,54 @@ class SlurmCluster:
                 why = ", ".join(f"{d} exited" for d in dead) or f"not ready in {timeout:g} s"
                 raise RuntimeError(f"Slurm did not start ({why}): {self.logs()}")
             time.sleep(0.3)
+
+    def _start_accounting(self, munge_socket: Path, dbd_port: int, timeout: float) -> None:
+        """A MariaDB of its own (on 127.0.0.1, a database and a user for slurmdbd), slurmdbd, and this cluster
+        registered in it."""
+        root, db = self.root, self.root / "db"
+        user = getpass.getuser()
+        installed = subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={db}", f"--user={user}",
+                                    "--auth-root-authentication-method=socket"], capture_output=True, text=True,
+                                   timeout=120)
+        if installed.returncode != 0:
+            raise RuntimeError(f"mariadb-install-db failed: {installed.stderr.strip()[-400:]}")
+        db_port, socket_path = free_port(), root / "db.sock"
+        self._spawn("mariadbd", ["mariadbd", "--no-defaults", f"--datadir={db}", f"--user={user}",
+                                 f"--port={db_port}", "--bind-address=127.0.0.1", f"--socket={socket_path}",
+                                 f"--pid-file={root / 'mariadbd.pid'}", f"--log-error={root / 'mariadbd.log'}",
+                                 "--skip-log-bin", "--innodb-buffer-pool-size=16M"])
+        password = os.urandom(12).hex()
+        setup = (f"CREATE DATABASE slurm_acct; CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+                 "GRANT ALL ON slurm_acct.* TO 'slurm'@'127.0.0.1';")
+        self._until(lambda: self.run("mariadb", "--no-defaults", f"--socket={socket_path}", "-u", "root", "-e",
+                                     "SELECT 1", check=False).returncode == 0, "MariaDB", timeout)
+        self.run("mariadb", "--no-defaults", f"--socket={socket_path}", "-u", "root", "-e", setup)
+        dbd_conf = root / "slurmdbd.conf"  # beside slurm.conf, where slurmdbd looks for it
+        dbd_conf.write_text(SLURMDBD_CONF.format(munge_socket=munge_socket, dbd_port=dbd_port, user=user, root=root,
+                                                 db_port=db_port, db_password=password))
+        dbd_conf.chmod(0o600)
+        self._spawn("slurmdbd", ["slurmdbd", "-D"])
+        self._until(lambda: self.run("sacctmgr", "-i", "add", "cluster", "labqtest", check=False).returncode == 0,
+                    "slurmdbd", timeout)
+
+    def _until(self, ready, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            dead = [p.args[0] for p in self.procs if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                why = ", ".join(f"{d} exited" for d in dead) or f"not ready in {timeout:g} s"
+                raise RuntimeError(f"{what} did not start ({why}): {self.logs()}")
+            time.sleep(0.3)
+
+    def forget_jobs(self, timeout: float = 30.0) -> None:
+        """Start slurmctld again with a clean state: it no longer knows any job, as after ``MinJobAge`` has passed
+        for jobs that ended (the accounting, when there is one, still does)."""
+        (controller,) = [p for p in self.procs if p.args[0] == "slurmctld"]
+        controller.send_signal(signal.SIGTERM)
+        controller.wait(timeout=20)
+        self.procs.remove(controller)
+        self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(self.conf)])
+        self._until(self._ready, "slurmctld, started again", timeout)
 
     def _ready(self) -> bool:
         up = self.run("scontrol", "ping", check=False)
@@ -151,7 +226,8 @@ class SlurmCluster:
 
     def logs(self) -> str:
         return " | ".join(f"{name}: " + (self.root / name).read_text(errors="replace").strip()[-400:]
-                          for name in ("munged.out", "slurmctld.out", "slurmctld.log", "slurmd.out", "slurmd.log")
+                          for name in ("munged.out", "mariadbd.log", "slurmdbd.log", "slurmctld.out", "slurmctld.log",
+                                       "slurmd.out", "slurmd.log")
                           if (self.root / name).exists())
 
     def stop(self) -> None:

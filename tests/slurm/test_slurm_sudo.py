@@ -103,7 +103,7 @@ def as_agent(account: pwd.struct_passwd, work) -> dict:
     return said["ok"]
 
 
-def test_a_service_account_agent_submits_as_the_jobs_user_through_sudo(site):
+def test_a_service_account_agent_submits_as_the_jobs_user_through_sudo(site, monkeypatch):
     from labq.agent import acl
     from labq.agent.daemon import _own_checkpoint_folder
     from labq.agent.faults import NodeFault
@@ -115,7 +115,7 @@ def test_a_service_account_agent_submits_as_the_jobs_user_through_sudo(site):
     state = root / "agent-state"
     state.mkdir(mode=0o700)
     os.chown(state, agent.pw_uid, agent.pw_gid)
-    os.environ["SLURM_CONF"] = str(cluster.conf)
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
 
     def work() -> dict:
         slurm_site = SlurmSite(cluster.partition, None, "sudo")
