@@ -102,10 +102,13 @@ class SlurmSite:
             raise SlurmError(f"{' '.join(argv[:3])} failed: {said}")
         return out.stdout
 
+    def slurm_nodes(self) -> list[str]:
+        """The partition's nodes, by name."""
+        return sorted(set(self.run("sinfo", "-h", "-p", self.partition, "-N", "-o", "%N").split()))
+
     def slurm_node(self) -> str:
         """The Slurm node this agent offers: the one named, or the partition's only node."""
-        names = self.run("sinfo", "-h", "-p", self.partition, "-N", "-o", "%N").split()
-        names = sorted(set(names))
+        names = self.slurm_nodes()
         if not names:
             raise SlurmError(f"Slurm partition {self.partition!r} has no nodes (sinfo -p {self.partition})")
         if self.node is not None:
@@ -114,8 +117,8 @@ class SlurmSite:
                                  f"{', '.join(names)}")
             return self.node
         if len(names) > 1:
-            raise SlurmError(f"partition {self.partition!r} has nodes {', '.join(names)}: run one agent per node "
-                             "and name it (--slurm-node NAME)")
+            raise SlurmError(f"partition {self.partition!r} has nodes {', '.join(names)}: name the one this node "
+                             "offers (--slurm-node NAME)")
         return names[0]
 
 

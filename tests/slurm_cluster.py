@@ -2,7 +2,8 @@
 socket of its own), ``slurmctld``, and with ``slurmd`` the node that runs jobs. The node has 8 GPUs as GRES, type
 ``a100``, backed by files (``select/cons_tres``), so ``--gres=gpu:a100:N`` means what it does on a GPU cluster.
 A second node like it is powered down (``State=CLOUD``, last by weight): Slurm plans a two-node job
-(``sbatch --test-only``) across both, while jobs run on the first.
+(``sbatch --test-only``) across both, while jobs run on the first; with ``two_nodes`` it is up too (a slurmd of
+its own, on a port of its own), and the partition has two nodes that run jobs.
 
 Used by the tests (``tests/conftest.py``'s ``slurm`` fixture) and ``bench/scale.py``. Nothing is sent anywhere but
 127.0.0.1.
@@ -54,11 +55,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={munge_socket}
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/backfill
@@ -77,7 +78,7 @@ SuspendTime=3600
 ResumeTimeout=60
 MaxJobCount=200000
 {scheduler_parameters}NodeName={host} NodeAddr=127.0.0.1 CPUs=16 RealMemory=64000 Gres=gpu:{gres_type}:{gpus} State=UNKNOWN
-NodeName={host}-b NodeAddr=127.0.0.1 CPUs=16 RealMemory=64000 Gres=gpu:{gres_type}:{gpus} State=CLOUD Weight=100
+NodeName={host}-b NodeAddr=127.0.0.1 {second_node} CPUs=16 RealMemory=64000 Gres=gpu:{gres_type}:{gpus}
 PartitionName={partition} Nodes={host},{host}-b Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -98,15 +99,16 @@ class SlurmCluster:
 
     def __init__(self, root: Path, *, partition: str = "gpu", with_slurmd: bool = True,
                  scheduler_parameters: str | None = None, open_to_all: bool = False,
-                 accounting: bool = False) -> None:
+                 accounting: bool = False, two_nodes: bool = False) -> None:
         """``scheduler_parameters``: Slurm's ``SchedulerParameters`` (e.g. ``batch_sched_delay=0``), else its
         defaults. ``open_to_all``: every account here may use it (its folder, config and munge socket may be
         reached), as on a cluster; else only this one. ``accounting``: with slurmdbd on a MariaDB of its own
-        (``sacct`` answers), as most sites run Slurm."""
+        (``sacct`` answers), as most sites run Slurm. ``two_nodes``: the second node runs jobs too."""
         self.root, self.partition, self.with_slurmd = root, partition, with_slurmd
         self.scheduler_parameters, self.open_to_all = scheduler_parameters, open_to_all
-        self.accounting = accounting
+        self.accounting, self.two_nodes = accounting, two_nodes
         self.host = socket.gethostname().split(".")[0]
+        self.nodes = [self.host, f"{self.host}-b"] if two_nodes else [self.host]  #: the nodes that run jobs
         self.conf = root / "slurm.conf"
         self.env = os.environ | {"SLURM_CONF": str(self.conf)}
         self.procs: list[subprocess.Popen] = []
@@ -117,7 +119,7 @@ class SlurmCluster:
             raise RuntimeError(f"slurm-wlm, munge (and for accounting slurmdbd and mariadb-server) are not installed "
                                f"here ({', '.join(missing)} not on PATH): ./install.sh installs them")
         root = self.root
-        for sub in ("state", "spool", "munge", "gpus"):
+        for sub in ("state", "munge", "gpus"):
             (root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.open_to_all:
             for folder in (root, root / "munge"):
@@ -132,10 +134,12 @@ class SlurmCluster:
         self.conf.write_text(SLURM_CONF.format(
             host=self.host, port=free_port(), slurmd_port=free_port(), user=getpass.getuser(), munge_socket=sock,
             root=root, gres_type=GRES_TYPE, gpus=GPUS, partition=self.partition, accounting=accounting,
+            second_node=f"Port={free_port()} State=UNKNOWN" if self.two_nodes else "State=CLOUD Weight=100",
             scheduler_parameters=f"SchedulerParameters={self.scheduler_parameters}\n" if self.scheduler_parameters
             else ""))
-        (root / "gres.conf").write_text(
-            f"NodeName={self.host} Name=gpu Type={GRES_TYPE} File={root}/gpus/gpu[0-{GPUS - 1}]\n")
+        (root / "gres.conf").write_text("".join(  # both nodes' GPUs are the same files: slurmd only checks they exist
+            f"NodeName={node} Name=gpu Type={GRES_TYPE} File={root}/gpus/gpu[0-{GPUS - 1}]\n"
+            for node in (self.host, f"{self.host}-b")))
         self._spawn("munged", ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={sock}",
                                f"--pid-file={root / 'munge' / 'munged.pid'}",
                                f"--log-file={root / 'munge' / 'munged.log'}",
@@ -144,7 +148,9 @@ class SlurmCluster:
             self._start_accounting(sock, dbd_port, timeout)
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(self.conf)])
         if self.with_slurmd:
-            self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.host])
+            for node in self.nodes:
+                (root / f"spool-{node}").mkdir(mode=0o700, exist_ok=True)
+                self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-f", str(self.conf), "-N", node])
         deadline = time.monotonic() + timeout
         while True:
             if self._ready():
@@ -209,8 +215,11 @@ class SlurmCluster:
             return False
         if not self.with_slurmd:
             return True
-        node = self.run("scontrol", "show", "node", self.host, check=False).stdout
-        return "State=IDLE" in node or "State=MIXED" in node or "State=ALLOCATED" in node
+        for name in self.nodes:
+            node = self.run("scontrol", "show", "node", name, check=False).stdout
+            if not ("State=IDLE" in node or "State=MIXED" in node or "State=ALLOCATED" in node):
+                return False
+        return True
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         with open(self.root / f"{name}.out", "wb") as out:
@@ -225,10 +234,10 @@ class SlurmCluster:
         return out
 
     def logs(self) -> str:
+        names = ["munged.out", "mariadbd.log", "slurmdbd.log", "slurmctld.out", "slurmctld.log"]
+        names += [f"slurmd-{node}.{end}" for node in self.nodes for end in ("out", "log")]
         return " | ".join(f"{name}: " + (self.root / name).read_text(errors="replace").strip()[-400:]
-                          for name in ("munged.out", "mariadbd.log", "slurmdbd.log", "slurmctld.out", "slurmctld.log",
-                                       "slurmd.out", "slurmd.log")
-                          if (self.root / name).exists())
+                          for name in names if (self.root / name).exists())
 
     def stop(self) -> None:
         if self.with_slurmd:

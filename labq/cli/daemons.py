@@ -96,10 +96,10 @@ def _agent_options(parser) -> None:
     parser.add_argument("--runtime", choices=("local", "slurm"), default="local",
                         help="where jobs run: on this machine (default), or as batch jobs of a Slurm partition "
                         "(--partition), this agent on a Slurm submit host")
-    parser.add_argument("--partition", metavar="NAME", help="with --runtime slurm: the partition whose GPUs this node "
-                        "offers")
-    parser.add_argument("--slurm-node", metavar="NAME", help="with --runtime slurm: the partition's node (default: "
-                        "its only node; one agent per node)")
+    parser.add_argument("--partition", metavar="NAME", help="with --runtime slurm: the partition whose GPUs this agent "
+                        "offers: each of its nodes is a labq node of its Slurm name")
+    parser.add_argument("--slurm-node", metavar="NAME", help="with --runtime slurm: offer this node of the partition "
+                        "alone, named --name")
     parser.add_argument("--slurm-submit", choices=("uid", "sudo", "agent"), default=None,
                         help="with --runtime slurm: how a job goes to Slurm as its user: uid (sbatch --uid, the "
                         "default for an agent run as root), sudo (sudo -n -u USER sbatch, for a service account "
@@ -287,11 +287,11 @@ def _open_inventory(args):
     return inventory
 
 
-def _slurm_inventory(args):
-    """``--runtime slurm --partition P``: the GPUs of the partition's node, by GRES."""
+def _slurm_site(args, node: str | None = None):
+    """``--runtime slurm``'s options, checked: the site (``node``: that Slurm node, else ``--slurm-node``)."""
     import shutil
 
-    from labq.agent.slurm import SlurmError, SlurmInventory, SlurmSite
+    from labq.agent.slurm import SlurmSite
 
     if not args.partition:
         raise CliError("--runtime slurm needs --partition NAME: the Slurm partition whose GPUs this node offers")
@@ -303,27 +303,65 @@ def _slurm_inventory(args):
                        "service account can use --slurm-submit sudo")
     if submit == "sudo" and shutil.which("sudo") is None:
         raise CliError("--slurm-submit sudo: sudo is not installed on this machine")
+    return SlurmSite(args.partition, node or args.slurm_node, submit)
+
+
+def _slurm_inventory(args, node: str | None = None):
+    """``--runtime slurm --partition P``: the GPUs of the partition's node (``node``, else its only one), by GRES."""
+    from labq.agent.slurm import SlurmError, SlurmInventory
+
     try:
-        inventory = SlurmInventory(SlurmSite(args.partition, args.slurm_node, submit))
+        inventory = SlurmInventory(_slurm_site(args, node))
         inventory.read()
     except SlurmError as err:
         raise CliError(f"--runtime slurm: {err}") from None
     return inventory
 
 
-def _open_agent(args, inventory, leader_url: str, join_token: str, data_dir: Path):
+def _open_inventories(args) -> list:
+    """``_open_inventory``; for a Slurm partition of several nodes without ``--slurm-node``, one for each: the
+    agent serves each as a labq node of the Slurm node's name."""
+    if getattr(args, "runtime", "local") != "slurm" or args.slurm_node:
+        return [_open_inventory(args)]
+    from labq.agent.slurm import SlurmError
+    from labq.protocol.names import name_problem
+
+    try:
+        nodes = _slurm_site(args).slurm_nodes()
+    except SlurmError as err:
+        raise CliError(f"--runtime slurm: {err}") from None
+    if len(nodes) <= 1:
+        return [_open_inventory(args)]
+    if args.name:
+        raise CliError(f"--name names one node, and partition {args.partition!r} has nodes {', '.join(nodes)}: the "
+                       "agent serves each as a labq node of its Slurm name (or choose one with --slurm-node)")
+    for node in nodes:
+        problem = name_problem(node, f"Slurm node {node!r} as a labq node name")
+        if problem is not None:
+            raise CliError(f"{problem}: run one agent for it with --slurm-node {node} --name NAME")
+    if args.state_dir:
+        raise CliError(f"--state-dir is one node's, and partition {args.partition!r} has nodes {', '.join(nodes)}: "
+                       "each keeps its state in the data folder (or run one agent per node with --slurm-node)")
+    return [_slurm_inventory(args, node) for node in nodes]
+
+
+def _open_agent(args, inventory, leader_url: str, join_token: str, data_dir: Path, name: str | None = None,
+                local_socket: bool = True):
+    """The agent of one node (``name``, by default ``--name``); ``local_socket``: it serves this machine's people
+    (one agent of a process may)."""
     from labq.agent.daemon import Agent, AgentConfig
 
-    state_dir = args.state_dir or data_dir / "agents" / args.name
+    name = name or args.name
+    state_dir = args.state_dir or data_dir / "agents" / name
     import urllib.parse
 
     local = urllib.parse.urlsplit(leader_url).hostname in ("127.0.0.1", "localhost", "::1")
     # the log server is token-protected; a leader on another machine must be able to reach it
     site = getattr(inventory, "site", None)
     as_users = {"run_as_job_user": True} if site is not None and site.submit == "sudo" else {}
-    return Agent(AgentConfig(leader_url, join_token, args.name, state_dir.expanduser(),
-                             logs_host="127.0.0.1" if local else "0.0.0.0", local_socket=_local_socket(args),
-                             slurm=site, **as_users),
+    return Agent(AgentConfig(leader_url, join_token, name, state_dir.expanduser(),
+                             logs_host="127.0.0.1" if local else "0.0.0.0",
+                             local_socket=_local_socket(args) if local_socket else None, slurm=site, **as_users),
                  inventory)
 
 
@@ -358,7 +396,6 @@ def _agent(args) -> int:
     from labq.leader.main import configure_logging
     from labq.paths import default_data_dir
 
-    _node_name(args)
     configure_logging(args.log_level)
     data_dir = args.data_dir or default_data_dir()
     token = os.environ.get("LABQ_JOIN_TOKEN")
@@ -377,15 +414,26 @@ def _agent(args) -> int:
     except ValueError as err:
         raise CliError(f"the join token from {token_file if not os.environ.get('LABQ_JOIN_TOKEN') else '$LABQ_JOIN_TOKEN'}"
                        f" cannot be read: {err}") from None
-    inventory = _open_inventory(args)
+    inventories = _open_inventories(args)
     leader_url = args.leader or _find_leader(token)
-    agent = _open_agent(args, inventory, leader_url, token, data_dir)
-    _first_registration(agent, agent.leader_url)
-    agent.start()
-    advertiser = None if args.no_mdns else _advertise_agent(agent, token)
-    print(f"labq agent {args.name} serving the leader at {agent.leader_url}; {agent.runs_jobs_as()}",
-          file=sys.stderr)
-    return _serve(lambda: (advertiser.close() if advertiser else None, agent.stop()), [agent.check])
+    several = len(inventories) > 1
+    agents = [_open_agent(args, inventory, leader_url, token, data_dir, name=inventory.node if several else None,
+                          local_socket=i == 0) for i, inventory in enumerate(inventories)]
+    advertisers = []
+    for agent in agents:
+        _first_registration(agent, agent.leader_url)
+        agent.start()
+        advertisers.append(None if args.no_mdns else _advertise_agent(agent, token))
+        print(f"labq agent {agent.config.name} serving the leader at {agent.leader_url}; {agent.runs_jobs_as()}",
+              file=sys.stderr)
+
+    def stop() -> None:
+        for advertiser, agent in zip(advertisers, agents):
+            if advertiser is not None:
+                advertiser.close()
+            agent.stop()
+
+    return _serve(stop, [agent.check for agent in agents])
 
 
 def _first_registration(agent, leader_url: str) -> None:
