@@ -37,6 +37,17 @@ def grant(path: str | os.PathLike, uid: int, perm: int, *, inherit_to: tuple[int
         os.setxattr(path, _DEFAULT, _encode(default))
 
 
+def revoke_all(path: str | os.PathLike) -> None:
+    """Take back every grant on ``path``: only its mode counts again, its group bits the owning group's own (while
+    an ACL is there they show its mask)."""
+    entries = _read(path, _ACCESS)
+    if not entries:
+        return
+    group = next((bits for tag, bits, _ in entries if tag == _GROUP_OBJ), 0)
+    os.removexattr(path, _ACCESS)
+    os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) & ~0o070 | group << 3)
+
+
 def granted(path: str | os.PathLike, uid: int) -> int | None:
     """The permission bits user ``uid``'s own entry gives on ``path`` (the mask applied); None if it has none."""
     entries = _read(path, _ACCESS)

@@ -381,6 +381,8 @@ class SlurmRuntime:
         logs = self.root / "logs"
         logs.mkdir(exist_ok=True)
         if (folder / "log").exists():
+            if (job_id, attempt) in self._sudo:  # the job's user wrote it while the job ran; not after
+                acl.revoke_all(folder / "log")
             os.replace(folder / "log", logs / f"{job_id}.{attempt}.log")
         shutil.rmtree(folder, ignore_errors=True)
         with self._lock:

@@ -35,6 +35,10 @@ def test_a_grant_adds_one_users_entry_and_keeps_the_others(folder):
     assert (acl.granted(log, 4242), acl.granted(log, 4343)) == (4, 4)
     mode = stat.S_IMODE(os.stat(log).st_mode)
     assert mode & 0o707 == 0o600  # the owner and everyone else are as they were; the group bits show the mask
+    acl.revoke_all(log)
+    assert (acl.granted(log, 4242), acl.granted(log, 4343)) == (None, None)
+    assert stat.S_IMODE(os.stat(log).st_mode) == 0o600  # the mask's bits do not stay as the group's
+    acl.revoke_all(log)  # none left: nothing to do
 
 
 def test_what_is_made_in_a_folder_later_inherits_the_grant(folder):

@@ -146,7 +146,9 @@ def test_a_service_account_agent_submits_as_the_jobs_user_through_sudo(site, mon
         except NodeFault as fault:
             refused = {"message": str(fault), "user": fault.problem.user if fault.problem else None}
         runtime.forget(7, 1)
-        return {"slurm_user": slurm_user, "log": log, "exit": status.exit_code, "owners": owners,
+        kept_log = state / "slurm" / "logs" / "7.1.log"
+        return {"kept_log_grant": acl.granted(kept_log, job_user.pw_uid),
+                "kept_log_mode": stat.S_IMODE(os.stat(kept_log).st_mode), "slurm_user": slurm_user, "log": log, "exit": status.exit_code, "owners": owners,
                 "folder": [folder.st_uid, stat.S_IMODE(folder.st_mode)], "log_other_bits": log_mode & 0o007,
                 "others_on_log": others_on_log, "refused": refused,
                 "folders_left": sorted(p.name for p in (state / "slurm").iterdir())}
@@ -164,6 +166,7 @@ def test_a_service_account_agent_submits_as_the_jobs_user_through_sudo(site, mon
     assert refused is not None and refused["user"] == other.pw_name, refused
     assert "sudo" in refused["message"] and "sudoers" in refused["message"] and other.pw_name in refused["message"]
     assert seen["folders_left"] == ["logs"]  # the refused attempt left nothing; the ended one was tidied
+    assert seen["kept_log_grant"] is None and seen["kept_log_mode"] == 0o600  # the log kept is the agent's alone
 
 
 def test_slurm_submit_is_checked_before_the_agent_starts(tmp_path):
