@@ -67,17 +67,14 @@ class SudoRefused(SlurmError):
     """``sudo -n -u USER`` would not run a Slurm command as that user."""
 
 
-#: ``labq agent --slurm-submit``: how a job goes to Slurm as its user
-SUBMIT_WAYS = ("uid", "sudo", "agent")
-
-
 @dataclass(frozen=True)
 class SlurmSite:
     """Where the agent's jobs go: ``partition``, on its Slurm node ``node`` (None: the partition's only node)."""
 
     partition: str
     node: str | None = None
-    #: how jobs go to Slurm as their users: ``uid`` (sbatch --uid, as root), ``sudo`` or ``agent`` (SUBMIT_WAYS)
+    #: how jobs go to Slurm as their users (``labq agent --slurm-submit``): ``uid`` (sbatch --uid, as root),
+    #: ``sudo`` (sudo -n -u USER) or ``agent`` (all as the agent's own account)
     submit: str = "agent"
 
     def run(self, *argv: str, check: bool = True, as_user: str | None = None, stdin: str | None = None) -> str:
