@@ -396,6 +396,8 @@ def _agent(args) -> int:
     from labq.leader.main import configure_logging
     from labq.paths import default_data_dir
 
+    if args.name is not None:
+        _node_name(args)  # a bad name is refused before anything else is looked at
     configure_logging(args.log_level)
     data_dir = args.data_dir or default_data_dir()
     token = os.environ.get("LABQ_JOIN_TOKEN")
