@@ -29,7 +29,7 @@ from labq import __version__
 from labq.agent.accounts import USER_MAP_FILE, Accounts
 from labq.agent.faults import NodeFault, ProblemBook, sentence
 from labq.agent.gpu_watch import WATCH_EVERY_S as MEMORY_EVERY_S
-from labq.agent.gpu_watch import MemoryWatch, processes_of
+from labq.agent.gpu_watch import MemoryWatch, attempt_roots, processes_of
 from labq.agent.procfs import process_table
 from labq.agent.identity import AgentIdentity
 from labq.agent.inventory import GpuInventory, Inventory
@@ -619,8 +619,7 @@ class Agent:
     def _watch_memory(self, running) -> list[tuple[int, int]]:
         """Read the GPU memory of the jobs that share GPUs; the attempts that went over their limit just now."""
         table = process_table()
-        roots = {(s.job_id, s.attempt): s.pid for s in running if s.pid}
-        processes = processes_of(roots, table)
+        processes = processes_of(attempt_roots(running, table), table)
         managed = frozenset(pid for pids in processes.values() for pid in pids)
         over = self.memory_watch.look(self.inventory.memory(managed), processes)
         for key in over:
@@ -630,11 +629,11 @@ class Agent:
 
     def _managed_pids(self) -> frozenset[int]:
         """Every process of every running job: its whole process group, dataloader workers and all."""
-        roots = {(s.job_id, s.attempt): s.pid for s in self.runtime.attempts()
-                 if s.pid and s.state is AttemptState.RUNNING}
-        if not roots:
+        running = [s for s in self.runtime.attempts() if s.pid and s.state is AttemptState.RUNNING]
+        if not running:
             return frozenset()
-        return frozenset(pid for pids in processes_of(roots, process_table()).values() for pid in pids)
+        table = process_table()
+        return frozenset(pid for pids in processes_of(attempt_roots(running, table), table).values() for pid in pids)
 
     def _read_inventory(self) -> Inventory | None:
         try:

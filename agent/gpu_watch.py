@@ -1,7 +1,8 @@
 """The agent's watch over jobs that share a GPU by memory: what each uses, the most it used, who went over.
 
 Each attempt's processes are its process group and every process descended from its first one (a container's
-processes descend from the container's first process), found in /proc. Their GPU memory is what the inventory
+processes descend from the container's first process), or from its shim, whose children the job's orphans become
+(``attempt_roots``), found in /proc. Their GPU memory is what the inventory
 reads per process (NVML, or the simulated model). An attempt over its limit (``RunOrder.gpu_mem_limit_mib``:
 its declaration and the margin) is news for the leader at once; the leader asks it to stop through its
 checkpoint contract, so it is the one that stops and never its neighbours on the GPU.
@@ -12,10 +13,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from labq.agent.inventory import GpuMemory
+from labq.agent.process_runtime import AttemptStatus
 from labq.models.sharing import over_limit
 
 Key = tuple[int, int]  #: (job id, attempt)
 WATCH_EVERY_S = 1.0  #: how often the GPU memory of sharing jobs is read
+
+
+def attempt_roots(attempts: Iterable[AttemptStatus], table: Mapping[int, tuple[int, int]]) -> dict[Key, int]:
+    """Where each running attempt's processes start (for ``processes_of``): its ``tree_pid`` (the shim) while that
+    is still the job's parent, so that what left the job's group and was orphaned counts too; else the job."""
+    roots = {}
+    for status in attempts:
+        if status.pid:
+            parent = table.get(status.pid, (None, None))[0]
+            tree = status.tree_pid
+            roots[(status.job_id, status.attempt)] = tree if tree is not None and parent == tree else status.pid
+    return roots
 
 
 def processes_of(roots: Mapping[Key, int], table: Mapping[int, tuple[int, int]]) -> dict[Key, set[int]]:

@@ -89,6 +89,9 @@ class AttemptStatus:
     node_fault: str | None = None
     #: the checkpoint signal its container image's label names (``labq.checkpoint-signal``)
     image_signal: str | None = None
+    #: the process below which every process is the attempt's, when it is not ``pid``: the shim, a subreaper,
+    #: whose children the job's orphans become (one that left the job's group, a daemon's double fork)
+    tree_pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -341,7 +344,8 @@ class ProcessRuntime:
         log_path = str(log if log.exists() else self._forgotten_log(*key))
         if ended is None:
             return AttemptStatus(key[0], key[1], AttemptState.RUNNING, started.get("pid"), None, None,
-                                 started.get("started_at", spec["created_at"]), None, log_path)
+                                 started.get("started_at", spec["created_at"]), None, log_path,
+                                 tree_pid=started.get("shim_pid"))
         return AttemptStatus(key[0], key[1], AttemptState.EXITED, ended["pid"], ended["exit_code"], ended["signal"],
                              ended["started_at"], ended["ended_at"], log_path, ended.get("fenced", False),
                              ended.get("node_fault"))

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from labq.agent.procfs import process_table
 from labq.agent.stops import marker_signal
 from labq.protocol.agents import FENCE_LOOK_EVERY_S, KILL_AFTER_TERM_S
 
@@ -82,17 +83,39 @@ def _forward(signum: int, frame: object) -> None:
 
 
 def _kill_leftovers(pgid: int) -> None:
-    """The job's main process ended: kill what it left in its group, so nothing keeps the GPUs.
+    """The job's main process ended: kill what it left, so nothing keeps the GPUs: its group, and whatever left
+    the group (``setsid``) and outlived its parent, as a daemon's double fork does.
 
-    The shim is a child subreaper, so the killed orphans are its children: it reaps them,
-    which frees their pids and makes the group vanish before ``exit.json`` says "exited".
+    The shim is a child subreaper, so the job's orphans are its children (and theirs descend from them): every
+    process below the shim is the job's. It kills and reaps them, which frees their pids and makes the group
+    vanish before ``exit.json`` says "exited".
     """
     deadline = time.monotonic() + LEFTOVER_GRACE_S
-    while _killpg(pgid, signal.SIGKILL) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        left = _killpg(pgid, signal.SIGKILL)
+        for pid in _descendants(os.getpid()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            left = True
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
+        if not left:
+            return
         time.sleep(0.01)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root``, as /proc has them now."""
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in process_table().items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = [], list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
 
 
 def _why_not_started(exc: Exception, spec: dict[str, Any]) -> tuple[int, str]:

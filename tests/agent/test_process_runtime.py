@@ -259,6 +259,46 @@ def test_what_the_job_leaves_in_its_group_dies_with_it(runtimes, job):
         os.kill(orphan, 0)  # killed and reaped, not a zombie
 
 
+def test_what_the_job_leaves_outside_its_group_dies_with_it_too(runtimes, job):
+    """A process that left the job's group (setsid) and whose parent ended (a daemon's double fork) is the shim's
+    child, the shim being a subreaper: it is the job's too, and must not keep the GPUs after the job."""
+    rt = runtimes.open()
+    rt.launch(job(1, "sh", "-c", "setsid sh -c 'sleep 300 & echo $!' ; sleep 0.2"))
+    assert wait_for(rt, 1).exit_code == 0
+    escaped = int(rt.read_log(1, 1))
+    with pytest.raises(ProcessLookupError):
+        os.kill(escaped, 0)  # killed and reaped, not left to init
+
+
+def test_an_attempts_processes_include_what_it_left_outside_its_group(runtimes, job):
+    """What the memory watch and the inventory count as the job's: its group, its descendants, and its orphans
+    that left the group (the shim's children), but not the shim's once the shim is no longer the job's parent."""
+    from dataclasses import replace
+
+    from labq.agent.gpu_watch import attempt_roots, processes_of
+    from labq.agent.procfs import process_table
+
+    rt = runtimes.open()
+    pid = rt.launch(job(1, "sh", "-c", "setsid sh -c 'sleep 300 & echo $!' ; exec sleep 300")).pid
+    deadline = time.monotonic() + 10
+    while not rt.read_log(1, 1).strip():
+        assert time.monotonic() < deadline, "the job did not start its daemon"
+        time.sleep(0.02)
+    escaped = int(rt.read_log(1, 1))
+    (status,) = rt.attempts()
+    table = process_table()
+    assert table[escaped][1] != pid  # it left the job's group, and its parent ended: the shim's child now
+    mine = processes_of(attempt_roots([status], table), table)[(1, 1)]
+    assert {pid, escaped} <= mine and os.getpid() not in mine
+    # a tree_pid that is not the job's parent (a shim that is gone, its pid reused) is not followed
+    stale = replace(status, tree_pid=os.getpid())
+    assert processes_of(attempt_roots([stale], table), table)[(1, 1)] == {pid}
+    rt.stop(1, 1, grace_s=0.1)
+    wait_for(rt, 1)
+    with pytest.raises(ProcessLookupError):
+        os.kill(escaped, 0)
+
+
 def test_the_shim_passes_term_on_to_the_job(runtimes, job):
     rt = runtimes.open()
     pid = rt.launch(job(1, "sleep", "300")).pid
