@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.conftest import unavailable
+from tests.slurm.conftest import running
 from tests.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.timeout(150)
@@ -19,14 +19,8 @@ JOBS = {1: "sleep 0.3; exit 3", 2: "sleep 0.3; exit 0", 3: "sleep 0.3; kill -TER
 
 @pytest.fixture(scope="module", params=[True, False], ids=["with-accounting", "without-accounting"])
 def cluster(request, tmp_path_factory):
-    made = SlurmCluster(tmp_path_factory.mktemp("slurm"), accounting=request.param)
-    try:
-        made.start()
-    except RuntimeError as err:
-        made.stop()
-        unavailable("Slurm with accounting" if request.param else "Slurm", str(err))
-    yield made
-    made.stop()
+    yield from running(SlurmCluster(tmp_path_factory.mktemp("slurm"), accounting=request.param),
+                       "Slurm with accounting" if request.param else "Slurm")
 
 
 def test_an_end_slurmctld_forgot_is_read_from_the_accounting(cluster, tmp_path, monkeypatch):

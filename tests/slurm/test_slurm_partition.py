@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests.conftest import unavailable
 from tests.e2e.conftest import Lab
+from tests.slurm.conftest import running
 from tests.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.timeout(180)
@@ -19,14 +19,7 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), two_nodes=True)
-    try:
-        cluster.start()
-    except RuntimeError as err:
-        cluster.stop()
-        unavailable("Slurm", str(err))
-    yield cluster
-    cluster.stop()
+    yield from running(SlurmCluster(tmp_path_factory.mktemp("slurm"), two_nodes=True))
 
 
 def test_one_agent_serves_every_node_of_a_partition(tmp_path, two_nodes):
