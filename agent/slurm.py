@@ -126,12 +126,24 @@ def gres_gpus(gres: str) -> tuple[str | None, int]:
     return kind, sum(int(n) for _, n in found)
 
 
+def not_running_jobs(state: str) -> bool:
+    """Whether a Slurm node in ``state`` (``scontrol``'s ``IDLE+DRAIN``, ``DOWN*``, ``MIXED``...) takes no new job:
+    down, drained or draining, failing, in a maintenance reservation, not responding (``*``), or not known yet."""
+    base, *flags = state.rstrip("*$~#!%@^-").split("+")
+    return (state.endswith("*") or base in ("DOWN", "FUTURE", "ERROR", "UNKNOWN")
+            or bool({"DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "MAINT", "NOT_RESPONDING"} & set(flags)))
+
+
 class SlurmInventory:
-    """The GPUs of one Slurm node, by GRES. Their wiring Slurm does not say: a flat topology (one host bridge)."""
+    """The GPUs of one Slurm node, by GRES. Their wiring Slurm does not say: a flat topology (one host bridge).
+
+    While Slurm takes no new job on the node (drained, down), its GPUs are reported busy outside labq, so that
+    labq places nothing there meanwhile and its jobs wait in labq's queue, where they may go elsewhere."""
 
     def __init__(self, site: SlurmSite) -> None:
         self.site = site
         self.node = site.slurm_node()
+        self._closed_said: str | None = None  #: the state last said to take no jobs, once
 
     def read(self, managed_pids: frozenset[int] = frozenset()) -> Inventory:
         line = self.site.run("scontrol", "show", "node", "-o", self.node)
@@ -142,9 +154,22 @@ class SlurmInventory:
         model = f"Slurm GRES gpu:{kind}" if kind else "Slurm GRES gpu"
         gpus = tuple(Gpu(i, f"SLURM-{self.node}-{i}", model, 0) for i in range(count))
         pcie = {(i, j): PcieLevel.HOST_BRIDGE for i in range(count) for j in range(i + 1, count)}
-        return Inventory(gpus, Topology.from_pairs(count, pcie, {}), True, frozenset(),
-                         f"Slurm partition {self.site.partition}, node {self.node}",
-                         ("GPU memory and links are not known to Slurm: none assumed",))
+        notes = ["GPU memory and links are not known to Slurm: none assumed"]
+        found = re.search(r"\bState=(\S+)", line)
+        state = found.group(1) if found else "UNKNOWN"
+        closed = not_running_jobs(state)
+        if closed:
+            said = re.search(r"\bReason=(.*?)(?= \w+=|$)", line)
+            why = f"Slurm node {self.node} is {state}" + (f" ({said.group(1).strip()})" if said else "")
+            notes.append(f"{why}: its GPUs count as busy outside labq until Slurm runs jobs there again")
+            if self._closed_said != state:
+                log.warning("%s: labq places no job there until Slurm runs jobs on it again", why)
+        elif self._closed_said is not None:
+            log.info("Slurm node %s is %s: labq places jobs there again", self.node, state)
+        self._closed_said = state if closed else None
+        return Inventory(gpus, Topology.from_pairs(count, pcie, {}), True,
+                         frozenset(range(count)) if closed else frozenset(),
+                         f"Slurm partition {self.site.partition}, node {self.node}", tuple(notes))
 
     def memory(self, managed_pids: frozenset[int] = frozenset()) -> GpuMemory:
         return GpuMemory({}, {})  # no per-process reading through Slurm

@@ -661,6 +661,10 @@ class _Pass(LabView):
             most, where = max(((count, name) for name, count in counts.items()), default=(0, ""))
         place = "one node" if spec.nodes == 1 else f"each of {spec.nodes} nodes"
         have = f"at most {most} free together, on {where}" if most else "none is free"
+        outside = sorted((-len(n.unmanaged_busy), n.name) for n in self.up
+                         if n.unmanaged_busy and spec.node in (None, n.name))
+        if outside and not most:  # programs labq did not start, or a node its other scheduler took back (Slurm)
+            have += "; busy outside labq: " + ", ".join(f"{-count} on {name}" for count, name in outside[:3])
         return PendingReason.RESOURCES, f"needs {spec.gpus_per_node} suitable GPUs on {place}; {have}", None
 
     def _hold_future(self, job: Job) -> float | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,27 @@ def test_a_job_slurm_holds_back_stays_starting_and_says_why(lab, slurm, tmp_path
         slurm.run("scancel", taken, check=False)
     lab.wait_state(job, "succeeded", timeout=60)
     assert lab.labq("logs", str(job)).stdout == "at last\n"
+
+
+def test_a_slurm_node_that_slurm_drains_takes_no_job_until_slurm_resumes_it(lab, slurm):
+    """Slurm's admin drains the node: labq counts its GPUs busy outside labq, so a job waits in labq's queue (where
+    it could go elsewhere) instead of being handed to a node that will not run it; resumed, the job runs."""
+    drained = False
+    try:
+        slurm.run("scontrol", "update", f"NodeName={slurm.host}", "State=DRAIN", "Reason=disk swap")
+        drained = True
+        lab.wait(lambda: len(next(n for n in lab.api("nodes") if n["name"] == "slurm1")["unmanaged_busy"]) == 8,
+                 "labq to see the Slurm node drained", timeout=30)
+        job = lab.submit("sh", "-c", "echo after the disk swap", node="slurm1")
+        time.sleep(2.0)  # passes that could place it come and go
+        assert lab.job(job)["state"] == "queued"
+        assert not [line for line in slurm_jobs(slurm) if line.startswith(f"labq-{job}.")]  # not handed to Slurm
+        assert "busy outside labq: 8 on slurm1" in lab.labq("why", str(job)).stdout
+    finally:
+        if drained:
+            slurm.run("scontrol", "update", f"NodeName={slurm.host}", "State=RESUME")
+    lab.wait_state(job, "succeeded", timeout=60)
+    assert lab.labq("logs", str(job)).stdout == "after the disk swap\n"
+    said = (lab.root / "agent-slurm1.log").read_text()
+    # Slurm's reason, with who set it and when ("disk swap [root@...]")
+    assert f"Slurm node {slurm.host} is IDLE+DRAIN (disk swap [" in said and "places jobs there again" in said

@@ -83,6 +83,17 @@ def test_filters_memory_model_node_and_unmanaged_gpus(jobs):
     assert d.pending_for(pinned.id).reason is PendingReason.RESOURCES
 
 
+def test_a_job_that_waits_for_gpus_busy_outside_labq_is_told_so(jobs):
+    """A notebook nobody queued, or a Slurm node its own scheduler took back, holds the GPUs the job could use."""
+    ws = make_node("ws", "sim:ws-4x3090", unmanaged_busy=frozenset({0, 1, 2, 3}))
+    other = make_node("other", "sim:ws-4x3090", unmanaged_busy=frozenset({1}))
+    busy = [jobs.running(other, (0, 2, 3))]
+    pinned, anywhere = jobs.queued(1, node="ws"), jobs.queued(2)
+    d = schedule([*busy, pinned, anywhere], [ws, other], now=NOW)
+    assert d.pending_for(pinned.id).detail.endswith("none is free; busy outside labq: 4 on ws")
+    assert d.pending_for(anywhere.id).detail.endswith("none is free; busy outside labq: 4 on ws, 1 on other")
+
+
 def test_nodes_that_are_not_up_take_no_new_jobs(jobs):
     draining = make_node("a", "sim:dgx1", health=NodeHealth.DRAINING)
     lost = make_node("b", "sim:dgx1", health=NodeHealth.LOST)
