@@ -38,7 +38,7 @@ from labq.scheduler.lab_view import Hold, LabView, OnGpus
 from labq.scheduler.placement import SetChoice, best_set, indices_to_mask, mask_to_indices
 from labq.scheduler.policy import Policy, order_queue, served_priority, waiting_since
 from labq.scheduler.preemption import NodePlan, Victim, plan_on_node
-from labq.scheduler.queues import OUTSIDE, borrow_problem
+from labq.scheduler.queues import OUTSIDE
 from labq.scheduler.sharing import join, no_room, open_one
 from labq.models.sharing import need_mib
 
