@@ -299,8 +299,8 @@ def _slurm_site(args, node: str | None = None):
         raise CliError("--gpus and --runtime slurm: a Slurm node's GPUs are its GRES, not this machine's")
     submit = args.slurm_submit or ("uid" if os.geteuid() == 0 else "agent")
     if submit == "uid" and os.geteuid() != 0:
-        raise CliError("--slurm-submit uid: only root may submit as another user (sbatch --uid); an agent run as a "
-                       "service account can use --slurm-submit sudo")
+        raise CliError("--slurm-submit uid: sbatch takes --uid from root alone (\"--uid only permitted by root "
+                       "user\"); an agent run as a service account can use --slurm-submit sudo")
     if submit == "sudo" and shutil.which("sudo") is None:
         raise CliError("--slurm-submit sudo: sudo is not installed on this machine")
     return SlurmSite(args.partition, node or args.slurm_node, submit)
