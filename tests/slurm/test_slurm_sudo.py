@@ -177,3 +177,29 @@ def test_slurm_submit_is_checked_before_the_agent_starts(tmp_path):
                          env=env)
     assert out.returncode != 0
     assert "--partition, --slurm-node and --slurm-submit are for --runtime slurm" in out.stderr
+
+
+def test_an_agent_that_is_not_root_submits_as_itself_unless_told_sudo_and_never_with_uid(site):
+    from argparse import Namespace
+
+    from labq.cli.daemons import _slurm_site
+    from labq.cli.errors import CliError
+
+    cluster, accounts, _ = site
+
+    def work() -> dict:
+        def options(submit):
+            return Namespace(partition=cluster.partition, gpus=None, slurm_node=None, slurm_submit=submit)
+
+        try:
+            _slurm_site(options("uid"))
+            refused = None
+        except CliError as err:
+            refused = str(err)
+        return {"default": _slurm_site(options(None)).submit, "sudo": _slurm_site(options("sudo")).submit,
+                "uid": refused}
+
+    seen = as_agent(accounts["agent"], work)
+    assert seen["default"] == "agent" and seen["sudo"] == "sudo"
+    assert seen["uid"] is not None and "--uid only permitted by root user" in seen["uid"]
+    assert "--slurm-submit sudo" in seen["uid"]
