@@ -254,7 +254,7 @@ class Agent:
     def register(self) -> None:
         inv = self.inventory.read(self._managed_pids())
         node = Node(self.config.name, inv.gpus, inv.topology, unmanaged_busy=inv.unmanaged_busy,
-                    simulated=inv.simulated)
+                    simulated=inv.simulated, shares=inv.shares)
         reply, how = self._join(node)
         if reply.get("certificate") and self.identity is not None:
             self.identity.save(reply["certificate"])

@@ -62,11 +62,12 @@ class Inventory:
     notes: tuple[str, ...] = ()  #: what could not be read, and what was assumed instead
     usage: tuple[GpuUsage, ...] = ()  #: free memory and utilization per GPU, when known
     unmanaged_mib: tuple[tuple[int, int], ...] = ()  #: (GPU index, MiB) used by processes outside labq
+    shares: bool = True  #: whether jobs may share these GPUs by memory (``Node.shares``)
 
     def as_node(self, name: str, labels: tuple[str, ...] = ()) -> Node:
         """The node as the leader models it (which also checks the tables fit the GPUs)."""
         return Node(name, self.gpus, self.topology, unmanaged_busy=self.unmanaged_busy,
-                    simulated=self.simulated, labels=labels, unmanaged_mib=self.unmanaged_mib)
+                    simulated=self.simulated, labels=labels, unmanaged_mib=self.unmanaged_mib, shares=self.shares)
 
 
 @dataclass(frozen=True)

@@ -138,11 +138,16 @@ class SlurmInventory:
     """The GPUs of one Slurm node, by GRES. Their wiring Slurm does not say: a flat topology (one host bridge).
 
     While Slurm takes no new job on the node (drained, down), its GPUs are reported busy outside labq, so that
-    labq places nothing there meanwhile and its jobs wait in labq's queue, where they may go elsewhere."""
+    labq places nothing there meanwhile and its jobs wait in labq's queue, where they may go elsewhere.
 
-    def __init__(self, site: SlurmSite) -> None:
+    Slurm does not say how much memory its GPUs have: ``gpu_memory_mib`` is what the admin declares (0: unknown,
+    and jobs that ask for GPU memory do not come here). Jobs never share these GPUs: Slurm hands out whole ones,
+    and per-process memory is not read through it."""
+
+    def __init__(self, site: SlurmSite, gpu_memory_mib: int = 0) -> None:
         self.site = site
         self.node = site.slurm_node()
+        self.gpu_memory_mib = gpu_memory_mib
         self._closed_said: str | None = None  #: the state last said to take no jobs, once
 
     def read(self, managed_pids: frozenset[int] = frozenset()) -> Inventory:
@@ -152,9 +157,12 @@ class SlurmInventory:
         if count == 0:
             raise SlurmError(f"Slurm node {self.node} has no GPUs as GRES (Gres={gres.group(1) if gres else ''})")
         model = f"Slurm GRES gpu:{kind}" if kind else "Slurm GRES gpu"
-        gpus = tuple(Gpu(i, f"SLURM-{self.node}-{i}", model, 0) for i in range(count))
+        gpus = tuple(Gpu(i, f"SLURM-{self.node}-{i}", model, self.gpu_memory_mib) for i in range(count))
         pcie = {(i, j): PcieLevel.HOST_BRIDGE for i in range(count) for j in range(i + 1, count)}
-        notes = ["GPU memory and links are not known to Slurm: none assumed"]
+        notes = ["GPU links are not known to Slurm: none assumed"]
+        if not self.gpu_memory_mib:
+            notes.append("GPU memory is not known to Slurm: jobs that ask for GPU memory do not come here "
+                         "(labq agent --slurm-gpu-memory declares it)")
         found = re.search(r"\bState=(\S+)", line)
         state = found.group(1) if found else "UNKNOWN"
         closed = not_running_jobs(state)
@@ -169,7 +177,7 @@ class SlurmInventory:
         self._closed_said = state if closed else None
         return Inventory(gpus, Topology.from_pairs(count, pcie, {}), True,
                          frozenset(range(count)) if closed else frozenset(),
-                         f"Slurm partition {self.site.partition}, node {self.node}", tuple(notes))
+                         f"Slurm partition {self.site.partition}, node {self.node}", tuple(notes), shares=False)
 
     def memory(self, managed_pids: frozenset[int] = frozenset()) -> GpuMemory:
         return GpuMemory({}, {})  # no per-process reading through Slurm

@@ -100,6 +100,9 @@ def _agent_options(parser) -> None:
                         "offers: each of its nodes is a labq node of its Slurm name")
     parser.add_argument("--slurm-node", metavar="NAME", help="with --runtime slurm: offer this node of the partition "
                         "alone, named --name")
+    parser.add_argument("--slurm-gpu-memory", metavar="SIZE", default=None,
+                        help="with --runtime slurm: the memory of each of the nodes' GPUs (80G), which Slurm does not "
+                        "say; without it, jobs that ask for GPU memory (--gpu-mem) do not go there")
     parser.add_argument("--slurm-submit", choices=("uid", "sudo", "agent"), default=None,
                         help="with --runtime slurm: how a job goes to Slurm as its user: uid (sbatch --uid, the "
                         "default for an agent run as root), sudo (sudo -n -u USER sbatch, for a service account "
@@ -273,8 +276,8 @@ def _open_inventory(args):
     _node_name(args)
     if getattr(args, "runtime", "local") == "slurm":
         return _slurm_inventory(args)
-    if getattr(args, "partition", None) or getattr(args, "slurm_node", None) or getattr(args, "slurm_submit", None):
-        raise CliError("--partition, --slurm-node and --slurm-submit are for --runtime slurm")
+    if any(getattr(args, name, None) for name in ("partition", "slurm_node", "slurm_submit", "slurm_gpu_memory")):
+        raise CliError("--partition, --slurm-node, --slurm-submit and --slurm-gpu-memory are for --runtime slurm")
     try:
         inventory = open_inventory(args.gpus, args.name)
         inventory.read()
@@ -309,9 +312,16 @@ def _slurm_site(args, node: str | None = None):
 def _slurm_inventory(args, node: str | None = None):
     """``--runtime slurm --partition P``: the GPUs of the partition's node (``node``, else its only one), by GRES."""
     from labq.agent.slurm import SlurmError, SlurmInventory
+    from labq.units import parse_size_mib
 
+    memory = 0
+    if args.slurm_gpu_memory:
+        try:
+            memory = parse_size_mib(args.slurm_gpu_memory)
+        except ValueError as err:
+            raise CliError(f"--slurm-gpu-memory {args.slurm_gpu_memory!r}: {err}") from None
     try:
-        inventory = SlurmInventory(_slurm_site(args, node))
+        inventory = SlurmInventory(_slurm_site(args, node), memory)
         inventory.read()
     except SlurmError as err:
         raise CliError(f"--runtime slurm: {err}") from None

@@ -70,6 +70,9 @@ class Node:
     #: (GPU index, MiB) of GPU memory that processes outside labq use, where NVML says: a job that shares a GPU
     #: is placed only where it fits beside them (``labq.models.sharing``)
     unmanaged_mib: tuple[tuple[int, int], ...] = ()
+    #: whether jobs may share its GPUs by memory (``--share``): not where its agent cannot watch each process's GPU
+    #: memory, or where another scheduler hands out whole GPUs (a Slurm node)
+    shares: bool = True
 
     def __post_init__(self) -> None:
         if [g.index for g in self.gpus] != list(range(len(self.gpus))):

@@ -164,6 +164,8 @@ def encode_node(node: Node) -> dict:
            "simulated": node.simulated, "labels": list(node.labels)}
     if node.unmanaged_mib:
         doc["unmanaged_mib"] = {str(index): mib for index, mib in node.unmanaged_mib}
+    if not node.shares:
+        doc["shares"] = False
     return doc
 
 
@@ -171,7 +173,8 @@ def decode_node(doc: dict) -> Node:
     return Node(doc["name"], tuple(decode_gpu(g) for g in doc["gpus"]), decode_topology(doc["topology"]),
                 NodeHealth(doc.get("health", "up")), frozenset(doc.get("unmanaged_busy", ())),
                 doc.get("simulated", False), tuple(doc.get("labels", ())),
-                unmanaged_mib=tuple(sorted((int(i), int(m)) for i, m in (doc.get("unmanaged_mib") or {}).items())))
+                unmanaged_mib=tuple(sorted((int(i), int(m)) for i, m in (doc.get("unmanaged_mib") or {}).items())),
+                shares=doc.get("shares", True))
 
 
 def encode_pending(pending: Pending | None) -> dict | None:

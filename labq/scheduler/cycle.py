@@ -379,6 +379,8 @@ class _Pass(LabView):
         need = need_mib(job)
         best = None
         for node in self._candidate_nodes(job):
+            if not node.shares:
+                continue
             choice = join(node, self.joinable(job, node), self.declared.get(node.name, {}), need)
             if choice is None and self.free[node.name]:
                 choice = open_one(node, self._available(job, node), need)

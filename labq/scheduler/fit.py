@@ -76,7 +76,7 @@ def _fits_when_idle(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> bool
     gpn = spec.gpus_per_node
     missing = spec.nodes
     for node in nodes:
-        if spec.node is not None and node.name != spec.node:
+        if spec.node is not None and node.name != spec.node or spec.share_mib is not None and not node.shares:
             continue
         if sum(1 for g in node.gpus
                if gpu_matches(spec, g.model, g.memory_mib) and _shares_fit(spec, g.memory_mib)) >= gpn:
@@ -108,6 +108,12 @@ def why_never_fits(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> str |
     if spec.min_gpu_memory_mib > biggest:
         return f"asks for GPUs with {_mib(spec.min_gpu_memory_mib)} but the largest GPU has {_mib(biggest)}"
     if spec.share_mib is not None:
+        sharing = [g.memory_mib for n in nodes if n.shares for g in n.gpus]
+        if not sharing:
+            where = f"node {spec.node} does not" if spec.node is not None else "no node of the lab does"
+            return (f"shares a GPU (--share), and {where} let jobs share its GPUs (a Slurm node hands out whole "
+                    "GPUs, and their memory is not watched there): submit it without --share")
+        biggest = max(sharing)
         return (f"declares {_mib(spec.share_mib)} of GPU memory to share a GPU, but no GPU it may use has that "
                 f"much beside its margin (the largest has {_mib(biggest)}, less {_mib(margin_mib(biggest))})")
     counts = sorted(

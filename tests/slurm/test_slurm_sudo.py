@@ -176,7 +176,7 @@ def test_slurm_submit_is_checked_before_the_agent_starts(tmp_path):
                           "sim:ws-4x3090", "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=60,
                          env=env)
     assert out.returncode != 0
-    assert "--partition, --slurm-node and --slurm-submit are for --runtime slurm" in out.stderr
+    assert "--partition, --slurm-node, --slurm-submit and --slurm-gpu-memory are for --runtime slurm" in out.stderr
 
 
 def test_an_agent_that_is_not_root_submits_as_itself_unless_told_sudo_and_never_with_uid(site):

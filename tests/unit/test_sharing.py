@@ -90,6 +90,36 @@ def test_small_jobs_fill_one_gpu_before_opening_the_next(jobs):
     assert gpus[7] != first
 
 
+def test_a_node_that_does_not_share_takes_whole_gpu_jobs_alone(jobs):
+    """A Slurm node (``Node.shares`` False): Slurm hands out whole GPUs and labq cannot watch their memory there.
+    Jobs that ask for memory still go there when its GPUs have it; a sharing job never does, and says why."""
+    slurm = make_node("slurm1", "sim:dgx-a100", shares=False)
+    ws = make_node("ws", "sim:ws-4x3090")
+    big, shared = jobs.queued(1, min_gpu_memory_mib=40 * GiB), sharing(jobs, 8 * GiB)
+    pinned = sharing(jobs, 8 * GiB, node="slurm1")
+    d = schedule([big, shared, pinned], [slurm, ws], now=NOW)
+    assert d.started(big.id).placement.nodes == ("slurm1",)
+    assert gpu_of(d, shared.id)[0] == "ws"
+    assert d.started(pinned.id) is None
+    assert d.pending_for(pinned.id).detail == ("no node that is up can run it: shares a GPU (--share), and node "
+                                               "slurm1 does not let jobs share its "
+                                               "GPUs (a Slurm node hands out whole GPUs, and their memory is not "
+                                               "watched there): submit it without --share")
+    alone = schedule([sharing(jobs, 8 * GiB)], [slurm], now=NOW)
+    assert "no node of the lab does let jobs share" in alone.pending[0].detail
+
+
+def test_whether_a_node_shares_goes_over_the_wire_and_into_the_store():
+    from labq.protocol.agents import parse_node
+    from labq.protocol.codec import decode_node, encode_node
+
+    slurm = make_node("slurm1", "sim:dgx-a100", shares=False)
+    assert parse_node(encode_node(slurm)).shares is False and decode_node(encode_node(slurm)).shares is False
+    ws = make_node("ws", "sim:ws-4x3090")
+    assert "shares" not in encode_node(ws)  # an agent or a store from before says nothing: it shares
+    assert parse_node(encode_node(ws)).shares is True and decode_node(encode_node(ws)).shares is True
+
+
 def test_a_running_shared_gpu_is_filled_before_a_free_one_is_opened(jobs):
     node = make_node("dgx", "sim:dgx-a100")
     there = on_gpu(jobs, node, 5, 40 * GiB)
