@@ -182,6 +182,7 @@ def _describe(lab: Lab, d: Decisions) -> str:
 @example(lab=make_lab(4394))  # a preemption by priority
 @example(lab=make_lab(27113))  # a reclaim: a victim of the preemptor's own priority
 @example(lab=make_lab(864190282))  # a victim that frees more GPUs than its preemptor takes
+@example(lab=make_lab(111836))  # a preemptor in flight that takes one more victim in the pass
 def test_no_preemption_takes_another_queue_below_its_guarantee(lab):
     """A reclaim (and a priority preemption across queues) takes only borrowed work: after it, the victim's
     queue still holds at least its guarantee. Counted as generously for the victim's queue as the pass could
@@ -194,9 +195,9 @@ def test_no_preemption_takes_another_queue_below_its_guarantee(lab):
     at_most = use_at_start_of_pass(lab)
     for s in d.starts:
         at_most[queue_of(by_id[s.job_id], lab.policy)] += by_id[s.job_id].spec.gpus - promised.get(s.job_id, 0)
-    for p in d.pending:
-        if p.reason is PendingReason.PREEMPTING and p.job_id not in promised:
-            at_most[queue_of(by_id[p.job_id], lab.policy)] += by_id[p.job_id].spec.gpus
+    for p in d.pending:  # a preemptor in flight may take one more victim in the pass: all its GPUs count then
+        if p.reason is PendingReason.PREEMPTING:
+            at_most[queue_of(by_id[p.job_id], lab.policy)] += by_id[p.job_id].spec.gpus - promised.get(p.job_id, 0)
     seen = set()
     for p in d.preemptions:
         victim = by_id[p.job_id]
