@@ -10,6 +10,7 @@ Entries already there are kept: granting is adding (or replacing) one user's ent
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
@@ -74,7 +75,7 @@ def _read(path: str | os.PathLike, name: str) -> list[Entry]:
     try:
         raw = os.getxattr(path, name)
     except OSError as err:
-        if err.errno in (61, 95):  # ENODATA: no ACL beyond the mode; ENOTSUP: the caller's setxattr says
+        if err.errno in (errno.ENODATA, errno.ENOTSUP):  # no ACL beyond the mode; none taken: setxattr says so
             return []
         raise
     version, = struct.unpack_from("<I", raw)

@@ -672,9 +672,9 @@ def _own_checkpoint_folder(folder: Path, user: str | None) -> None:
         # stays the agent's to clean up (a default ACL)
         from labq.agent import acl
 
-        if folder.stat().st_uid != me:
-            raise ValueError(f"it belongs to uid {folder.stat().st_uid}, not to this agent; remove it and requeue "
-                             "the job")
+        owner = folder.stat().st_uid
+        if owner != me:
+            raise ValueError(f"it belongs to uid {owner}, not to this agent; remove it and requeue the job")
         os.chmod(folder, 0o700)
         acl.grant(folder, entry.pw_uid, 7, inherit_to=(entry.pw_uid, me))
         stopped = acl.let_reach(folder, entry.pw_uid)

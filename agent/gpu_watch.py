@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from labq.agent.inventory import GpuMemory
 from labq.agent.process_runtime import AttemptStatus
+from labq.agent.procfs import below, children_of
 from labq.models.sharing import over_limit
 
 Key = tuple[int, int]  #: (job id, attempt)
@@ -34,22 +35,11 @@ def attempt_roots(attempts: Iterable[AttemptStatus], table: Mapping[int, tuple[i
 
 def processes_of(roots: Mapping[Key, int], table: Mapping[int, tuple[int, int]]) -> dict[Key, set[int]]:
     """Each attempt's processes: its first process's group, and everything descended from that process."""
-    children: dict[int, list[int]] = {}
+    children = children_of(table)
     groups: dict[int, list[int]] = {}
-    for pid, (parent, group) in table.items():
-        children.setdefault(parent, []).append(pid)
+    for pid, (_, group) in table.items():
         groups.setdefault(group, []).append(pid)
-    found = {}
-    for key, root in roots.items():
-        mine = {root, *groups.get(root, ())}
-        todo = list(mine)
-        while todo:
-            for child in children.get(todo.pop(), ()):
-                if child not in mine:
-                    mine.add(child)
-                    todo.append(child)
-        found[key] = mine
-    return found
+    return {key: below({root, *groups.get(root, ())}, children) for key, root in roots.items()}
 
 
 class MemoryWatch:

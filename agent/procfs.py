@@ -4,6 +4,7 @@ environment. Processes come and go between two reads: one that is gone, or not t
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 
 
 def process_table() -> dict[int, tuple[int, int]]:
@@ -21,6 +22,26 @@ def process_table() -> dict[int, tuple[int, int]]:
         if len(fields) > 2:
             table[int(entry.name)] = (int(fields[1]), int(fields[2]))
     return table
+
+
+def children_of(table: Mapping[int, tuple[int, int]]) -> dict[int, list[int]]:
+    """Each parent's children, from a ``process_table``."""
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    return children
+
+
+def below(starts: Iterable[int], children: Mapping[int, list[int]]) -> set[int]:
+    """``starts`` and every process descended from them (``children`` from ``children_of``)."""
+    found = set(starts)
+    todo = list(found)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def environment(pid: int, needle: bytes = b"") -> dict[str, str] | None:

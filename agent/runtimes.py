@@ -30,7 +30,7 @@ class Runtimes:
         if slurm is not None:
             from labq.agent.slurm import SlurmRuntime
 
-            self.slurm = SlurmRuntime(state_dir / "slurm", slurm, slurm.slurm_node())
+            self.slurm = SlurmRuntime(state_dir / "slurm", slurm, slurm.node or slurm.slurm_node())
         self.allowed_roots: tuple[str, ...] = ()
         self.allowed_images: tuple[str, ...] = ()
         self.checkpoint_areas: tuple[str, ...] = ()

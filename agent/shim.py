@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from labq.agent.procfs import process_table
+from labq.agent.procfs import below, children_of, process_table
 from labq.agent.stops import marker_signal
 from labq.protocol.agents import FENCE_LOOK_EVERY_S, KILL_AFTER_TERM_S
 
@@ -105,17 +105,13 @@ def _kill_leftovers(pgid: int) -> None:
         time.sleep(0.01)
 
 
-def _descendants(root: int) -> list[int]:
-    """Every process below ``root``, as /proc has them now."""
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _) in process_table().items():
-        children.setdefault(parent, []).append(pid)
-    found, todo = [], list(children.get(root, ()))
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, ()))
-    return found
+def _descendants(root: int) -> set[int]:
+    """Every process below ``root``, as /proc has them now (none if /proc cannot be read: the group is still
+    killed, and exit.json still written)."""
+    try:
+        return below([root], children_of(process_table())) - {root}
+    except OSError:
+        return set()
 
 
 def _why_not_started(exc: Exception, spec: dict[str, Any]) -> tuple[int, str]:

@@ -340,8 +340,11 @@ def _open_inventories(args) -> list:
         nodes = _slurm_site(args).slurm_nodes()
     except SlurmError as err:
         raise CliError(f"--runtime slurm: {err}") from None
-    if len(nodes) <= 1:
-        return [_open_inventory(args)]
+    if len(nodes) == 1:  # the inventory's site names it: nobody asks sinfo for it again
+        _node_name(args)
+        return [_slurm_inventory(args, nodes[0])]
+    if not nodes:
+        return [_open_inventory(args)]  # which says the partition has no nodes
     if args.name:
         raise CliError(f"--name names one node, and partition {args.partition!r} has nodes {', '.join(nodes)}: the "
                        "agent serves each as a labq node of its Slurm name (or choose one with --slurm-node)")

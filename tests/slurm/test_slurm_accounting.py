@@ -38,7 +38,12 @@ def test_an_end_slurmctld_forgot_is_read_from_the_accounting(cluster, tmp_path, 
     while cluster.run("squeue", "-h", "-n", names, "-t", "PENDING,RUNNING,COMPLETING", "-o", "%i").stdout.strip():
         assert time.monotonic() < deadline, "the jobs did not end"
         time.sleep(0.2)
-    time.sleep(1.0)  # slurmctld hands the ends to slurmdbd
+    if cluster.accounting:  # until slurmctld has handed the three ends to slurmdbd
+        ids = ",".join(runtime._slurm_id(job_id, 1) for job_id in JOBS)
+        while len([row for row in cluster.run("sacct", "-n", "-P", "-X", "-j", ids, "-o", "State").stdout.splitlines()
+                   if row and row.split()[0] not in ("PENDING", "RUNNING", "COMPLETING")]) < len(JOBS):
+            assert time.monotonic() < deadline, "slurmdbd did not get the jobs' ends"
+            time.sleep(0.2)
     forgotten_at = time.time()
     cluster.forget_jobs()
     for slurm_id in (runtime._slurm_id(job_id, 1) for job_id in JOBS):

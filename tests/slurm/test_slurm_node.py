@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -106,10 +105,12 @@ def test_a_slurm_node_that_slurm_drains_takes_no_job_until_slurm_resumes_it(lab,
         lab.wait(lambda: len(next(n for n in lab.api("nodes") if n["name"] == "slurm1")["unmanaged_busy"]) == 8,
                  "labq to see the Slurm node drained", timeout=30)
         job = lab.submit("sh", "-c", "echo after the disk swap", node="slurm1")
-        time.sleep(2.0)  # passes that could place it come and go
+        # a pass has looked at it and left it waiting, for that reason
+        lab.wait(lambda: "busy outside labq: 8 on slurm1" in lab.labq("why", str(job)).stdout,
+                 "labq to say the job waits for GPUs busy outside labq",
+                 detail=lambda: lab.labq("why", str(job)).stdout)
         assert lab.job(job)["state"] == "queued"
         assert not [line for line in slurm_jobs(slurm) if line.startswith(f"labq-{job}.")]  # not handed to Slurm
-        assert "busy outside labq: 8 on slurm1" in lab.labq("why", str(job)).stdout
     finally:
         if drained:
             slurm.run("scontrol", "update", f"NodeName={slurm.host}", "State=RESUME")

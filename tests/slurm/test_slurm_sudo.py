@@ -148,7 +148,8 @@ def test_a_service_account_agent_submits_as_the_jobs_user_through_sudo(site, mon
         runtime.forget(7, 1)
         kept_log = state / "slurm" / "logs" / "7.1.log"
         return {"kept_log_grant": acl.granted(kept_log, job_user.pw_uid),
-                "kept_log_mode": stat.S_IMODE(os.stat(kept_log).st_mode), "slurm_user": slurm_user, "log": log, "exit": status.exit_code, "owners": owners,
+                "kept_log_mode": stat.S_IMODE(os.stat(kept_log).st_mode), "slurm_user": slurm_user, "log": log,
+                "exit": status.exit_code, "owners": owners,
                 "folder": [folder.st_uid, stat.S_IMODE(folder.st_mode)], "log_other_bits": log_mode & 0o007,
                 "others_on_log": others_on_log, "refused": refused,
                 "folders_left": sorted(p.name for p in (state / "slurm").iterdir())}
