@@ -253,8 +253,7 @@ class Agent:
 
     def register(self) -> None:
         inv = self.inventory.read(self._managed_pids())
-        node = Node(self.config.name, inv.gpus, inv.topology, unmanaged_busy=inv.unmanaged_busy,
-                    simulated=inv.simulated, shares=inv.shares)
+        node = inv.as_node(self.config.name)
         reply, how = self._join(node)
         if reply.get("certificate") and self.identity is not None:
             self.identity.save(reply["certificate"])

@@ -63,11 +63,13 @@ class Inventory:
     usage: tuple[GpuUsage, ...] = ()  #: free memory and utilization per GPU, when known
     unmanaged_mib: tuple[tuple[int, int], ...] = ()  #: (GPU index, MiB) used by processes outside labq
     shares: bool = True  #: whether jobs may share these GPUs by memory (``Node.shares``)
+    hands_over: bool = False  #: another scheduler starts jobs here once their GPUs are free (``Node.hands_over``)
 
     def as_node(self, name: str, labels: tuple[str, ...] = ()) -> Node:
         """The node as the leader models it (which also checks the tables fit the GPUs)."""
         return Node(name, self.gpus, self.topology, unmanaged_busy=self.unmanaged_busy,
-                    simulated=self.simulated, labels=labels, unmanaged_mib=self.unmanaged_mib, shares=self.shares)
+                    simulated=self.simulated, labels=labels, unmanaged_mib=self.unmanaged_mib, shares=self.shares,
+                    hands_over=self.hands_over)
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,28 @@ class SlurmSite:
             raise SlurmError(f"{' '.join(argv[:3])} failed: {said}")
         return out.stdout
 
+    def epilog(self) -> str | None:
+        """The site's ``Epilog`` (``scontrol show config``), or None where it runs none."""
+        for line in self.run("scontrol", "show", "config").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "Epilog":
+                value = value.strip()
+                return None if value in ("", "(null)") else value
+        return None
+
+    def start_note(self) -> str | None:
+        """What an admin should know of how this Slurm starts what labq hands it, for the agent's start; None when
+        nothing (or Slurm does not say)."""
+        try:
+            epilog = self.epilog()
+        except SlurmError:
+            return None
+        if epilog is not None:
+            return None
+        return ("this Slurm runs no Epilog: a job it holds for GPUs being freed (a preemptor) then starts only on "
+                "its scheduler's next tick (SchedulerParameters batch_sched_delay, 3 s by default), where with an "
+                "Epilog, even Epilog=/bin/true in slurm.conf, Slurm starts it the moment the GPUs are free")
+
     def slurm_nodes(self) -> list[str]:
         """The partition's nodes, by name."""
         return sorted(set(self.run("sinfo", "-h", "-p", self.partition, "-N", "-o", "%N").split()))
@@ -177,7 +199,8 @@ class SlurmInventory:
         self._closed_said = state if closed else None
         return Inventory(gpus, Topology.from_pairs(count, pcie, {}), True,
                          frozenset(range(count)) if closed else frozenset(),
-                         f"Slurm partition {self.site.partition}, node {self.node}", tuple(notes), shares=False)
+                         f"Slurm partition {self.site.partition}, node {self.node}", tuple(notes), shares=False,
+                         hands_over=True)
 
     def memory(self, managed_pids: frozenset[int] = frozenset()) -> GpuMemory:
         return GpuMemory({}, {})  # no per-process reading through Slurm

@@ -73,6 +73,9 @@ class Node:
     #: whether jobs may share its GPUs by memory (``--share``): not where its agent cannot watch each process's GPU
     #: memory, or where another scheduler hands out whole GPUs (a Slurm node)
     shares: bool = True
+    #: whether its agent hands jobs to another scheduler that starts one only once its GPUs are free (a Slurm
+    #: node): a job that preempts there is handed over while its victims checkpoint, and starts when they end
+    hands_over: bool = False
 
     def __post_init__(self) -> None:
         if [g.index for g in self.gpus] != list(range(len(self.gpus))):

@@ -75,6 +75,7 @@ def parse_node(doc: object) -> Node:
     busy = _ints(f.raw("unmanaged_busy") or [], "node.unmanaged_busy", high=MAX_NODE_GPUS)
     simulated = f.boolean("simulated", default=False)
     shares = f.boolean("shares", default=True)
+    hands_over = f.boolean("hands_over", default=False)
     labels = _items(f.raw("labels") or [], "node.labels", 64)
     f.done()
     if health not in {h.value for h in NodeHealth}:
@@ -98,7 +99,8 @@ def parse_node(doc: object) -> Node:
     try:
         return Node(name, tuple(parsed), Topology(tuple(tuple(PcieLevel(v) for v in row) for row in pcie),
                                                   tuple(tuple(row) for row in nvlinks), tuple(nvswitch), tuple(numa)),
-                    NodeHealth(health), frozenset(busy), simulated, tuple(labels), shares=shares)
+                    NodeHealth(health), frozenset(busy), simulated, tuple(labels), shares=shares,
+                    hands_over=hands_over)
     except ValueError as err:
         raise bad_request(f"node is not a valid inventory: {err}", "node") from None
 

@@ -166,6 +166,8 @@ def encode_node(node: Node) -> dict:
         doc["unmanaged_mib"] = {str(index): mib for index, mib in node.unmanaged_mib}
     if not node.shares:
         doc["shares"] = False
+    if node.hands_over:
+        doc["hands_over"] = True
     return doc
 
 
@@ -174,7 +176,7 @@ def decode_node(doc: dict) -> Node:
                 NodeHealth(doc.get("health", "up")), frozenset(doc.get("unmanaged_busy", ())),
                 doc.get("simulated", False), tuple(doc.get("labels", ())),
                 unmanaged_mib=tuple(sorted((int(i), int(m)) for i, m in (doc.get("unmanaged_mib") or {}).items())),
-                shares=doc.get("shares", True))
+                shares=doc.get("shares", True), hands_over=doc.get("hands_over", False))
 
 
 def encode_pending(pending: Pending | None) -> dict | None:

@@ -440,6 +440,7 @@ class _Pass(LabView):
                 self.memo.current[key] = False
             return False
         plans = plans[: job.spec.nodes]
+        early = all(self.nodes[p.node].hands_over for p in plans)
         grace = 0.0
         fresh: set[int] = set()
         touched = {p.node for p in plans}
@@ -458,7 +459,11 @@ class _Pass(LabView):
                 touched.update(v.job.placement.nodes)
                 self.preemptions.append(Preempt(v.job.id, job.id, plan.node, mask_to_indices(v.freeable),
                                                 v.work_at_risk_s))
-            self.holds[plan.node].append(Hold(job.id, job.priority, plan.target.mask, None))
+            if not early:
+                self.holds[plan.node].append(Hold(job.id, job.priority, plan.target.mask, None))
+        if early:
+            self._hand_over(job, plans)
+            return True
         # the GPUs of jobs on their way out that no one was promised (``leaving``) are this job's from now on
         gone = {j.id: j for p in plans for mask, j in self.leaving[p.node] if mask & p.target.mask}
         if book is not None:
@@ -479,6 +484,17 @@ class _Pass(LabView):
                    f"{'; '.join(said)}; then it runs on {where}", (waiting or stopping or [None])[0],
                    self.now + grace if fresh else None)
         return True
+
+    def _hand_over(self, job: Job, plans: list[NodePlan]) -> None:
+        """Start ``job`` now on GPUs its victims are still leaving, on nodes that hand jobs to a scheduler of their
+        own (``Node.hands_over``: Slurm), which keeps it waiting until they are free and starts it the moment they
+        are, where labq would otherwise hand it over only once it had heard they ended."""
+        for plan in plans:
+            mask = plan.target.mask
+            self.leaving_mask[plan.node] &= ~mask
+            self.leaving[plan.node] = [(m & ~mask, j) for m, j in self.leaving[plan.node] if m & ~mask]
+        self._start(job, Placement(tuple(self._allocation(self.nodes[p.node], p.target.mask, p.target.score)
+                                         for p in plans)))
 
     def _no_plan_for_any_queue(self, job: Job, shape: tuple, mode: tuple) -> bool:
         """No plan would make room for ``job`` even if every queue's rules let it take what the priority rules

@@ -136,10 +136,15 @@ class LabView:
         if self.victims:
             promised = {victim for where in self.inflight.values() for _, _, victim in where}
             for name, entries in self.on_gpus.items():
+                # not the GPUs a job that stays has taken already (one handed over early: ``Node.hands_over``)
+                kept = 0
                 for e in entries:
-                    if e.job.id in self.victims and e.job.id not in promised:
-                        self.leaving[name].append((e.mask, e.job))
-                        self.leaving_mask[name] |= e.mask
+                    if e.job.id not in self.victims:
+                        kept |= e.mask
+                for e in entries:
+                    if e.job.id in self.victims and e.job.id not in promised and e.mask & ~kept:
+                        self.leaving[name].append((e.mask & ~kept, e.job))
+                        self.leaving_mask[name] |= e.mask & ~kept
 
     def _occupy(self, job: Job) -> None:
         """Enter a job that holds GPUs: its GPUs are taken, and it may be a victim or a preemption in flight."""

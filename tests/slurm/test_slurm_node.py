@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Lab
+from tests.e2e.conftest import TEST_CONFIG, Lab
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -20,7 +20,18 @@ TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "checkpointing" /
 
 @pytest.fixture
 def lab(tmp_path, slurm):
-    made = Lab(tmp_path)
+    yield from _lab(tmp_path, slurm)
+
+
+@pytest.fixture
+def patient_lab(tmp_path, slurm):
+    """A lab whose jobs may take a minute to save (``--grace 1m``): a test holds a victim in its checkpoint."""
+    yield from _lab(tmp_path, slurm, TEST_CONFIG.replace('max_grace = "5s"', 'max_grace = "1m"')
+                    .replace('requeue_after = "25s"', 'requeue_after = "90s"'))
+
+
+def _lab(tmp_path, slurm, config: str = TEST_CONFIG):
+    made = Lab(tmp_path, config)
     made.start_leader()
     made.start_agent("ws1", "sim:ws-4x3090")
     made.agents["slurm1"] = made._spawn(["agent", "--leader", made.url, "--runtime", "slurm", "--partition",
@@ -43,6 +54,8 @@ def test_jobs_run_on_a_workstation_and_on_slurm_and_a_low_job_there_is_preempted
     said = f"jobs go to Slurm partition {slurm.partition} (node {slurm.host}) as their lab user's account"
     lab.wait(lambda: said in (lab.root / "agent-slurm1.log").read_text(),  # whose account Slurm charges, at start
              "the Slurm agent to say whose account its jobs go to Slurm as")
+    # and that a preemptor waits for Slurm's tick here, which has no Epilog (the partition test's Slurm has one)
+    assert "this Slurm runs no Epilog" in (lab.root / "agent-slurm1.log").read_text()
     here = lab.submit("sh", "-c", "echo on the workstation", node="ws1")
     there = lab.submit("sh", "-c", "echo on slurm as job $SLURM_JOB_ID with $SLURM_GPUS_ON_NODE GPUs, labq job "
                        "$LABQ_JOB_ID", node="slurm1", gpus=2)
@@ -73,6 +86,36 @@ def test_jobs_run_on_a_workstation_and_on_slurm_and_a_low_job_there_is_preempted
     lab.wait(lambda: not any(line.startswith(f"labq-{low}.2 RUNNING") for line in slurm_jobs(slurm)),
              "Slurm to end the cancelled job")
 
+
+
+def test_a_preemptor_is_handed_to_slurm_while_its_victim_checkpoints(patient_lab, slurm, tmp_path):
+    """Slurm starts a job only once its GPUs are free, so labq hands it the preemptor with the victim's signal: it
+    waits in Slurm's queue while the victim saves, and Slurm starts it the moment the victim ends (at once where the
+    site runs an Epilog), instead of labq handing it over only after hearing of the end (then Slurm starts it on a
+    tick of its own, seconds later)."""
+    signalled, go = tmp_path / "signalled", tmp_path / "go"
+    low = patient_lab.submit("bash", "-c", f"trap 'touch {signalled}; while [ ! -e {go} ]; do sleep 0.05; done; exit 0' USR1;"
+                     " while true; do sleep 0.05; done", node="slurm1", gpus=8, checkpoint_signal="SIGUSR1",
+                     grace="1m", **{"class": "low"})
+    patient_lab.wait_state(low, "running", timeout=60)
+    urgent = patient_lab.submit("sh", "-c", "echo urgent", node="slurm1", gpus=8, **{"class": "urgent"})
+    patient_lab.wait(signalled.exists, "the low job to be signalled to save", timeout=60)
+    try:
+        patient_lab.wait(lambda: {f"labq-{low}.1 RUNNING", f"labq-{urgent}.1 PENDING"} <= set(slurm_jobs(slurm)),
+                 "the urgent job to wait in Slurm's queue while the low job saves", detail=lambda: slurm_jobs(slurm))
+        assert patient_lab.job(urgent)["state"] == "starting" and patient_lab.job(low)["state"] == "preempting"
+        patient_lab.wait(lambda: "Slurm holds it: Resources" in patient_lab.labq("why", str(urgent)).stdout,
+                 "labq to say Slurm holds the urgent job for the low job's GPUs",
+                 detail=lambda: patient_lab.labq("why", str(urgent)).stdout)
+    finally:
+        go.touch()
+    patient_lab.wait_state(urgent, "succeeded", timeout=60)
+    assert patient_lab.labq("logs", str(urgent)).stdout == "urgent\n"
+    requeued = patient_lab.wait_state(low, "running", "queued", "starting", timeout=60)
+    (first,) = requeued["attempts"]
+    assert (first["stop_reason"], first["ended"], first["preempted_for"]) == ("preempted", "checkpointed", urgent)
+    patient_lab.labq("cancel", str(low))
+    patient_lab.wait_state(low, "cancelled", timeout=60)
 
 def test_a_job_slurm_holds_back_stays_starting_and_says_why(lab, slurm, tmp_path):
     outside = tmp_path / "outside.sbatch"  # someone on the cluster who does not go through labq takes every GPU

@@ -321,6 +321,55 @@ def test_a_victim_whose_preemptor_no_longer_waits_frees_its_gpus_for_the_next_jo
     assert d.pending_for(after.id).waiting_for == d.preemptions[0].job_id != orphan.id
 
 
+
+def test_on_a_node_that_hands_jobs_over_the_preemptor_starts_while_its_victims_checkpoint(jobs):
+    """A node whose own scheduler starts a job only once its GPUs are free (a Slurm node) is handed the preemptor
+    with the victims' signals: it waits there, and starts the moment they end, where labq would hand it over only
+    after hearing of their end (Slurm then starts it on a tick of its own: seconds)."""
+    slurm = make_node("s", "sim:ws-4x3090", shares=False, hands_over=True)
+    low = [jobs.running(slurm, (i,), priority=LOW) for i in (0, 1, 2)]  # GPU 3 free
+    urgent, small = jobs.queued(2, priority=URGENT), jobs.queued(1, priority=LOW)
+    d = schedule([*low, urgent, small], [slurm], now=NOW)
+    assert [(p.job_id, p.for_job, p.gpu_indices) for p in d.preemptions] == [(low[2].id, urgent.id, (2,))]
+    assert gpus_of(d, urgent.id) == [("s", (2, 3))]
+    assert d.started(small.id) is None and d.pending_for(small.id).reason is PendingReason.RESOURCES
+    # the next pass: the victim checkpoints, its preemptor waits in Slurm on its GPU. That GPU is no longer on its
+    # way back to the lab, so a job that needs one preempts the next low job (and is handed over too) rather than
+    # waiting for a GPU that will never be free
+    victim = low[2].evolve(state=JobState.PREEMPTING, preempted_for=urgent.id)
+    handed = urgent.evolve(state=JobState.STARTING, placement=d.started(urgent.id).placement)
+    normal = jobs.queued(1)
+    d = schedule([low[0], low[1], victim, handed, normal], [slurm], now=NOW + 1)
+    [preempt] = d.preemptions
+    assert preempt.for_job == normal.id and preempt.gpu_indices in ((0,), (1,))
+    assert gpus_of(d, normal.id) == [("s", preempt.gpu_indices)]
+
+
+def test_a_job_is_handed_over_early_only_where_every_node_it_needs_hands_jobs_over(jobs):
+    """A native node starts what it is given at once, on GPUs its victim may still use: the preemptor waits."""
+    slurm = make_node("s", "sim:ws-4x3090", shares=False, hands_over=True)
+    native = make_node("w", "sim:ws-4x3090")
+    low = [jobs.running(n, (i,), priority=LOW) for n in (slurm, native) for i in range(4)]
+    both = jobs.queued(8, nodes=2, priority=URGENT)
+    d = schedule([*low, both], [slurm, native], now=NOW)
+    assert len(d.preemptions) == 8 and d.started(both.id) is None
+    assert d.pending_for(both.id).reason is PendingReason.PREEMPTING
+    alone = jobs.queued(4, priority=URGENT)
+    d = schedule([*low, alone], [slurm, native], now=NOW)
+    started = d.started(alone.id)
+    planned = {p.node for p in d.preemptions}
+    assert (started is not None) == (planned == {"s"}), (planned, started)
+
+
+def test_whether_a_node_hands_jobs_over_travels_from_its_agent_and_through_the_store():
+    from labq.protocol.agents import parse_node
+    from labq.protocol.codec import decode_node, encode_node
+
+    slurm, ws = make_node("s", "sim:ws-4x3090", hands_over=True), make_node("w", "sim:ws-4x3090")
+    assert parse_node(encode_node(slurm)).hands_over is True and decode_node(encode_node(slurm)).hands_over is True
+    assert "hands_over" not in encode_node(ws)  # an agent or a store from before says nothing: it starts at once
+    assert parse_node(encode_node(ws)).hands_over is False and decode_node(encode_node(ws)).hands_over is False
+
 # -- backfill and estimates ----------------------------------------------------------------
 
 
