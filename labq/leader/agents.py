@@ -152,7 +152,10 @@ class Agents:
                 for a in job.placement.allocations:
                     for g in a.gpu_indices:
                         if job.spec.share_mib is None:
-                            in_use.setdefault(a.node, {})[g] = job.id
+                            on_node = in_use.setdefault(a.node, {})
+                            # a job handed over to wait there (Slurm) shows once the one it waits for has gone
+                            if job.state is not JobState.STARTING or g not in on_node:
+                                on_node[g] = job.id
                         else:
                             used, peak = state.gpu_mem.get(job.id, (None, None))
                             shared.setdefault(a.node, {}).setdefault(str(g), []).append(

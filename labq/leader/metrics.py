@@ -123,10 +123,11 @@ class LabCollector:
             reservations = [r for r in self.bookings.current(now) if r.start <= now and r.node is not None]
         # counted by (state, priority) at C speed, named per kind, not per job: a scrape of a long queue
         counts = Tally(zip(map(_STATE, jobs), map(_PRIORITY, map(_SPEC, jobs))))
-        allocated: dict[str, int] = {}
+        taken: dict[str, set[int]] = {}  # a GPU counts once: jobs share it, or a preemptor waits there in Slurm
         for job in on_gpus:
             for allocation in job.placement.allocations if job.placement is not None else ():
-                allocated[allocation.node] = allocated.get(allocation.node, 0) + len(allocation.gpu_indices)
+                taken.setdefault(allocation.node, set()).update(allocation.gpu_indices)
+        allocated = {name: len(gpus) for name, gpus in taken.items()}
         named: dict[tuple[str, str], int] = {}
         for (job_state, priority), n in counts.items():
             key = (job_state.value, priority_name(priority))

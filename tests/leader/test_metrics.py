@@ -91,6 +91,44 @@ def test_a_scrape_shows_the_jobs_the_gpus_and_what_the_api_answered(lab):
     assert "alice" not in text and "root" not in text  # no label names a person
 
 
+
+def test_a_gpu_a_preemptor_waits_for_in_slurm_counts_once_and_shows_the_job_still_on_it(tmp_path):
+    """On a node that hands jobs over (Slurm), the preemptor is placed on its victim's GPUs while the victim saves:
+    those GPUs are allocated once, not twice, and ``labq gpus`` shows the victim on them until it has gone."""
+    lab = start_loopback_leader(tmp_path, min_runtime_s=0.0)
+    try:
+        _preemptor_waits_in_slurm(lab)
+    finally:
+        lab.stop()
+
+
+def _preemptor_waits_in_slurm(lab) -> None:
+    status, _, doc = lab.request("POST", "/v1/agents/register", {"node": node("s1", 4) | {
+        "shares": False, "hands_over": True}, "version": "0"}, token=lab.join_token)
+    assert status == 200, doc
+    agent = doc["agent_token"]
+    status, _, low = lab.request("POST", "/v1/jobs", {"command": ["train"], "gpus": 4, "workdir": "/tmp",
+                                                      "priority": "low"})
+    assert status == 201, low
+    low = low["id"] if "id" in low else low["job"]["id"]
+    lab.leader.scheduling.schedule_pass()
+    status, _, doc = lab.request("POST", "/v1/agents/s1/sync", {
+        "attempts": [{"job_id": low, "attempt": 1, "running": True}]}, token=agent)
+    assert status == 200, doc
+    status, _, urgent = lab.request("POST", "/v1/jobs", {"command": ["train"], "gpus": 4, "workdir": "/tmp",
+                                                         "priority": "urgent"})
+    assert status == 201, urgent
+    urgent = urgent["id"] if "id" in urgent else urgent["job"]["id"]
+    lab.leader.scheduling.schedule_pass()
+    states = {j: lab.request("GET", f"/v1/jobs/{j}")[2] for j in (low, urgent)}
+    states = {j: doc.get("job", doc)["state"] for j, doc in states.items()}
+    assert states == {low: "preempting", urgent: "starting"}
+    got = samples(scrape(lab, lab.admin_token)[2])
+    assert got[("labq_node_gpus", (("kind", "allocated"), ("node", "s1")))] == 4
+    status, _, doc = lab.request("GET", "/v1/nodes")
+    (s1,) = [n for n in doc["nodes"] if n["name"] == "s1"]
+    assert s1["gpus_in_use"] == {str(g): low for g in range(4)}
+
 def test_the_scrape_token_reads_the_metrics_and_nothing_else(lab):
     agent = register(lab, "n1", 1)
     assert scrape(lab, SCRAPE_TOKEN)[0] == 200
