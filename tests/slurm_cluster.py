@@ -77,7 +77,7 @@ ResumeProgram=/bin/true
 SuspendTime=3600
 ResumeTimeout=60
 MaxJobCount=200000
-{scheduler_parameters}NodeName={host} NodeAddr=127.0.0.1 CPUs=16 RealMemory=64000 Gres=gpu:{gres_type}:{gpus} State=UNKNOWN
+{scheduler_parameters}{epilog}NodeName={host} NodeAddr=127.0.0.1 CPUs=16 RealMemory=64000 Gres=gpu:{gres_type}:{gpus} State=UNKNOWN
 NodeName={host}-b NodeAddr=127.0.0.1 {second_node} CPUs=16 RealMemory=64000 Gres=gpu:{gres_type}:{gpus}
 PartitionName={partition} Nodes={host},{host}-b Default=YES MaxTime=INFINITE State=UP
 """
@@ -99,14 +99,16 @@ class SlurmCluster:
 
     def __init__(self, root: Path, *, partition: str = "gpu", with_slurmd: bool = True,
                  scheduler_parameters: str | None = None, open_to_all: bool = False,
-                 accounting: bool = False, two_nodes: bool = False) -> None:
+                 accounting: bool = False, two_nodes: bool = False, epilog: bool = False) -> None:
         """``scheduler_parameters``: Slurm's ``SchedulerParameters`` (e.g. ``batch_sched_delay=0``), else its
         defaults. ``open_to_all``: every account here may use it (its folder, config and munge socket may be
         reached), as on a cluster; else only this one. ``accounting``: with slurmdbd on a MariaDB of its own
-        (``sacct`` answers), as most sites run Slurm. ``two_nodes``: the second node runs jobs too."""
+        (``sacct`` answers), as most sites run Slurm. ``two_nodes``: the second node runs jobs too. ``epilog``: with an
+        ``Epilog`` (one that does nothing), as most sites have: Slurm 22.05 schedules at once when a node's epilog
+        completes, and without one only on its next tick (``batch_sched_delay``)."""
         self.root, self.partition, self.with_slurmd = root, partition, with_slurmd
         self.scheduler_parameters, self.open_to_all = scheduler_parameters, open_to_all
-        self.accounting, self.two_nodes = accounting, two_nodes
+        self.accounting, self.two_nodes, self.epilog = accounting, two_nodes, epilog
         self.host = socket.gethostname().split(".")[0]
         self.nodes = [self.host, f"{self.host}-b"] if two_nodes else [self.host]  #: the nodes that run jobs
         self.conf = root / "slurm.conf"
@@ -136,7 +138,7 @@ class SlurmCluster:
             root=root, gres_type=GRES_TYPE, gpus=GPUS, partition=self.partition, accounting=accounting,
             second_node=f"Port={free_port()} State=UNKNOWN" if self.two_nodes else "State=CLOUD Weight=100",
             scheduler_parameters=f"SchedulerParameters={self.scheduler_parameters}\n" if self.scheduler_parameters
-            else ""))
+            else "", epilog="Epilog=/bin/true\n" if self.epilog else ""))
         (root / "gres.conf").write_text("".join(  # both nodes' GPUs are the same files: slurmd only checks they exist
             f"NodeName={node} Name=gpu Type={GRES_TYPE} File={root}/gpus/gpu[0-{GPUS - 1}]\n"
             for node in (self.host, f"{self.host}-b")))

@@ -441,6 +441,9 @@ def _agent(args) -> int:
         advertisers.append(None if args.no_mdns else _advertise_agent(agent, token))
         print(f"labq agent {agent.config.name} serving the leader at {agent.leader_url}; {agent.runs_jobs_as()}",
               file=sys.stderr)
+    note = agents[0].runtime.slurm.site.start_note() if agents[0].runtime.slurm is not None else None
+    if note:
+        print(f"labq agent: {note}", file=sys.stderr)
 
     def stop() -> None:
         for advertiser, agent in zip(advertisers, agents):

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
-    yield from running(SlurmCluster(tmp_path_factory.mktemp("slurm"), two_nodes=True))
+    yield from running(SlurmCluster(tmp_path_factory.mktemp("slurm"), two_nodes=True, epilog=True))
 
 
 def test_one_agent_serves_every_node_of_a_partition(tmp_path, two_nodes):
@@ -39,6 +39,7 @@ def test_one_agent_serves_every_node_of_a_partition(tmp_path, two_nodes):
         assert {g["memory_mib"] for name in (first, second) for g in nodes[name]["gpus"]} == {80 * 1024}
         lab.wait(lambda: all(f"labq agent {name} serving" in log.read_text() for name in (first, second)),
                  "the agent to say it serves both")
+        assert two_nodes.epilog and "Epilog" not in log.read_text()  # a Slurm with one starts preemptors at once
 
         on = {name: lab.submit("sh", "-c", "echo on $SLURMD_NODENAME", node=name, gpus=2) for name in (first, second)}
         for name, job in on.items():
