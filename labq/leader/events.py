@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -27,9 +28,14 @@ class EventHub:
         return self._seq
 
     def publish(self, kind: str, data: dict) -> None:
+        self.publish_all(kind, (data,))
+
+    def publish_all(self, kind: str, datas: Iterable[dict]) -> None:
+        """Several events of one kind, in order, with one wake-up of the streams (an array's tasks)."""
         with self._cond:
-            self._seq += 1
-            self._recent.append(Event(self._seq, kind, data))
+            for data in datas:
+                self._seq += 1
+                self._recent.append(Event(self._seq, kind, data))
             self._cond.notify_all()
 
     def after(self, seq: int, timeout: float) -> list[Event]:

@@ -15,7 +15,7 @@ from labq.leader.scheduling import finished_states
 from labq.leader.state import LabState
 from labq.leader.users import admin_only, user_only
 from labq.models.actions import ActionRefused, Rules, Wish, acted
-from labq.models.arrays import task_spec
+from labq.models.arrays import task_specs
 from labq.models.decisions import Pending
 from labq.models.job import Job, JobSpec, JobState, Runtime
 from labq.models.priority import priority_name
@@ -63,8 +63,8 @@ class Queue:
         sweep, size = request.sweep, len(request.sweep.tasks)
 
         def tasks(array_id: int, spec: JobSpec, now: float) -> list[Job]:  # an id of its own, no job's: 12.0...
-            return [Job(array_id + 1 + k, task_spec(spec, array_id, task, sweep.cap, size), submitted_at=now)
-                    for k, task in enumerate(sweep.tasks)]
+            return [Job(array_id + 1 + k, one, submitted_at=now)
+                    for k, one in enumerate(task_specs(spec, array_id, sweep.tasks, sweep.cap, size))]
 
         jobs = self._enqueue(who, request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s),
                              tasks=(1 + size, tasks))
@@ -110,8 +110,7 @@ class Queue:
             quiet = waits_whatever_the_order(jobs[0], state.nodes(), state.on_gpus.values(), state.policy())
             if quiet:
                 state.defer(QUIET_SUBMIT_PASS_S)
-        for job in jobs:
-            state.publish_job(job)
+        state.publish_jobs(jobs)
         if not quiet:
             state.wake()
         return jobs

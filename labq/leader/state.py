@@ -214,8 +214,7 @@ class LabState:
             if name in self.agents:
                 self.agents[name].version += 1
         self.changed.notify_all()
-        for job in jobs:
-            self.publish_job(job)
+        self.publish_jobs(jobs)
         if notices:
             self.notify.committed(notices, outbox)
         if jobs and wake:
@@ -298,15 +297,9 @@ class LabState:
             spent[job.user] = spent.get(job.user, self.usage.get(job.user, 0.0)) + hours
         return spent
 
-    def publish_job(self, job: Job) -> None:
-        event = {"job_id": job.id, "state": job.state.value, "user": job.user, "attempt": job.attempt}
-        if job.preempted_for is not None:
-            event["preempted_for"] = job.preempted_for
-        if job.drained_for is not None:
-            event["drained_for"] = job.drained_for
-        if job.note:
-            event["note"] = job.note
-        self.events.publish("job", event)
+    def publish_jobs(self, jobs: Iterable[Job]) -> None:
+        """Each job's new version as a ``job`` event, for the streams (``labq ls --watch``, the TUI)."""
+        self.events.publish_all("job", map(_job_event, jobs))
 
     def nodes(self) -> list[Node]:
         return [s.node for s in self.agents.values()]
@@ -318,3 +311,14 @@ class LabState:
 
 def _waits_on(job: Job) -> bool:
     return bool(job.spec.depends_on) or job.spec.reservation is not None
+
+
+def _job_event(job: Job) -> dict:
+    event = {"job_id": job.id, "state": job.state.value, "user": job.user, "attempt": job.attempt}
+    if job.preempted_for is not None:
+        event["preempted_for"] = job.preempted_for
+    if job.drained_for is not None:
+        event["drained_for"] = job.drained_for
+    if job.note:
+        event["note"] = job.note
+    return event

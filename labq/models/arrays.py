@@ -147,8 +147,20 @@ def sweep(array: str | None = None, grids: Sequence[str] = ()) -> Sweep:
 
 def task_command(command: Sequence[str], task: Task) -> tuple[str, ...]:
     """``command`` with ``{index}`` and each ``{name}`` of the task's grids replaced; other braces as they are."""
-    values = {"index": str(task.index), **dict(task.params)}
-    return tuple(_PLACEHOLDER.sub(lambda m: values.get(m[1], m[0]), word) for word in command)
+    return _fill(_command_parts(command), {"index": str(task.index), **dict(task.params)})
+
+
+def _command_parts(command: Sequence[str]) -> tuple[str | tuple[str, ...], ...]:
+    """Each word of ``command`` as it is, or, where it has placeholders, split around them: the literal text at
+    even places, a placeholder's name at odd ones. Split once for all of an array's tasks."""
+    return tuple(word if _PLACEHOLDER.search(word) is None else tuple(_PLACEHOLDER.split(word)) for word in command)
+
+
+def _fill(parts: tuple[str | tuple[str, ...], ...], values: dict[str, str]) -> tuple[str, ...]:
+    return tuple(word if type(word) is str else  # noqa: E721 - a word, or its split parts
+                 "".join(piece if i % 2 == 0 else values.get(piece, "{" + piece + "}")
+                         for i, piece in enumerate(word))
+                 for word in parts)
 
 
 def unknown_placeholders(command: Sequence[str], names: Sequence[str]) -> list[str]:
@@ -160,14 +172,31 @@ def unknown_placeholders(command: Sequence[str], names: Sequence[str]) -> list[s
 
 def task_spec(spec: JobSpec, array_id: int, task: Task, cap: int | None, tasks: int) -> JobSpec:
     """The spec of ``task`` of array ``array_id``: ``spec`` with the task's command, environment and place in the
-    array. Made without ``dataclasses.replace``, which checks the whole spec again (a third of the submit of a
-    10,000-task array): only the command, the environment and the array differ, and none of them is checked there;
-    what is cached of ``spec`` (its shape) holds for every task."""
-    made = object.__new__(JobSpec)
-    made.__dict__.update(spec.__dict__)
-    made.__dict__.update(command=task_command(spec.command, task),
-                         env=tuple(sorted({**dict(spec.env), **task_env(array_id, task)}.items())),
-                         array_id=array_id, array_index=task.index, array_cap=cap, array_tasks=tasks)
+    array (``task_specs`` of one)."""
+    return task_specs(spec, array_id, (task,), cap, tasks)[0]
+
+
+def task_specs(spec: JobSpec, array_id: int, chosen: Sequence[Task], cap: int | None, tasks: int) -> list[JobSpec]:
+    """The specs of the ``chosen`` tasks of array ``array_id`` (of ``tasks`` in all): ``spec`` with each task's
+    command, environment and place in the array. Made without ``dataclasses.replace``, which checks the whole spec
+    again (a third of the submit of a 10,000-task array): only the command, the environment and the array differ,
+    and none of them is checked there; what is cached of ``spec`` (its shape) holds for every task. What all the
+    tasks share (the command split around its placeholders, the environment but the task's own entries) is made
+    once."""
+    parts = _command_parts(spec.command)
+    env = {**dict(spec.env), "LABQ_ARRAY_ID": str(array_id)}
+    shared = {**spec.__dict__, "array_id": array_id, "array_cap": cap, "array_tasks": tasks}
+    made = []
+    for task in chosen:
+        index = str(task.index)
+        own = dict(env, LABQ_ARRAY_INDEX=index)
+        values = {"index": index}
+        for name, value in task.params:
+            own[f"LABQ_PARAM_{name.upper()}"] = values[name] = value
+        one = object.__new__(JobSpec)
+        one.__dict__.update(shared)
+        one.__dict__.update(command=_fill(parts, values), env=tuple(sorted(own.items())), array_index=task.index)
+        made.append(one)
     return made
 
 
