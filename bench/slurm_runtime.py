@@ -26,15 +26,16 @@ partition, one a simulated workstation ``sim:ws-4x3090``):
     (medians).
 
 Slurm 22.05 starts a waiting job the moment a node's epilog completes, and otherwise only on its scheduler's
-tick (``batch_sched_delay``, 3 s by default): ``--epilog`` runs Slurm with an Epilog (one that does nothing), as
-a site may. Without one every Slurm figure here is that tick, with or without labq.
+tick (``batch_sched_delay``, 3 s by default). Its Slurm runs an Epilog (one that does nothing), as labq's README
+asks of a site and its agent says at start where there is none; ``--no-epilog`` runs it without one, where every
+Slurm figure here is that tick, with or without labq.
 
 ``--batch-sched-delay S`` runs Slurm with ``SchedulerParameters=batch_sched_delay=S`` (how long Slurm may put
 off scheduling a newly submitted batch job; 3 s by default), as a site may tune it.
 
 Timings are printed, never asserted. Without slurm-wlm the benchmark says so and exits 2.
 
-Run:  .venv/bin/python bench/slurm_runtime.py [--samples 5] [--json] [--keep] [--batch-sched-delay S] [--epilog]
+Run:  .venv/bin/python bench/slurm_runtime.py [--samples 5] [--json] [--keep] [--batch-sched-delay S] [--no-epilog]
 """
 
 from __future__ import annotations
@@ -167,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (logs) for a look")
     parser.add_argument("--batch-sched-delay", type=float, metavar="S",
                         help="run Slurm with SchedulerParameters=batch_sched_delay=S (Slurm's default: 3)")
-    parser.add_argument("--epilog", action="store_true",
-                        help="run Slurm with an Epilog (one that does nothing), as most sites have: Slurm schedules "
-                             "when a node's epilog completes, without one only on its next tick")
+    parser.add_argument("--no-epilog", dest="epilog", action="store_false",
+                        help="run Slurm without an Epilog (its Slurm has one that does nothing): Slurm then starts "
+                             "a waiting job only on its scheduler's next tick, not when a node's epilog completes")
     args = parser.parse_args(argv)
     from tests.slurm_cluster import SlurmCluster, missing_tools
 
