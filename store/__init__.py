@@ -6,7 +6,7 @@ in memory for the simulator and demos. Both implement ``Store``.
 
 from labq.store.contract import (
     Change, CommitFailed, CorruptDatabase, DeleteJob, DeleteRecord, HistoryPart, InvalidChange, PutJob, PutRecord,
-    SchemaMismatch, Store, StoredState, StoreError, StoreLocked,
+    PutTasks, SchemaMismatch, Store, StoredState, StoreError, StoreLocked,
 )
 from labq.store.memory import MemoryStore
 from labq.store.recovery import RecoveryPlan, plan_recovery, recover
@@ -15,6 +15,7 @@ from labq.store.tinydb_store import TinyDBStore, collector_paused
 __all__ = [
     "Change", "CommitFailed", "CorruptDatabase", "DeleteJob", "DeleteRecord", "HistoryPart", "InvalidChange",
     "MemoryStore",
-    "PutJob", "PutRecord", "RecoveryPlan", "SchemaMismatch", "Store", "StoreError", "StoreLocked", "StoredState",
+    "PutJob", "PutRecord", "PutTasks", "RecoveryPlan", "SchemaMismatch", "Store", "StoreError", "StoreLocked",
+    "StoredState",
     "TinyDBStore", "collector_paused", "plan_recovery", "recover",
 ]

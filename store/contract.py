@@ -35,6 +35,45 @@ class PutJob:
 
 
 @dataclass(frozen=True)
+class PutTasks:
+    """New jobs of one shape, an array's tasks, in one change: ``first`` is the first task's whole document, and
+    each of ``others`` (id, command, environment, index in the array) another task's, the same as ``first`` but for
+    those (``task_doc``). Their ids are new. The journal keeps them so, not as whole documents: a 10,000-task array
+    is one small record, and the whole documents are written when a compaction folds it into the snapshot."""
+
+    first: Mapping
+    #: each: (id, command, environment as a mapping or (name, value) pairs, index)
+    others: Sequence[tuple[int, Sequence[str], Mapping[str, str] | Sequence[tuple[str, str]], int]]
+
+
+def task_doc(first: Mapping, job_id: int, command: Sequence[str], env: Mapping[str, str], index: int) -> dict:
+    """The document of an array's task that differs from ``first`` (another task's) in its id, command,
+    environment and index alone."""
+    spec = first["spec"]
+    return {**first, "id": job_id, "spec": {**spec, "command": list(command), "env": dict(env),
+                                            "array": {**spec["array"], "index": index}}}
+
+
+class ToldTask:
+    """An array's task as ``PutTasks`` told it, kept so in the store's hot state until its whole document is
+    asked for (``whole``): by a compaction, or the leader's next start. Making 10,000 documents would cost a
+    big array's submit more than all the rest of its commit."""
+
+    __slots__ = ("first", "job_id", "command", "env", "index")
+
+    def __init__(self, first: Mapping, job_id: int, command: Sequence[str], env: Mapping[str, str],
+                 index: int) -> None:
+        self.first, self.job_id, self.command, self.env, self.index = first, job_id, command, env, index
+
+
+def whole(doc: Mapping | ToldTask) -> dict:
+    """A job's document, made whole if it is a ``ToldTask``."""
+    if type(doc) is ToldTask:
+        return task_doc(doc.first, doc.job_id, doc.command, doc.env, doc.index)
+    return doc
+
+
+@dataclass(frozen=True)
 class DeleteJob:
     job_id: int
 
@@ -54,7 +93,7 @@ class DeleteRecord:
     key: str
 
 
-Change = PutJob | DeleteJob | PutRecord | DeleteRecord
+Change = PutJob | PutTasks | DeleteJob | PutRecord | DeleteRecord
 
 
 @dataclass(frozen=True)
@@ -171,8 +210,10 @@ class Batch:
 
     It reads the store's ``Ids`` and record keys without changing them; the
     store takes the effect in with ``settle`` once the batch is on disk.
-    ``jobs`` maps id -> new document, or None when the job leaves the hot state;
-    ``archive`` lists finished job documents and tombstones (``{"deleted": id}``).
+    ``jobs`` maps id -> new document (an array's task: a ``ToldTask``), or None when the job leaves the hot state;
+    ``archive`` lists finished job documents and tombstones (``{"deleted": id}``);
+    ``tasks`` lists each ``PutTasks`` as (first document, others), and ``told`` the ids whose document in
+    ``jobs`` is told so (for the journal: none a later change in the batch made again).
     """
 
     ids: Ids
@@ -182,6 +223,8 @@ class Batch:
     left: set[int] = field(default_factory=set)  #: ids spent by this batch
     records: dict[tuple[str, str], dict | None] = field(default_factory=dict)
     archive: list[dict] = field(default_factory=list)
+    tasks: list[tuple[dict, list[tuple[int, list[str], dict[str, str], int]]]] = field(default_factory=list)
+    told: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.next_job_id = max(self.next_job_id, self.ids.next_job_id)
@@ -196,7 +239,10 @@ class Batch:
         draft = _Draft(self, self.next_job_id)
         for change in changes:
             draft.take(change)
+        self.told -= draft.jobs.keys()
+        self.told |= draft.told
         self.jobs.update(draft.jobs)
+        self.tasks.extend(draft.tasks)
         self.left |= draft.left
         self.records.update(draft.records)
         self.archive.extend(draft.archive)
@@ -229,12 +275,18 @@ class _Draft:
     left: set[int] = field(default_factory=set)
     records: dict[tuple[str, str], dict | None] = field(default_factory=dict)
     archive: list[dict] = field(default_factory=list)
+    tasks: list[tuple[dict, list[tuple[int, list[str], dict[str, str], int]]]] = field(default_factory=list)
+    told: set[int] = field(default_factory=set)
 
     def take(self, change: Change) -> None:
         if isinstance(change, PutJob):
             self._put_job(change)
+            self.told.discard(change.doc.get("id") if isinstance(change.doc, Mapping) else None)
+        elif isinstance(change, PutTasks):
+            self._put_tasks(change)
         elif isinstance(change, DeleteJob):
             self._delete_job(change.job_id)
+            self.told.discard(change.job_id)
         elif isinstance(change, PutRecord):
             table, key = _record_address(change.table, change.key)
             if not isinstance(change.doc, Mapping):
@@ -261,6 +313,47 @@ class _Draft:
             self.archive.append(doc)
         else:
             self.jobs[job_id] = doc
+
+    def _put_tasks(self, change: PutTasks) -> None:
+        first = _job_doc(change.first)
+        spec = first.get("spec")
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("array"), Mapping):
+            raise InvalidChange(f"job {first['id']}: an array's task needs spec.array")
+        if is_finished(first):
+            raise InvalidChange(f"job {first['id']}: an array's new tasks are not finished")
+        others = []
+        for item in change.others:
+            if not isinstance(item, (tuple, list)) or len(item) != 4:
+                raise InvalidChange(f"an array's task is (id, command, environment, index), not {item!r}")
+            job_id, command, env, index = item
+            if not isinstance(job_id, int) or isinstance(job_id, bool) or job_id < 1:
+                raise InvalidChange(f"a job needs an integer id of 1 or more, not {job_id!r}")
+            try:  # words all: join says so at C speed
+                if not isinstance(command, (list, tuple)) or isinstance(env, (str, bytes)):
+                    raise TypeError
+                env = dict(env)
+                "".join(command), "".join(env), "".join(env.values())
+                if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+                    raise TypeError
+            except (TypeError, ValueError):
+                raise InvalidChange(f"job {job_id}: a task's command is words, its environment names to words, "
+                                    "its index a whole number") from None
+            others.append((job_id, list(command), env, index))
+        ids = [first["id"]] + [o[0] for o in others]
+        if len(set(ids)) != len(ids):
+            raise InvalidChange("an array's tasks have ids of their own, each once")
+        for job_id in ids:
+            if self._hot(job_id):
+                raise InvalidChange(f"job {job_id} exists already: an array's tasks are new jobs")
+            if self._spent(job_id):
+                raise InvalidChange(f"job {job_id} has ended: job ids are never reused, and an array's tasks are "
+                                    "new jobs")
+        self.next_job_id = max(self.next_job_id, max(ids) + 1)
+        self.jobs[first["id"]] = first
+        for job_id, command, env, index in others:
+            self.jobs[job_id] = ToldTask(first, job_id, command, env, index)
+        self.told.update(ids)
+        self.tasks.append((first, others))
 
     def _delete_job(self, job_id: object) -> None:
         if not isinstance(job_id, int) or isinstance(job_id, bool) or not 1 <= job_id < self.next_job_id:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 
-from labq.store.contract import JOBS, META
+from labq.store.contract import JOBS, META, ToldTask, whole
 from labq.store.journal import dumps
 
 SCHEMA = 1
@@ -39,6 +39,7 @@ class HotState:
         self.reserved: int = meta["ids_reserved_until"]
         # TinyDB's own reader makes a Document of every job (a third of a second at 30,000 jobs): the tables
         # are read as the plain mappings TinyDB stores them as
+        #: by id, each job's document (an array's task told as its differences: a ``ToldTask``, ``whole`` makes it)
         self.jobs: dict[int, dict] = {int(doc_id): doc for doc_id, doc in data.get(JOBS, {}).items()}
         self.texts: dict[int, bytes] = {}  #: canonical encodings of jobs, where made
         #: table -> key -> (doc id, record)
@@ -49,7 +50,13 @@ class HotState:
                           for name, table in self.tables.items()}
 
     def take(self, record: dict, texts: dict[int, bytes] | None = None) -> None:
-        """Apply one journal record; ``texts``: the encodings of its jobs, when the caller made them."""
+        """Apply one journal record; ``texts``: the encodings of its jobs, when the caller made them. An array's
+        tasks (``tasks``: each ``PutTasks`` as its first task's document and the others' differences) come
+        before ``jobs``, which holds what later changes of the same commit made of them."""
+        for first, others in record.get("tasks", ()):
+            for job_id, doc in ((first["id"], first), *((o[0], ToldTask(first, *o)) for o in others)):
+                self.texts.pop(job_id, None)
+                self.jobs[job_id] = doc
         for key, doc in record["jobs"].items():
             job_id = int(key)
             self.texts.pop(job_id, None)
@@ -93,7 +100,7 @@ class Capture:
         parts = [b'{"' + META.encode() + b'":{"1":' + dumps(self.meta) + b"}"]
         for name in sorted(set(self.tables) | {JOBS}):
             if name == JOBS:
-                rows = sorted((str(i), self.texts.get(i) or dumps(doc)) for i, doc in self.jobs.items())
+                rows = sorted((str(i), self.texts.get(i) or dumps(whole(doc))) for i, doc in self.jobs.items())
             else:
                 rows = sorted((str(doc_id), dumps({"key": key, "record": record}))
                               for key, (doc_id, record) in self.tables[name].items())

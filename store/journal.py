@@ -4,7 +4,10 @@ A record is one line, ``LEN CRC PAYLOAD`` and a newline: LEN and CRC are 8 hex d
 payload's length in bytes and its CRC-32), the payload compact JSON::
 
     {"jobs":{"ID":DOC or null,...},"next_job_id":N,"records":[[TABLE,KEY,RECORD or null],...],
-     "reserved":R,"seq":S}
+     "reserved":R,"seq":S,"tasks":[[FIRST DOC,[[ID,COMMAND,ENV,INDEX],...]],...]}
+
+``tasks`` (only when a commit made an array's tasks) holds them as the first task's document and each other
+task's differences from it (``PutTasks``), applied before ``jobs``.
 
 Journal files are named by the first commit they may hold (``journal-000000000042.log``); the
 snapshot (``labq.json``) says which commit it holds, and loading replays every record after it.

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from labq.store.contract import Batch, Change, HistoryPart, Ids, StoredState, ended_within
+from labq.store.contract import Batch, Change, HistoryPart, Ids, StoredState, ended_within, whole
 
 
 class MemoryStore:
@@ -38,7 +38,7 @@ class MemoryStore:
                 if doc is None:
                     self._jobs.pop(job_id, None)
                 else:
-                    self._jobs[job_id] = copy.deepcopy(doc)
+                    self._jobs[job_id] = copy.deepcopy(whole(doc))
             for (table, key), record in batch.records.items():
                 if record is None:
                     del self._records[table][key]

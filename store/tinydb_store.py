@@ -45,7 +45,7 @@ from pathlib import Path
 from labq.store.archive import Archive
 from labq.store.contract import (
     META, Batch, Change, Ids, CommitFailed, CorruptDatabase, HistoryPart, SchemaMismatch, StoredState, StoreError,
-    StoreLocked,
+    StoreLocked, whole,
 )
 from labq.store.files import Disk, remove_stale_temp_files, replace_atomically
 from labq.store.hot import PREFIX, SCHEMA, HotState, stamp
@@ -260,7 +260,7 @@ class TinyDBStore:
     def load(self) -> StoredState:
         with self._hot_lock, collector_paused(freeze=True):
             hot = self._hot
-            jobs = {job_id: dict(doc) for job_id, doc in hot.jobs.items()}
+            jobs = {job_id: dict(whole(doc)) for job_id, doc in hot.jobs.items()}
             records = {name: {key: record for key, (_, record) in table.items()} for name, table in hot.tables.items()}
             return StoredState(jobs, records, hot.next_job_id, hot.seq)
 
@@ -327,11 +327,14 @@ class TinyDBStore:
             return
         seq = self._committed + 1
         reserved = max(self._reserved, batch.next_job_id + ID_RESERVE)  # a backup or recovery continues past it
-        texts = {job_id: dumps(doc) for job_id, doc in batch.jobs.items() if doc is not None}
+        told = batch.told  # an array's tasks: told as their differences, and encoded whole only by a compaction
+        texts = {job_id: dumps(doc) for job_id, doc in batch.jobs.items() if doc is not None and job_id not in told}
         records = [[name, key, record] for (name, key), record in batch.records.items()]
-        payload = (b'{"jobs":{' + b",".join(b'"%d":%s' % (job_id, texts.get(job_id, b"null")) for job_id in batch.jobs)
-                   + b'},"next_job_id":%d,"records":%s,"reserved":%d,"seq":%d}'
-                   % (batch.next_job_id, dumps(records), reserved, seq))
+        tasks = b',"tasks":%s' % dumps([[first, others] for first, others in batch.tasks]) if batch.tasks else b""
+        payload = (b'{"jobs":{' + b",".join(b'"%d":%s' % (job_id, texts.get(job_id, b"null"))
+                                            for job_id in batch.jobs if job_id not in told)
+                   + b'},"next_job_id":%d,"records":%s,"reserved":%d,"seq":%d%s}'
+                   % (batch.next_job_id, dumps(records), reserved, seq, tasks))
         sizes: dict = {}
         try:
             if batch.archive:

@@ -15,18 +15,18 @@ from labq.leader.scheduling import finished_states
 from labq.leader.state import LabState
 from labq.leader.users import admin_only, user_only
 from labq.models.actions import ActionRefused, Rules, Wish, acted
-from labq.models.arrays import task_specs
+from labq.models.arrays import task_jobs, task_specs
 from labq.models.decisions import Pending
 from labq.models.job import Job, JobSpec, JobState, Runtime
 from labq.models.priority import priority_name
 from labq.models.transitions import cancelled_by_someone, dependency_failure
 from labq.protocol import errors
-from labq.protocol.codec import decode_job, encode_tasks, hide_env
+from labq.protocol.codec import decode_job, encode_job, hide_env
 from labq.protocol.requests import ActionRequest, SubmitRequest
 from labq.scheduler import why_never_fits, why_no_node_runs_user
 from labq.scheduler.inert import waits_whatever_the_order
 from labq.scheduler.queues import lab_gpus, why_never_in_queue
-from labq.store import CommitFailed, PutJob, PutRecord
+from labq.store import CommitFailed, PutJob, PutRecord, PutTasks, collector_paused
 
 #: what ``labq cancel|hold|release|prio 12`` may do to a whole array
 ARRAY_ACTIONS = ("cancel", "hold", "release", "prio")
@@ -63,11 +63,11 @@ class Queue:
         sweep, size = request.sweep, len(request.sweep.tasks)
 
         def tasks(array_id: int, spec: JobSpec, now: float) -> list[Job]:  # an id of its own, no job's: 12.0...
-            return [Job(array_id + 1 + k, one, submitted_at=now)
-                    for k, one in enumerate(task_specs(spec, array_id, sweep.tasks, sweep.cap, size))]
+            return task_jobs(array_id + 1, task_specs(spec, array_id, sweep.tasks, sweep.cap, size), now)
 
-        jobs = self._enqueue(who, request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s),
-                             tasks=(1 + size, tasks))
+        with collector_paused():  # its tasks are many objects made and none freed: collections would only walk them
+            jobs = self._enqueue(who, request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s),
+                                 tasks=(1 + size, tasks))
         return jobs[0].spec.array_id, jobs
 
     def restart(self, who: Principal, job_id: int) -> Job:
@@ -97,7 +97,9 @@ class Queue:
             state.next_job_id += ids
         jobs = make(first, spec, now)
         try:
-            state.store.commit([PutJob(doc) for doc in encode_tasks(jobs)])
+            first = encode_job(jobs[0])  # an array's other tasks differ from it in a few fields: told so
+            state.store.commit([PutTasks(first, [(j.id, j.spec.command, j.spec.env, j.spec.array_index)
+                                                 for j in jobs[1:]]) if tasks else PutJob(first)])
         except CommitFailed as err:
             what = "array" if tasks else "job"
             raise errors.unavailable(f"the {what} was not saved, so it was not submitted: {err}") from None

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
 
-from labq.models.job import JobSpec
+from labq.models.job import Job, JobSpec
 
 MAX_TASKS = 10_000  #: the most tasks one submit makes
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
@@ -150,17 +150,34 @@ def task_command(command: Sequence[str], task: Task) -> tuple[str, ...]:
     return _fill(_command_parts(command), {"index": str(task.index), **dict(task.params)})
 
 
-def _command_parts(command: Sequence[str]) -> tuple[str | tuple[str, ...], ...]:
-    """Each word of ``command`` as it is, or, where it has placeholders, split around them: the literal text at
-    even places, a placeholder's name at odd ones. Split once for all of an array's tasks."""
-    return tuple(word if _PLACEHOLDER.search(word) is None else tuple(_PLACEHOLDER.split(word)) for word in command)
+def _command_parts(command: Sequence[str]) -> tuple[list[str], list[tuple[int, str]]]:
+    """``command`` made ready for many tasks: its words, and where a word has placeholders, its place and the word
+    as a format string (its other braces doubled). Made once for all of an array's tasks."""
+    words, formats = list(command), []
+    for at, word in enumerate(command):
+        pieces = _PLACEHOLDER.split(word)
+        if len(pieces) > 1:  # literal text at even places, a placeholder's name at odd ones
+            formats.append((at, "".join(piece.replace("{", "{{").replace("}", "}}") if i % 2 == 0 else
+                                        "{" + piece + "}" for i, piece in enumerate(pieces))))
+    return words, formats
 
 
-def _fill(parts: tuple[str | tuple[str, ...], ...], values: dict[str, str]) -> tuple[str, ...]:
-    return tuple(word if type(word) is str else  # noqa: E721 - a word, or its split parts
-                 "".join(piece if i % 2 == 0 else values.get(piece, "{" + piece + "}")
-                         for i, piece in enumerate(word))
-                 for word in parts)
+class _Values(dict):
+    """A task's values by placeholder; a name with none is kept as typed."""
+
+    def __missing__(self, name: str) -> str:
+        return "{" + name + "}"
+
+
+def _fill(parts: tuple[list[str], list[tuple[int, str]]], values: dict[str, str]) -> tuple[str, ...]:
+    words, formats = parts
+    if not formats:
+        return tuple(words)
+    words = words.copy()
+    values = _Values(values)
+    for at, form in formats:
+        words[at] = form.format_map(values)
+    return tuple(words)
 
 
 def unknown_placeholders(command: Sequence[str], names: Sequence[str]) -> list[str]:
@@ -184,18 +201,43 @@ def task_specs(spec: JobSpec, array_id: int, chosen: Sequence[Task], cap: int | 
     tasks share (the command split around its placeholders, the environment but the task's own entries) is made
     once."""
     parts = _command_parts(spec.command)
-    env = {**dict(spec.env), "LABQ_ARRAY_ID": str(array_id)}
+    # the environment's entries in their order, the task's own (its index, its grids' values) at known places
+    names = [f"LABQ_PARAM_{name.upper()}" for name, _ in (chosen[0].params if chosen else ())]
+    env = {**dict(spec.env), "LABQ_ARRAY_ID": str(array_id), "LABQ_ARRAY_INDEX": "", **dict.fromkeys(names, "")}
+    order = sorted(env)
+    base = [(key, env[key]) for key in order]
+    at_index, at_param = order.index("LABQ_ARRAY_INDEX"), [order.index(name) for name in names]
     shared = {**spec.__dict__, "array_id": array_id, "array_cap": cap, "array_tasks": tasks}
     made = []
     for task in chosen:
         index = str(task.index)
-        own = dict(env, LABQ_ARRAY_INDEX=index)
+        own = base.copy()
+        own[at_index] = ("LABQ_ARRAY_INDEX", index)
         values = {"index": index}
-        for name, value in task.params:
-            own[f"LABQ_PARAM_{name.upper()}"] = values[name] = value
+        for at, key, (name, value) in zip(at_param, names, task.params):
+            own[at] = (key, value)
+            values[name] = value
         one = object.__new__(JobSpec)
         one.__dict__.update(shared)
-        one.__dict__.update(command=_fill(parts, values), env=tuple(sorted(own.items())), array_index=task.index)
+        one.__dict__.update(command=_fill(parts, values), env=tuple(own), array_index=task.index)
+        made.append(one)
+    return made
+
+
+def task_jobs(first_id: int, specs: Sequence[JobSpec], submitted_at: float) -> list[Job]:
+    """A new job for each of an array's task ``specs``, ids from ``first_id`` on. Made as ``task_specs`` makes the
+    specs: the first as any job, the others its copies but for their id and spec, not through the dataclass's
+    checks again, which would cost a 10,000-task submit a tenth of what it may take."""
+    if not specs:
+        return []
+    first = Job(first_id, specs[0], submitted_at=submitted_at)
+    shared = first.__dict__
+    made = [first]
+    for k, spec in enumerate(specs[1:], first_id + 1):
+        one = object.__new__(Job)
+        fields = one.__dict__
+        fields.update(shared)
+        fields["id"], fields["spec"] = k, spec
         made.append(one)
     return made
 

@@ -115,19 +115,6 @@ def hide_env(doc: dict) -> dict:
     return {**doc, "spec": {**spec, "env": dict.fromkeys(spec.get("env") or {}, HIDDEN)}}
 
 
-def encode_tasks(tasks: list[Job]) -> list[dict]:
-    """``encode_job`` of each of an array's new tasks (or of one new job), made from the first one's document: they
-    differ only in their id, command, environment and index (``tests/unit/test_arrays.py`` holds the two to the same
-    documents)."""
-    if not tasks:
-        return []
-    first = encode_job(tasks[0])
-    spec = first["spec"]
-    return [first] + [{**first, "id": t.id, "spec": {**spec, "command": list(t.spec.command), "env": dict(t.spec.env),
-                                                     "array": {**spec["array"], "index": t.spec.array_index}}}
-                      for t in tasks[1:]]
-
-
 def decode_job(doc: dict) -> Job:
     return Job(id=doc["id"], spec=decode_spec(doc["spec"]), state=JobState(doc["state"]),
                placement=decode_placement(doc.get("placement")),

@@ -109,10 +109,13 @@ def test_another_user_may_not_act_on_an_array_and_an_admin_may(lab):
 def test_tasks_and_arrays_are_found_after_a_restart_and_once_they_ended(lab, tmp_path):
     aid = submit(lab, array="0-2")["array"]["id"]
     ok(lab, "POST", f"/v1/jobs/{aid}.0/actions", {"action": "cancel"}, token=lab.alice)
+    kept = {i: lab.leader.state.jobs[i] for i in (aid + 2, aid + 3)}
     lab.stop()
     again = start_loopback_leader(tmp_path / "data")
     try:
         again.admin_token = lab.admin_token
+        # the store's journal told them as their differences from the first task: they are whole again
+        assert {i: again.leader.state.jobs[i] for i in kept} == kept
         whole = ok(again, "GET", f"/v1/jobs/{aid}")["array"]
         assert whole["counts"] == {"cancelled": 1, "queued": 2}
         assert ok(again, "GET", f"/v1/jobs/{aid}.0")["job"]["state"] == "cancelled"  # from the archive

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from labq.store import DeleteJob, DeleteRecord, InvalidChange, PutJob, PutRecord
+from labq.store import DeleteJob, DeleteRecord, InvalidChange, PutJob, PutRecord, PutTasks
 from tests.store.conftest import job
 
 
@@ -140,3 +140,53 @@ def test_ids_handed_out_together_may_commit_in_any_order(stores):
         with pytest.raises(InvalidChange, match="never reused"):
             store.commit([PutJob(job(3))])
     assert store.load().next_job_id == 5
+
+
+# -- an array's tasks, told as their differences (PutTasks) ------------------------------------------------------
+
+
+def task(job_id: int, index: int = 0) -> dict:
+    return {"id": job_id, "state": "queued", "spec": {"user": "alice", "gpus": 1, "command": ["train", str(index)],
+                                                      "env": {"I": str(index)}, "array": {"id": 9, "index": index}}}
+
+
+def test_an_arrays_tasks_are_made_whole_and_survive_a_restart(stores):
+    store = stores.open()
+    store.commit([PutTasks(task(10), [(10 + i, ["train", str(i)], {"I": str(i)}, i) for i in range(1, 5)])])
+    for state in (store.load(), stores.reopen().load()):
+        assert state.jobs == {10 + i: task(10 + i, i) for i in range(5)} and state.next_job_id == 15
+
+
+def test_later_changes_in_the_commit_that_made_the_tasks_win(stores):
+    store = stores.open()
+    store.commit([PutTasks(task(1), [(2, ["train", "1"], [("I", "1")], 1), (3, ["train", "2"], {"I": "2"}, 2)]),
+                  PutJob(task(2, 1) | {"state": "held"}), DeleteJob(3)])
+    state = stores.reopen().load()
+    assert state.jobs == {1: task(1), 2: task(2, 1) | {"state": "held"}} and state.next_job_id == 4
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ([PutTasks(task(1), [(1, ["x"], {}, 1)])], "ids of their own, each once"),
+    ([PutTasks(task(1), [(2, ["x"], {}, 1), (2, ["x"], {}, 2)])], "ids of their own, each once"),
+    ([PutJob(task(2)), PutTasks(task(1), [(2, ["x"], {}, 1)])], "job 2 exists already"),
+    ([PutTasks(task(1), [(2, "train", {}, 1)])], "command is words"),
+    ([PutTasks(task(1), [(2, ["train", 3], {}, 1)])], "command is words"),
+    ([PutTasks(task(1), [(2, ["x"], {"A": 1}, 1)])], "environment names to words"),
+    ([PutTasks(task(1), [(2, ["x"], "A=1", 1)])], "environment names to words"),
+    ([PutTasks(task(1), [(2, ["x"], {}, -1)])], "index a whole number"),
+    ([PutTasks(task(1), [(0, ["x"], {}, 1)])], "integer id of 1 or more"),
+    ([PutTasks(task(1), [(2, ["x"], {})])], r"\(id, command, environment, index\)"),
+    ([PutTasks({"id": 1, "state": "queued", "spec": {}}, [])], "needs spec.array"),
+    ([PutTasks(task(1) | {"state": "succeeded"}, [])], "not finished"),
+])
+def test_bad_tasks_are_refused_with_a_reason_and_store_nothing(store, changes, words):
+    with pytest.raises(InvalidChange, match=words):
+        store.commit(changes)
+    assert store.load().seq == 0 and store.load().jobs == {}
+
+
+def test_tasks_of_a_job_that_is_gone_cannot_come_back(store):
+    store.commit([PutJob(task(1)), PutJob(task(2))])
+    store.commit([PutJob(task(2) | {"state": "cancelled", "ended_at": 1_700_000_000.0})])
+    with pytest.raises(InvalidChange, match="job 2 has ended: job ids are never reused"):
+        store.commit([PutTasks(task(3), [(2, ["x"], {}, 1)])])

@@ -1,7 +1,7 @@
 """Crash test: a leader killed with SIGKILL at random moments loses nothing it acknowledged.
 
-A child process commits a stream of random changes (submits, state changes,
-finishes that move jobs to the archive, deletions, records) and prints each
+A child process commits a stream of random changes (submits, an array's tasks,
+state changes, finishes that move jobs to the archive, deletions, records) and prints each
 change before committing it and again once acknowledged. The parent kills it
 at a random moment, reopens the store, and checks every acknowledged change.
 """
@@ -22,7 +22,8 @@ from labq.store import TinyDBStore
 
 CHILD = r"""
 import json, random, sys, time
-from labq.store import TinyDBStore, PutJob, DeleteJob, PutRecord
+from labq.store import TinyDBStore, PutJob, PutTasks, DeleteJob, PutRecord
+from labq.store.contract import task_doc
 store = TinyDBStore(sys.argv[1])
 rng = random.Random(int(sys.argv[2]))
 state = store.load()
@@ -52,6 +53,15 @@ while True:
             hot.pop(doc["id"], None)
         else:
             hot[doc["id"]] = doc
+    if rng.random() < 0.15:  # an array's tasks, told as their differences
+        first = {"id": next_id, "state": "queued", "n": rng.random(),
+                 "spec": {"command": ["t", "0"], "env": {"I": "0"}, "array": {"id": next_id - 1, "index": 0}}}
+        others = [(next_id + i, ["t", str(i)], {"I": str(i)}, i) for i in range(1, rng.randint(2, 60))]
+        changes.append(PutTasks(first, others))
+        for doc in [first] + [task_doc(first, *o) for o in others]:
+            intent.append(doc)
+            hot[doc["id"]] = doc
+        next_id += 1 + len(others)
     if rng.random() < 0.2:
         changes.append(PutRecord("reservations", f"r{rng.randint(1, 5)}", {"n": rng.random()}))
     print(json.dumps({"try": intent}), flush=True)

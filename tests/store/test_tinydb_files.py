@@ -236,3 +236,31 @@ def test_the_snapshot_is_tinydbs_format_and_canonical(data):
     finally:
         db.close()
     assert encode(json.loads(raw)) == raw
+
+
+def test_an_arrays_tasks_are_one_small_record_and_whole_documents_in_the_snapshot(tmp_path):
+    """The journal keeps an array's tasks as the first one's document and the others' differences; a compaction
+    writes each whole into the snapshot, in TinyDB's canonical form, and either way the lab loads the same."""
+    from labq.store import PutTasks
+    from labq.store.contract import task_doc
+    from labq.store.journal import journal_files, read_journal
+
+    first = {"id": 1, "state": "queued", "note": "é", "spec": {"user": "alice", "gpus": 1, "command": ["t", "0"],
+                                                              "env": {"I": "0"}, "array": {"id": 0, "index": 0},
+                                                              "workdir": "/home/alice/" + "w" * 300}}
+    others = [(1 + i, ["t", str(i)], {"I": str(i)}, i) for i in range(1, 1000)]
+    whole = {1: first} | {o[0]: task_doc(first, *o) for o in others}
+    folder = tmp_path / "data"
+    with TinyDBStore(folder) as store:
+        store.commit([PutTasks(first, others)])
+        [(_, path)] = journal_files(folder)
+        [record] = read_journal(path, last=True).records
+        assert record["jobs"] == {} and record["tasks"] == [[first, [list(o) for o in others]]]
+        assert path.stat().st_size < len(json.dumps(list(whole.values()))) / 5  # not a thousand documents
+    with TinyDBStore(folder) as store:  # replayed from the journal
+        assert store.load().jobs == whole
+        store.compact()  # (unless opening compacted it already)
+    raw = (folder / DB_NAME).read_bytes()
+    assert encode(json.loads(raw)) == raw and json.loads(raw)["jobs"]["1000"] == whole[1000]
+    with TinyDBStore(folder) as store:  # from the snapshot
+        assert store.load().jobs == whole

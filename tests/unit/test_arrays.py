@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from labq.models.arrays import (
-    MAX_TASKS, Sweep, Task, parse_array, parse_grid, sweep, task_command, task_env, task_spec, unknown_placeholders,
+    MAX_TASKS, Sweep, Task, parse_array, parse_grid, sweep, task_command, task_env, task_jobs, task_spec, task_specs,
+    unknown_placeholders,
 )
 
 
@@ -125,7 +126,8 @@ def test_a_tasks_spec_and_document_are_what_replace_and_encode_job_make():
     from dataclasses import replace
 
     from labq.models import Job, JobSpec
-    from labq.protocol.codec import encode_job, encode_tasks
+    from labq.protocol.codec import encode_job
+    from labq.store.contract import task_doc
 
     spec = JobSpec(user="alice", command=("train", "--lr={lr}", "{index}"), env=(("B", "1"), ("Z", "2")), gpus=2,
                    time_limit_s=3600.0)
@@ -137,4 +139,12 @@ def test_a_tasks_spec_and_document_are_what_replace_and_encode_job_make():
                             array_index=t.index, array_cap=3, array_tasks=2) for t in tasks]
     assert made[1].command == ("train", "--lr=3e-4", "1") and made[1].resource_shape == shape
     jobs = [Job(41 + k, s, submitted_at=5.0) for k, s in enumerate(made)]
-    assert encode_tasks(jobs) == [encode_job(j) for j in jobs]
+    assert task_jobs(41, made, 5.0) == jobs and task_jobs(41, [], 5.0) == []
+    # a grid's value wins over the same name in the submitted environment, as task_env's entries do
+    both = JobSpec(user="alice", command=("train",), env=(("LABQ_PARAM_LR", "mine"), ("A", "1")))
+    grid = sweep(None, ["lr=1e-3,3e-4", "seed=0,1"]).tasks
+    assert [s.env for s in task_specs(both, 7, grid, None, len(grid))] == [
+        tuple(sorted({**dict(both.env), **task_env(7, t)}.items())) for t in grid]
+    first = encode_job(jobs[0])  # what the store makes of a task told as its differences (PutTasks)
+    assert [task_doc(first, j.id, j.spec.command, dict(j.spec.env), j.spec.array_index) for j in jobs] == [
+        encode_job(j) for j in jobs]
