@@ -342,7 +342,8 @@ class _Draft:
         ids = [first["id"]] + [o[0] for o in others]
         if len(set(ids)) != len(ids):
             raise InvalidChange("an array's tasks have ids of their own, each once")
-        for job_id in ids:
+        fresh = min(ids) >= self.next_job_id  # past every id committed or taken so far: new, every one
+        for job_id in () if fresh else ids:
             if self._hot(job_id):
                 raise InvalidChange(f"job {job_id} exists already: an array's tasks are new jobs")
             if self._spent(job_id):

@@ -104,8 +104,7 @@ class Queue:
             what = "array" if tasks else "job"
             raise errors.unavailable(f"the {what} was not saved, so it was not submitted: {err}") from None
         with state.view:
-            for job in jobs:
-                state.add(job)
+            state.add(jobs)
             # on a lab whose GPUs are all held by jobs this one may not preempt, a pass would only find its
             # reason to wait: it waits for the next pass (a second at most), and a stream of such submits costs
             # one pass, not one each (an array's tasks have one shape: the first says it for all)

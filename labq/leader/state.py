@@ -132,14 +132,18 @@ class LabState:
         #: whom a change notifies, and how (``labq.leader.notify``); None: a lab that tells nobody
         self.notify: Notifier | None = None
 
-    def add(self, job: Job) -> None:
-        """Take in a job just submitted and committed (the view is held)."""
-        self.jobs[job.id] = job
-        if _waits_on(job):
-            self.waiting_on[job.id] = job
-        if job.spec.array_id is not None:
-            self.arrays.setdefault(job.spec.array_id, set()).add(job.id)
-        self._tell_watchers(None, job)
+    def add(self, jobs: list[Job]) -> None:
+        """Take in jobs just submitted and committed together (the view is held): one job, or an array's tasks,
+        which wait on the same jobs and reservation."""
+        for job in jobs:
+            self.jobs[job.id] = job
+        if _waits_on(jobs[0]):
+            self.waiting_on.update((job.id, job) for job in jobs)
+        array_id = jobs[0].spec.array_id
+        if array_id is not None:
+            self.arrays.setdefault(array_id, set()).update(job.id for job in jobs)
+        for job in jobs:
+            self._tell_watchers(None, job)
 
     def _tell_watchers(self, old: Job | None, new: Job) -> None:
         for watch in self.watchers:
