@@ -463,6 +463,7 @@ class _Pass(LabView):
                 self.holds[plan.node].append(Hold(job.id, job.priority, plan.target.mask, None))
         if early:
             self._hand_over(job, plans)
+            self._changed(touched & self.nodes.keys())  # a victim's other nodes too: it is no candidate there now
             return True
         # the GPUs of jobs on their way out that no one was promised (``leaving``) are this job's from now on
         gone = {j.id: j for p in plans for mask, j in self.leaving[p.node] if mask & p.target.mask}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from labq.models import JobState, NodeHealth, PendingReason, PriorityClass, Reservation
+from labq.models import (
+    Job, JobSpec, JobState, NodeAllocation, NodeHealth, PendingReason, Placement, PriorityClass, Reservation,
+)
 from labq.scheduler import Policy, schedule
 from tests.conftest import NOW, make_node
 
@@ -360,6 +362,25 @@ def test_a_job_is_handed_over_early_only_where_every_node_it_needs_hands_jobs_ov
     planned = {p.node for p in d.preemptions}
     assert (started is not None) == (planned == {"s"}), (planned, started)
 
+
+def test_a_victim_on_several_nodes_handed_over_on_one_is_no_victim_on_the_others(jobs):
+    """A job handed over early preempts a job that also runs elsewhere: the pass forgets what it had worked out on
+    every node that victim is on (as it does for a preemptor that waits), so a second job does not count on
+    taking it again there: it waits for a plan of its own. (A review found the second job held the victim's
+    other GPUs with "job  is checkpointing" for its reason, and its queue promised none of them.)"""
+    slurm = make_node("a", "sim:ws-4x3090", shares=False, hands_over=True)
+    native = make_node("b", "sim:ws-4x3090")
+    on = Placement(tuple(NodeAllocation(n.name, (0, 1), (n.gpus[0].uuid, n.gpus[1].uuid)) for n in (slurm, native)))
+    wide = Job(100, JobSpec(user="bob", command=("x",), gpus=4, nodes=2, priority=LOW), submitted_at=NOW - 4000,
+               state=JobState.RUNNING, placement=on, started_at=NOW - 3600)
+    kept = [jobs.running(n, (2, 3), preemptible=False) for n in (slurm, native)]
+    first, second = jobs.queued(2, priority=URGENT), jobs.queued(2, priority=URGENT)
+    d = schedule([wide, *kept, first, second], [slurm, native], now=NOW)
+    assert [(p.job_id, p.for_job) for p in d.preemptions] == [(wide.id, first.id)]
+    assert gpus_of(d, first.id) == [("a", (0, 1))]
+    pending = d.pending_for(second.id)
+    assert (pending.reason, pending.detail) == (PendingReason.RESOURCES,
+                                                "needs 2 suitable GPUs on one node; none is free")
 
 def test_whether_a_node_hands_jobs_over_travels_from_its_agent_and_through_the_store():
     from labq.protocol.agents import parse_node
