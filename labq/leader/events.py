@@ -19,6 +19,7 @@ class EventHub:
     def __init__(self, keep: int = 4096) -> None:
         self._cond = threading.Condition()
         self._seq = 0
+        self.keep = keep  #: how many recent events a stream that falls behind may still read
         self._recent: deque[Event] = deque(maxlen=keep)
         self._closed = False
         self._interrupts = 0
@@ -30,9 +31,11 @@ class EventHub:
     def publish(self, kind: str, data: dict) -> None:
         self.publish_all(kind, (data,))
 
-    def publish_all(self, kind: str, datas: Iterable[dict]) -> None:
-        """Several events of one kind, in order, with one wake-up of the streams (an array's tasks)."""
+    def publish_all(self, kind: str, datas: Iterable[dict], skipped: int = 0) -> None:
+        """Several events of one kind, in order, with one wake-up of the streams (an array's tasks); ``skipped``
+        more before them that no stream could read (past what is kept), counted but not made."""
         with self._cond:
+            self._seq += skipped
             for data in datas:
                 self._seq += 1
                 self._recent.append(Event(self._seq, kind, data))

@@ -302,8 +302,11 @@ class LabState:
         return spent
 
     def publish_jobs(self, jobs: Iterable[Job]) -> None:
-        """Each job's new version as a ``job`` event, for the streams (``labq ls --watch``, the TUI)."""
-        self.events.publish_all("job", map(_job_event, jobs))
+        """Each job's new version as a ``job`` event, for the streams (``labq ls --watch``, the TUI); of more than
+        the hub keeps (a big array's tasks), the last it keeps, the others counted."""
+        jobs = list(jobs)
+        keep = self.events.keep
+        self.events.publish_all("job", map(_job_event, jobs[-keep:]), skipped=max(0, len(jobs) - keep))
 
     def nodes(self) -> list[Node]:
         return [s.node for s in self.agents.values()]

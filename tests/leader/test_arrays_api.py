@@ -128,3 +128,17 @@ def test_tasks_and_arrays_are_found_after_a_restart_and_once_they_ended(lab, tmp
     finally:
         again.stop()
         lab.stop = lambda: None
+
+
+def test_a_big_arrays_events_are_the_last_the_streams_keep_and_count_every_task(lab):
+    """Past the events a stream that fell behind may read (the hub keeps 4,096), a big array's tasks are counted in
+    the events' numbers, and only the last ones are made: what a stream can read is the same either way."""
+    hub = lab.leader.state.events
+    before = hub.seq
+    array = submit(lab, array="0-4999")["array"]
+    assert hub.seq == before + 5000
+    events = hub.after(before, 0)
+    assert len(events) == hub.keep == 4096
+    assert [e.seq for e in events] == list(range(hub.seq - 4095, hub.seq + 1))
+    assert [e.data["job_id"] for e in events] == list(range(array["last"] - 4095, array["last"] + 1))
+    assert {(e.kind, e.data["state"], e.data["user"]) for e in events} == {("job", "queued", "alice")}
