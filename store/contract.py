@@ -212,8 +212,7 @@ class Batch:
     store takes the effect in with ``settle`` once the batch is on disk.
     ``jobs`` maps id -> new document (an array's task: a ``ToldTask``), or None when the job leaves the hot state;
     ``archive`` lists finished job documents and tombstones (``{"deleted": id}``);
-    ``tasks`` lists each ``PutTasks`` as (first document, others), and ``told`` the ids whose document in
-    ``jobs`` is told so (for the journal: none a later change in the batch made again).
+    ``tasks`` lists each ``PutTasks`` as (first document, others).
     """
 
     ids: Ids
@@ -224,7 +223,6 @@ class Batch:
     records: dict[tuple[str, str], dict | None] = field(default_factory=dict)
     archive: list[dict] = field(default_factory=list)
     tasks: list[tuple[dict, list[tuple[int, list[str], dict[str, str], int]]]] = field(default_factory=list)
-    told: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.next_job_id = max(self.next_job_id, self.ids.next_job_id)
@@ -239,14 +237,19 @@ class Batch:
         draft = _Draft(self, self.next_job_id)
         for change in changes:
             draft.take(change)
-        self.told -= draft.jobs.keys()
-        self.told |= draft.told
         self.jobs.update(draft.jobs)
         self.tasks.extend(draft.tasks)
         self.left |= draft.left
         self.records.update(draft.records)
         self.archive.extend(draft.archive)
         self.next_job_id = draft.next_job_id
+
+    def told(self) -> set[int]:
+        """The ids whose document in ``jobs`` is the one ``tasks`` tells (as its differences, or as the first
+        task's): no later change in the batch made it again. The journal writes those there alone."""
+        ids = {job_id for job_id, doc in self.jobs.items() if type(doc) is ToldTask}
+        ids.update(first["id"] for first, _ in self.tasks if self.jobs.get(first["id"]) is first)
+        return ids
 
     def settle(self) -> None:
         """Take the batch's effect into the store's ids and record keys (after it is on disk)."""
@@ -276,17 +279,14 @@ class _Draft:
     records: dict[tuple[str, str], dict | None] = field(default_factory=dict)
     archive: list[dict] = field(default_factory=list)
     tasks: list[tuple[dict, list[tuple[int, list[str], dict[str, str], int]]]] = field(default_factory=list)
-    told: set[int] = field(default_factory=set)
 
     def take(self, change: Change) -> None:
         if isinstance(change, PutJob):
             self._put_job(change)
-            self.told.discard(change.doc.get("id") if isinstance(change.doc, Mapping) else None)
         elif isinstance(change, PutTasks):
             self._put_tasks(change)
         elif isinstance(change, DeleteJob):
             self._delete_job(change.job_id)
-            self.told.discard(change.job_id)
         elif isinstance(change, PutRecord):
             table, key = _record_address(change.table, change.key)
             if not isinstance(change.doc, Mapping):
@@ -353,7 +353,6 @@ class _Draft:
         self.jobs[first["id"]] = first
         for job_id, command, env, index in others:
             self.jobs[job_id] = ToldTask(first, job_id, command, env, index)
-        self.told.update(ids)
         self.tasks.append((first, others))
 
     def _delete_job(self, job_id: object) -> None:

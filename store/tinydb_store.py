@@ -327,7 +327,7 @@ class TinyDBStore:
             return
         seq = self._committed + 1
         reserved = max(self._reserved, batch.next_job_id + ID_RESERVE)  # a backup or recovery continues past it
-        told = batch.told  # an array's tasks: told as their differences, and encoded whole only by a compaction
+        told = batch.told()  # an array's tasks: told as their differences, and encoded whole only by a compaction
         texts = {job_id: dumps(doc) for job_id, doc in batch.jobs.items() if doc is not None and job_id not in told}
         records = [[name, key, record] for (name, key), record in batch.records.items()]
         tasks = b',"tasks":%s' % dumps([[first, others] for first, others in batch.tasks]) if batch.tasks else b""

@@ -187,12 +187,6 @@ def unknown_placeholders(command: Sequence[str], names: Sequence[str]) -> list[s
     return sorted({m[1] for word in command for m in _PLACEHOLDER.finditer(word) if m[1] not in known})
 
 
-def task_spec(spec: JobSpec, array_id: int, task: Task, cap: int | None, tasks: int) -> JobSpec:
-    """The spec of ``task`` of array ``array_id``: ``spec`` with the task's command, environment and place in the
-    array (``task_specs`` of one)."""
-    return task_specs(spec, array_id, (task,), cap, tasks)[0]
-
-
 def task_specs(spec: JobSpec, array_id: int, chosen: Sequence[Task], cap: int | None, tasks: int) -> list[JobSpec]:
     """The specs of the ``chosen`` tasks of array ``array_id`` (of ``tasks`` in all): ``spec`` with each task's
     command, environment and place in the array. Made without ``dataclasses.replace``, which checks the whole spec
@@ -202,8 +196,9 @@ def task_specs(spec: JobSpec, array_id: int, chosen: Sequence[Task], cap: int | 
     once."""
     parts = _command_parts(spec.command)
     # the environment's entries in their order, the task's own (its index, its grids' values) at known places
-    names = [f"LABQ_PARAM_{name.upper()}" for name, _ in (chosen[0].params if chosen else ())]
-    env = {**dict(spec.env), "LABQ_ARRAY_ID": str(array_id), "LABQ_ARRAY_INDEX": "", **dict.fromkeys(names, "")}
+    own_env = task_env(array_id, chosen[0]) if chosen else {}
+    names = list(own_env)[2:]  # after LABQ_ARRAY_ID and LABQ_ARRAY_INDEX, each grid's, in the task's order
+    env = {**dict(spec.env), **own_env}
     order = sorted(env)
     base = [(key, env[key]) for key in order]
     at_index, at_param = order.index("LABQ_ARRAY_INDEX"), [order.index(name) for name in names]
@@ -243,7 +238,8 @@ def task_jobs(first_id: int, specs: Sequence[JobSpec], submitted_at: float) -> l
 
 
 def task_env(array_id: int, task: Task) -> dict[str, str]:
-    """What a task's environment says of it: ``LABQ_ARRAY_ID``, ``LABQ_ARRAY_INDEX`` and ``LABQ_PARAM_<NAME>``."""
+    """What a task's environment says of it: ``LABQ_ARRAY_ID``, ``LABQ_ARRAY_INDEX`` and ``LABQ_PARAM_<NAME>`` of
+    each of its grids, in that order."""
     env = {"LABQ_ARRAY_ID": str(array_id), "LABQ_ARRAY_INDEX": str(task.index)}
     env.update((f"LABQ_PARAM_{name.upper()}", value) for name, value in task.params)
     return env

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from labq.models.arrays import (
-    MAX_TASKS, Sweep, Task, parse_array, parse_grid, sweep, task_command, task_env, task_jobs, task_spec, task_specs,
+    MAX_TASKS, Sweep, Task, parse_array, parse_grid, sweep, task_command, task_env, task_jobs, task_specs,
     unknown_placeholders,
 )
 
@@ -133,7 +133,7 @@ def test_a_tasks_spec_and_document_are_what_replace_and_encode_job_make():
                    time_limit_s=3600.0)
     shape = spec.resource_shape  # cached: the tasks share it
     tasks = sweep("%3", ["lr=1e-3,3e-4"]).tasks
-    made = [task_spec(spec, 40, t, 3, len(tasks)) for t in tasks]
+    made = task_specs(spec, 40, tasks, 3, len(tasks))
     assert made == [replace(spec, command=task_command(spec.command, t),
                             env=tuple(sorted({**dict(spec.env), **task_env(40, t)}.items())), array_id=40,
                             array_index=t.index, array_cap=3, array_tasks=2) for t in tasks]
