@@ -166,8 +166,8 @@ def _archive_up_to(raw: bytes, seq: int, path: Path) -> bytes:
             record_seq = json.loads(line)["seq"]
         except (ValueError, KeyError, TypeError):
             raise BackupError(f"{path} line {number} is damaged: not backing up a damaged archive",
-                              f"Look at that line: labq skips it when reading history. Remove it "
-                              f"(with the leader stopped) and back up again.") from None
+                              "Look at that line: labq skips it when reading history. Remove it "
+                              "(with the leader stopped) and back up again.") from None
         if record_seq <= seq:
             kept.append(line + b"\n")
     return b"".join(kept)
