@@ -68,10 +68,11 @@ class Accounting:
                 groups.setdefault(member, []).append(group)
         return report([job_use(job, now) for job in live] + finished, since, until, gpus, now, user, booked, groups)
 
-    def _watch(self, old: Job | None, job: Job) -> None:
-        """A job's new version, committed (``LabState.watchers``; the lab's view is held): a finished one is kept."""
-        if job.state.finished and (old is None or not old.state.finished):
-            self._ended(job)
+    def _watch(self, versions: list[tuple[Job | None, Job]]) -> None:
+        """Jobs' new versions, committed (``LabState.watchers``; the lab's view is held): a finished one is kept."""
+        for old, job in versions:
+            if job.state.finished and (old is None or not old.state.finished):
+                self._ended(job)
 
     def _ended(self, job: Job) -> None:
         """A job finished and is committed (the lab's view is held)."""

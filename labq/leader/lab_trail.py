@@ -15,15 +15,16 @@ class LabTrail:
     def __init__(self, audit: AuditLog) -> None:
         self.audit = audit
 
-    def watch(self, old: Job | None, new: Job) -> None:
-        """A job's new version taken in (``LabState.watchers``; the lab's view is held)."""
-        step = step_of(old, new)
-        if step is None:
-            return
-        entry = {"kind": "lab", "action": step.action, "job": new.id, "owner": new.user}
-        if step.detail:
-            entry["detail"] = step.detail
-        self.audit.record(entry)
+    def watch(self, versions: list[tuple[Job | None, Job]]) -> None:
+        """Jobs' new versions taken in (``LabState.watchers``; the lab's view is held): each one's step, if any."""
+        for old, new in versions:
+            step = step_of(old, new)
+            if step is None:
+                continue
+            entry = {"kind": "lab", "action": step.action, "job": new.id, "owner": new.user}
+            if step.detail:
+                entry["detail"] = step.detail
+            self.audit.record(entry)
 
     def booking(self, r: Reservation, moment: str) -> None:
         """A reservation's moment come (``Bookings.moment_heard``: "started", "ended"; told once, as the

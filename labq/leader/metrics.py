@@ -65,19 +65,24 @@ class Metrics:
                                 ["route", "method", "status"], registry=r)
         r.register(LabCollector(state, bookings))
 
-    def watch(self, old: Job | None, new: Job) -> None:
-        """A job's new version taken in by the leader (``LabState.watchers``): count what changed."""
-        if old is None and new.state is JobState.QUEUED and new.attempt == 1 and not new.history:
-            self.submitted.inc()
-        if new.state.finished and (old is None or not old.state.finished):
-            self.ended.labels(new.state.value).inc()
-        if new.state is JobState.PREEMPTING and (old is None or old.state is not JobState.PREEMPTING):
-            self.preemptions.inc()
-        lost = new.work_lost_s - (old.work_lost_s if old is not None else 0.0)
-        if lost > 0:
-            self.work_lost.inc(lost * new.spec.gpus)
-        if new.started_at is not None and (old is None or old.started_at != new.started_at):
-            self.wait.observe(max(0.0, new.started_at - waiting_since(new)))
+    def watch(self, versions: list[tuple[Job | None, Job]]) -> None:
+        """The (old or None, new) versions of jobs one change took in (``LabState.watchers``): count what changed.
+        A submit's jobs count in one step: an array's 10,000 tasks are one increment, not 10,000."""
+        submitted = 0
+        for old, new in versions:
+            if old is None and new.state is JobState.QUEUED and new.attempt == 1 and not new.history:
+                submitted += 1
+            if new.state.finished and (old is None or not old.state.finished):
+                self.ended.labels(new.state.value).inc()
+            if new.state is JobState.PREEMPTING and (old is None or old.state is not JobState.PREEMPTING):
+                self.preemptions.inc()
+            lost = new.work_lost_s - (old.work_lost_s if old is not None else 0.0)
+            if lost > 0:
+                self.work_lost.inc(lost * new.spec.gpus)
+            if new.started_at is not None and (old is None or old.started_at != new.started_at):
+                self.wait.observe(max(0.0, new.started_at - waiting_since(new)))
+        if submitted:
+            self.submitted.inc(submitted)
 
     def request(self, route: str, method: str, status: int) -> None:
         self.requests.labels(route, method, str(status)).inc()

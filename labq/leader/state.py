@@ -126,9 +126,9 @@ class LabState:
         self.waiting_there: dict[int, str] = {}
         self._measured_at: dict[str, float] = {}  #: each node's last measurement
         self._measures_saved_at = now  #: when the running jobs' measurements were last saved with them
-        #: called with (old version or None, new version) of each job taken in, under the lock: the metrics
-        #: count what changed, ``labq usage`` keeps the jobs that finish
-        self.watchers: list[Callable[[Job | None, Job], None]] = []
+        #: called with the (old version or None, new version) of each job one change took in, the view held: the
+        #: metrics count what changed, ``labq usage`` keeps the jobs that finish, the audit trail tells the steps
+        self.watchers: list[Callable[[list[tuple[Job | None, Job]]], None]] = []
         #: whom a change notifies, and how (``labq.leader.notify``); None: a lab that tells nobody
         self.notify: Notifier | None = None
 
@@ -142,15 +142,14 @@ class LabState:
         array_id = jobs[0].spec.array_id
         if array_id is not None:
             self.arrays.setdefault(array_id, set()).update(job.id for job in jobs)
-        for job in jobs:
-            self._tell_watchers(None, job)
+        self._tell_watchers([(None, job) for job in jobs])
 
-    def _tell_watchers(self, old: Job | None, new: Job) -> None:
+    def _tell_watchers(self, versions: list[tuple[Job | None, Job]]) -> None:
         for watch in self.watchers:
             try:
-                watch(old, new)
+                watch(versions)
             except Exception:  # noqa: BLE001 - what watches the lab never stops a change that is made already
-                log.exception("a watcher of job %d failed", new.id)
+                log.exception("a watcher of jobs %s failed", ", ".join(str(new.id) for _, new in versions[:10]))
 
     def wake(self) -> None:
         self.woken.set()
@@ -186,9 +185,10 @@ class LabState:
         self.commit(changes + list(records) + outbox)
         self.usage.update(spent)
         touched = set()
+        versions: list[tuple[Job | None, Job]] = []
         for job in jobs:
             old = self.jobs.get(job.id)
-            self._tell_watchers(old, job)
+            versions.append((old, job))
             for j in (old, job):
                 if j is not None and j.placement is not None:
                     touched.update(j.placement.nodes)
@@ -214,6 +214,7 @@ class LabState:
                 self.waiting_on[job.id] = job
             else:
                 self.waiting_on.pop(job.id, None)
+        self._tell_watchers(versions)
         for name in touched:
             if name in self.agents:
                 self.agents[name].version += 1

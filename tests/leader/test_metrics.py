@@ -150,16 +150,16 @@ def test_the_counters_follow_a_job_through_preemption_loss_and_its_end():
     ws = make_node("ws1", "sim:ws-4x3090")
     jobs = JobFactory()
     queued = jobs.queued(2, submitted_at=NOW - 600)
-    metrics.watch(None, queued)
+    metrics.watch([(None, queued)])
     running = jobs.running(ws, (0, 1), started_at=NOW)
     running = running.evolve(id=queued.id, spec=queued.spec, submitted_at=queued.submitted_at)
-    metrics.watch(queued, running)
+    metrics.watch([(queued, running)])
     preempting = running.evolve(state=JobState.PREEMPTING, preempted_for=99)
-    metrics.watch(running, preempting)
+    metrics.watch([(running, preempting)])
     requeued = preempting.evolve(state=JobState.QUEUED, work_lost_s=120.0)
-    metrics.watch(preempting, requeued)
+    metrics.watch([(preempting, requeued)])
     ended = requeued.evolve(state=JobState.SUCCEEDED)
-    metrics.watch(requeued, ended)
+    metrics.watch([(requeued, ended)])
     got = samples(metrics.exposition().decode())
     assert got[("labq_jobs_submitted_total", ())] == 1
     assert got[("labq_job_queue_wait_seconds_count", ())] == 1
@@ -167,3 +167,21 @@ def test_the_counters_follow_a_job_through_preemption_loss_and_its_end():
     assert got[("labq_preemptions_total", ())] == 1
     assert got[("labq_work_lost_gpu_seconds_total", ())] == 240  # 120 s on 2 GPUs
     assert got[("labq_jobs_ended_total", (("state", "succeeded"),))] == 1
+
+
+def test_one_change_of_many_jobs_counts_each_of_them():
+    """The versions one change took in come together (an array's tasks, a pass's starts): each counts."""
+    from labq.leader.config import LeaderConfig
+    from labq.leader.core import Leader
+    from labq.store import MemoryStore
+
+    leader = Leader(LeaderConfig(), MemoryStore(), clock=lambda: NOW)
+    metrics: Metrics = leader.metrics
+    jobs = JobFactory()
+    tasks = [jobs.queued(1, submitted_at=NOW - 60) for _ in range(5)]
+    metrics.watch([(None, task) for task in tasks])
+    ended = [task.evolve(state=JobState.FAILED) for task in tasks[:2]]
+    metrics.watch([(task, end) for task, end in zip(tasks, ended)])
+    got = samples(metrics.exposition().decode())
+    assert got[("labq_jobs_submitted_total", ())] == 5
+    assert got[("labq_jobs_ended_total", (("state", "failed"),))] == 2
