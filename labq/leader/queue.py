@@ -216,27 +216,28 @@ class Queue:
         if finished and after is not None:
             raise errors.bad_request("after pages through jobs by id; finished=1 lists them by when they ended (the "
                                      "limit that ended last): leave out after", "after")
+        owner = user if user is not None else None if everyone else who.name
         with self.state.view:
             live = dict(self.state.jobs)
-        if finished:
-            jobs = []
-        else:
-            jobs = [live[i] for i in ids if i in live] if ids else list(live.values())
+            # the unfinished jobs asked for, by id: one person's from the lab's index of them (``labq ls`` on a
+            # long queue looks at theirs alone), ids sorted as numbers, not jobs by a key
+            unfinished = [] if finished else [i for i in ids if i in live] if ids else sorted(
+                self.state.by_user.get(owner, ()) if owner is not None else live)
+        if not (history or finished or states):  # paged by the ids alone: only the page's jobs are looked at
+            page, after_page = _page(unfinished, after, limit)
+            return Listing([live[i] for i in page], live, len(unfinished), after_page)
+        jobs = [live[i] for i in unfinished]
         if history or finished:
             jobs += [j for j in map(decode_job, self.state.store.history()) if not self._cleaned(j)]
-        owner = user if user is not None else None if everyone else who.name
-        if owner is not None:  # the one pass over every job: ``spec.user`` and members, not properties
+        if owner is not None and (ids or history or finished):  # ``spec.user`` and members, not properties
             jobs = [j for j in jobs if j.spec.user == owner]
         if states:
             wanted = {s for s in JobState if s.value in states}
             jobs = [j for j in jobs if j.state in wanted]
-        jobs.sort(key=(lambda j: (j.ended_at or 0.0, j.id)) if finished else _BY_ID)
-        if after is None:
-            return Listing(jobs[-limit:] if limit else jobs, live, len(jobs), None)
-        start = bisect_right(jobs, after, key=_BY_ID)
-        page = jobs[start:start + limit] if limit else jobs[start:]
-        more = bool(page) and start + len(page) < len(jobs)
-        return Listing(page, live, len(jobs), page[-1].id if more else None)
+        if ids or history or finished:
+            jobs.sort(key=(lambda j: (j.ended_at or 0.0, j.id)) if finished else _BY_ID)
+        page, after_page = _page(jobs, after, limit, _BY_ID)
+        return Listing(page, live, len(jobs), after_page)
 
     def _cleaned(self, job: Job) -> bool:
         mark = self.cleaned.get(job.user)
@@ -302,6 +303,17 @@ class Queue:
                   default=priority - 1)
         wish = Wish(request.action, request.priority, request.gpus, request.time_limit_s, request.by, request.name)
         return wish, Rules(config.max_priority_for(who.name), config.max_time_limit_s), top
+
+
+def _page(ordered: list, after: int | None, limit: int | None, key: Callable | None = None) -> tuple[list, int | None]:
+    """Of ``ordered`` (ids, or jobs by ``key``), the last ``limit`` (every one with no limit); with ``after``, the
+    first ``limit`` past it instead, and the ``after`` of the next page (None: this is the last)."""
+    if after is None:
+        return ordered[-limit:] if limit else ordered, None
+    start = bisect_right(ordered, after, key=key)
+    page = ordered[start:start + limit] if limit else ordered[start:]
+    more = bool(page) and start + len(page) < len(ordered)
+    return page, (key(page[-1]) if key else page[-1]) if more else None
 
 
 def _check_spec(spec: JobSpec, who: Principal, config: LeaderConfig) -> None:

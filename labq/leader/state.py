@@ -103,9 +103,13 @@ class LabState:
         self.waiting_on: dict[int, Job] = {i: j for i, j in self.jobs.items() if _waits_on(j)}
         #: each array's unfinished tasks (job ids) by array id, kept by ``add`` and ``apply``
         self.arrays: dict[int, set[int]] = {}
+        #: each user's unfinished jobs (ids), kept by ``add`` and ``apply``: a listing of one person's jobs (``labq
+        #: ls``) looks at theirs alone, not at every job of the queue
+        self.by_user: dict[str, set[int]] = {}
         for job in self.jobs.values():
             if job.spec.array_id is not None:
                 self.arrays.setdefault(job.spec.array_id, set()).add(job.id)
+            self.by_user.setdefault(job.user, set()).add(job.id)
         self.next_job_id = loaded.next_job_id
         self.users: dict[str, dict] = dict(loaded.records.get("users", {}))
         self.agents = {name: AgentSession(name, decode_node(rec["node"]), rec["token_sha256"], rec.get("logs_url"),
@@ -134,9 +138,10 @@ class LabState:
 
     def add(self, jobs: list[Job]) -> None:
         """Take in jobs just submitted and committed together (the view is held): one job, or an array's tasks,
-        which wait on the same jobs and reservation."""
+        which are one user's and wait on the same jobs and reservation."""
         for job in jobs:
             self.jobs[job.id] = job
+        self.by_user.setdefault(jobs[0].user, set()).update(job.id for job in jobs)
         if _waits_on(jobs[0]):
             self.waiting_on.update((job.id, job) for job in jobs)
         array_id = jobs[0].spec.array_id
@@ -195,6 +200,11 @@ class LabState:
             if job.state.finished:
                 self.jobs.pop(job.id, None)
                 self.pending.pop(job.id, None)
+                mine = self.by_user.get(job.user)
+                if mine is not None:
+                    mine.discard(job.id)
+                    if not mine:
+                        del self.by_user[job.user]
                 self.finished[job.id] = job.state
                 if job.spec.array_id is not None and job.spec.array_id in self.arrays:
                     tasks = self.arrays[job.spec.array_id]
@@ -203,6 +213,7 @@ class LabState:
                         del self.arrays[job.spec.array_id]
             else:
                 self.jobs[job.id] = job
+                self.by_user.setdefault(job.user, set()).add(job.id)
             if job.state.holds_gpus:
                 self.on_gpus[job.id] = job
             else:

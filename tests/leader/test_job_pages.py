@@ -151,3 +151,49 @@ def test_bad_paging_parameters_are_a_400_naming_the_parameter(lab, query, field,
     assert status == 400, doc
     assert doc["error"]["code"] == "bad_request" and doc["error"]["field"] == field
     assert doc["error"]["message"].startswith(field) and words in doc["error"]["message"], doc
+
+
+def test_a_persons_listing_follows_their_jobs_as_they_end_and_across_a_restart(tmp_path):
+    """The leader keeps each person's unfinished jobs apart (what their ``labq ls`` reads, not the whole queue):
+    their jobs and an array's tasks join it, a job that ends leaves it, and a restarted leader finds the same."""
+    lb = start_loopback_leader(tmp_path / "leader")
+    try:
+        tokens = {user: lb.request("POST", "/v1/users", {"name": user})[2]["token"] for user in USERS}
+
+        def submit(user: str, **extra) -> dict:
+            status, _, doc = lb.request("POST", "/v1/jobs", {"command": ["train", "{index}"], **extra},
+                                        token=tokens[user])
+            assert status == 201, doc
+            return doc
+
+        alice = [submit("alice")["job"]["id"] for _ in range(3)]
+        bob = [submit("bob")["job"]["id"] for _ in range(2)]
+        array = submit("alice", array="0-3")["array"]
+        alice += list(range(array["first"], array["last"] + 1))
+        for ended in (alice[1], array["first"] + 2):
+            status, _, doc = lb.request("POST", f"/v1/jobs/{ended}/actions", {"action": "cancel"})
+            assert status == 200, doc
+            alice.remove(ended)
+        bob.append(submit("bob")["job"]["id"])
+        admin = lb.admin_token
+
+        def mine(leader, user: str) -> tuple[list[int], int]:
+            """The person's default view, three at a time: the ids and the total."""
+            pages = [listing(leader, tokens[user], after=0, limit=3)]
+            while pages[-1]["next"] is not None and len(pages) < 10:
+                pages.append(listing(leader, tokens[user], after=pages[-1]["next"], limit=3))
+            assert len({p["total"] for p in pages}) == 1
+            return ids_of(pages), pages[0]["total"]
+
+        assert mine(lb, "alice") == (alice, 5) and mine(lb, "bob") == (bob, 3)
+        assert listing(lb, user="alice", after=alice[2], limit=2)["jobs"][0]["id"] == alice[3]
+        assert [j["id"] for j in listing(lb, limit=2)["jobs"]] == []  # the admin's own: none
+    finally:
+        lb.stop()
+    again = start_loopback_leader(tmp_path / "leader")
+    again.admin_token = admin
+    try:
+        assert mine(again, "alice") == (alice, 5) and mine(again, "bob") == (bob, 3)
+        assert again.leader.state.by_user == {"alice": set(alice), "bob": set(bob)}
+    finally:
+        again.stop()
