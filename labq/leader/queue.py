@@ -12,7 +12,7 @@ from labq.leader.auth import Principal
 from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
 from labq.leader.scheduling import finished_states
-from labq.leader.state import LabState
+from labq.leader.state import QUIET_PASS_S, LabState
 from labq.leader.users import admin_only, user_only
 from labq.models.actions import ActionRefused, Rules, Wish, acted
 from labq.models.arrays import task_jobs, task_specs
@@ -33,8 +33,6 @@ ARRAY_ACTIONS = ("cancel", "hold", "release", "prio")
 CLEANED = "cleaned"  #: the store's table of ``labq clean`` marks: user -> {"up_to": time}
 _REFUSALS = {"conflict": errors.conflict, "forbidden": errors.forbidden, "bad_request": errors.bad_request}
 _BY_ID = attrgetter("id")
-#: a submit that can neither start nor preempt (``waits_whatever_the_order``) is taken in by a pass within this
-QUIET_SUBMIT_PASS_S = 1.0
 
 
 class Listing(NamedTuple):
@@ -110,7 +108,7 @@ class Queue:
             # one pass, not one each (an array's tasks have one shape: the first says it for all)
             quiet = waits_whatever_the_order(jobs[0], state.nodes(), state.on_gpus.values(), state.policy())
             if quiet:
-                state.defer(QUIET_SUBMIT_PASS_S)
+                state.defer(QUIET_PASS_S)
         state.publish_jobs(jobs)
         if not quiet:
             state.wake()

@@ -40,6 +40,9 @@ log = logging.getLogger("labq.leader")
 MEASURE_GAP_S = 300.0  #: the longest stretch one GPU measurement stands for
 #: how often the running jobs' GPU measurements so far are saved with them: a restart loses at most this much of them
 MEASURE_SAVE_S = 900.0
+#: how soon a pass takes in a change that no pass needs at once (``defer``): a submit that can only wait, a waiting
+#: job cancelled or held. A stream of them costs a pass a second, not one each
+QUIET_PASS_S = 1.0
 from labq.store import Change, CommitFailed, InvalidChange, PutJob, PutRecord, Store
 
 
@@ -234,7 +237,17 @@ class LabState:
         if notices:
             self.notify.committed(notices, outbox)
         if jobs and wake:
-            self.wake()
+            if all(_only_leaves_the_queue(old, new) for old, new in versions) and not self._awaited(jobs):
+                self.defer(QUIET_PASS_S)  # no GPU freed, no job that may start: its reasons can wait a moment
+            else:
+                self.wake()
+
+    def _awaited(self, jobs: list[Job]) -> bool:
+        """Whether a job that waits on others (``--after``) waits on one of ``jobs`` (the view is held)."""
+        if not self.waiting_on:
+            return False
+        ids = {job.id for job in jobs}
+        return any(not ids.isdisjoint(j.spec.depends_on) for j in self.waiting_on.values())
 
     def measure(self, node: str, usage: dict[int, dict], now: float) -> None:
         """An agent's measurement of its GPUs (utilisation, free memory) at ``now``: what they did since its
@@ -326,6 +339,13 @@ class LabState:
     def policy(self) -> Policy:
         """The scheduler's knobs, as the config has them now."""
         return self.config.policy()
+
+
+def _only_leaves_the_queue(old: Job | None, new: Job) -> bool:
+    """A waiting job that ended or was held (cancelled, held back): it held no GPU, so no other job can start or
+    make room because of it; only the others' reasons may change."""
+    return (old is not None and old.state in (JobState.QUEUED, JobState.HELD)
+            and (new.state.finished or new.state is JobState.HELD))
 
 
 def _waits_on(job: Job) -> bool:

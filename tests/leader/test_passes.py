@@ -9,9 +9,9 @@ from labq.leader.auth import Principal
 from labq.leader.core import Leader
 from labq.models import JobState
 from labq.models import transitions as t
-from labq.protocol.requests import parse_submit
+from labq.leader.state import QUIET_PASS_S
+from labq.protocol.requests import parse_action, parse_submit
 from tests.conftest import FakeClock
-from labq.leader.queue import QUIET_SUBMIT_PASS_S
 from tests.leader.labs import leader_with_ws1
 
 ALICE = Principal("user", "alice")
@@ -143,7 +143,7 @@ def test_submits_that_can_neither_start_nor_preempt_are_taken_in_by_one_pass_wit
     passes = leader.scheduling.passes
     waiting = [submit(leader, gpus=1) for _ in range(50)]
     assert not leader.state.woken.is_set()
-    assert leader.state.pass_by == clock.now + QUIET_SUBMIT_PASS_S
+    assert leader.state.pass_by == clock.now + QUIET_PASS_S
     assert not turn(leader, clock, seconds=0.5) and leader.scheduling.passes == passes
     assert all(j not in leader.state.pending for j in waiting)  # "the scheduler has not placed it yet"
     assert turn(leader, clock, seconds=0.5)  # due: one pass for the fifty
@@ -155,3 +155,40 @@ def test_submits_that_can_neither_start_nor_preempt_are_taken_in_by_one_pass_wit
     # it may preempt a normal job: a pass now
     assert leader.state.woken.is_set()
     assert turn(leader, clock, seconds=0.0) and urgent in leader.state.pending
+
+
+def test_waiting_jobs_cancelled_or_held_are_taken_in_by_one_pass_within_a_second(lab):
+    """A waiting job that ends or is held frees no GPU: a burst of such cancels costs one pass within
+    QUIET_PASS_S, not a pass each; a job that waits on one of them (``--after``), the end of a running job and a
+    release each bring their pass at once."""
+    leader, clock = lab
+    leader.state.monotonic = clock
+    for _ in range(2):
+        submit(leader, gpus=2)
+    assert turn(leader, clock)
+    run_placed(leader, clock)  # ws1 full
+    waiting = [submit(leader, gpus=1) for _ in range(30)]
+    assert turn(leader, clock)
+    passes = leader.scheduling.passes
+
+    def act(job_id: int, action: str) -> None:
+        leader.queue.act(ALICE, job_id, parse_action({"action": action}))
+
+    for job_id in waiting[:20]:
+        act(job_id, "cancel")
+    act(waiting[20], "hold")
+    assert not leader.state.woken.is_set() and leader.state.pass_by == clock.now + QUIET_PASS_S
+    assert not turn(leader, clock, seconds=0.5) and leader.scheduling.passes == passes
+    assert turn(leader, clock, seconds=0.5)  # due: one pass for the twenty-one
+    assert leader.scheduling.passes == passes + 1
+    assert {leader.state.pending[j].reason.value for j in waiting[21:]} == {"Resources"}
+    assert leader.state.pending[waiting[20]].reason.value == "Held"
+    act(waiting[20], "release")
+    assert leader.state.woken.is_set() and turn(leader, clock, seconds=0.0)
+    dependent = submit(leader, gpus=1, depends_on=[waiting[21]])
+    assert turn(leader, clock, seconds=QUIET_PASS_S) and dependent in leader.state.pending
+    act(waiting[21], "cancel")  # its dependent can never start now: told at once
+    assert leader.state.woken.is_set() and turn(leader, clock, seconds=0.0)
+    assert dependent not in leader.state.jobs  # it failed with what it waited for
+    act(next(iter(leader.state.on_gpus)), "cancel")  # a running job: its GPUs come free
+    assert leader.state.woken.is_set()
