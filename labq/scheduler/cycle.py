@@ -74,12 +74,16 @@ class _Pass(LabView):
     starts: list[Start] = field(default_factory=list)
     preemptions: list[Preempt] = field(default_factory=list)
     pending: list[Pending] = field(default_factory=list)
+    #: each queued job's served priority (``served_priority``, with aging), worked out once a pass
+    ranks: dict[int, int] = field(default_factory=dict)
 
     # -- the pass -------------------------------------------------------------------
 
     def run(self) -> Decisions:
-        aging = self.policy.aging_s
-        queue = order_queue(self.queued, self.usage, self.now, aging)
+        aging, now = self.policy.aging_s, self.now
+        if aging is not None:
+            self.ranks = {job.id: served_priority(job, now, aging) for job in self.queued}
+        queue = order_queue(self.queued, self.usage, now, aging, self.ranks)
         if self.reservation_list:
             self._drain_reservations()
             queue = self._serve_reservations_first(queue)
@@ -96,7 +100,7 @@ class _Pass(LabView):
         their guarantee; the others are returned, in order, for later, as (served priority, their queue's
         share of its guarantee, job)."""
         aging, book = self.policy.aging_s, self.book
-        settled, pending, inflight = self.memo.settled, self.pending, self.inflight
+        settled, pending, inflight, ranks = self.memo.settled, self.pending, self.inflight, self.ranks
         personal = self._quotas or book is not None
         make_pending = tuple.__new__  # skips NamedTuple's Python-level __new__
         barring, barred_nodes, no_node = self.barring, self.barred_nodes, frozenset()
@@ -114,7 +118,7 @@ class _Pass(LabView):
             # jobs that can fit the lab and name no reservation settle a verdict (_blocked),
             # and only for jobs that the same nodes keep off (their users' accounts, see barred_nodes).
             spec = job.spec
-            rank = spec.priority if aging is None else served_priority(job, self.now, aging)
+            rank = spec.priority if aging is None else ranks[job.id]
             if book is not None:
                 q = spec.queue if spec.queue in specs else OUTSIDE  # QueueBook.queue_of, inlined: once a queued job
                 under = use[q] < guarantee[q]

@@ -78,9 +78,10 @@ def served_priority(job: Job, now: float, aging_s: float | None) -> int:
 
 
 def order_queue(jobs: Iterable[Job], usage: Mapping[str, float], now: float = 0.0,
-                aging_s: float | None = None) -> list[Job]:
+                aging_s: float | None = None, ranks: Mapping[int, int] | None = None) -> list[Job]:
     """Priority first (as served: ``served_priority``, with ``aging_s``), then fair share (less decayed
     GPU-hours first), then submit time; the jobs that have aged, oldest first (since they last joined the queue).
+    ``ranks``: each job's served priority by id, when the caller has it already (a pass needs it again).
 
     Stable sorts on scalar keys from the last criterion to the first, and
     priorities (a handful of distinct values) by bucketing: a pass over a long
@@ -93,7 +94,8 @@ def order_queue(jobs: Iterable[Job], usage: Mapping[str, float], now: float = 0.
         queue.sort(key=lambda j: usage.get(j.spec.user, 0.0))
     by_priority: dict[int, list[Job]] = {}
     for job in queue:
-        rank = job.spec.priority if aging_s is None else served_priority(job, now, aging_s)
+        rank = (job.spec.priority if aging_s is None else ranks[job.id] if ranks is not None
+                else served_priority(job, now, aging_s))
         by_priority.setdefault(rank, []).append(job)
     if aging_s is not None and AGING_CAP in by_priority:  # the aged: oldest first
         by_priority[AGING_CAP].sort(key=waiting_since)
