@@ -221,7 +221,7 @@ class Queue:
             # long queue looks at theirs alone), ids sorted as numbers, not jobs by a key
             unfinished = [] if finished else [i for i in ids if i in live] if ids else sorted(
                 self.state.by_user.get(owner, ()) if owner is not None else live)
-        if not (history or finished or states):  # paged by the ids alone: only the page's jobs are looked at
+        if not (ids or history or finished or states):  # paged by the ids alone: only the page's jobs are looked at
             page, after_page = _page(unfinished, after, limit)
             return Listing([live[i] for i in page], live, len(unfinished), after_page)
         jobs = [live[i] for i in unfinished]

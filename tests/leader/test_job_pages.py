@@ -81,6 +81,11 @@ def test_ids_and_states_are_filters_too(lab):
     wanted = lab.ids["bob"][:7] + lab.ids["alice"][-5:]
     pages = every_page(lab, id=wanted, limit=5)
     assert ids_of(pages) == sorted(wanted) and {p["total"] for p in pages} == {12}
+    asked = wanted[::-1]  # in any order, the ids come by id, and with a user only theirs
+    page = listing(lab, id=asked, after=sorted(wanted)[2], limit=4)
+    assert [j["id"] for j in page["jobs"]] == sorted(wanted)[3:7] and page["next"] == sorted(wanted)[6]
+    assert ids_of(every_page(lab, id=asked, user="alice", limit=2)) == lab.ids["alice"][-5:]
+    assert [j["id"] for j in listing(lab, id=asked, limit=3)["jobs"]] == sorted(wanted)[-3:]
     assert every_page(lab, all=1, state="running") == [{"jobs": [], "total": 0, "next": None}]
     pages = every_page(lab, all=1, state=["running", "queued"], limit=MAX_PAGE)
     assert len(pages) == 1 and len(pages[0]["jobs"]) == 250
