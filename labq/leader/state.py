@@ -342,8 +342,9 @@ class LabState:
 
 
 def _only_leaves_the_queue(old: Job | None, new: Job) -> bool:
-    """A waiting job that ended or was held (cancelled, held back): it held no GPU, so no other job can start or
-    make room because of it; only the others' reasons may change."""
+    """A waiting job that ended or was held (cancelled, held back): it held no GPU, so no job loses or gains one
+    at once. GPUs the last pass kept for it (a preemptor's, the top job's) go to the next job at the pass within
+    ``QUIET_PASS_S``, a second at most, as a waiting submit's reason does."""
     return (old is not None and old.state in (JobState.QUEUED, JobState.HELD)
             and (new.state.finished or new.state is JobState.HELD))
 
