@@ -42,6 +42,15 @@ def run_placed(leader: Leader, clock: FakeClock) -> None:
         leader.state.apply([t.running(j, clock.now) for j in placed])
 
 
+def fill_ws1(leader: Leader, clock: FakeClock) -> None:
+    """ws1 full of two running 2-GPU normal jobs; the lab's clock for waits steps with its wall clock."""
+    leader.state.monotonic = clock
+    for _ in range(2):
+        submit(leader, gpus=2)
+    assert turn(leader, clock)
+    run_placed(leader, clock)
+
+
 def test_an_idle_lab_is_passed_over_again_only_when_time_alone_can_change_a_decision(lab):
     leader, clock = lab
     low = [submit(leader, gpus=1, priority="low") for _ in range(4)]
@@ -134,11 +143,7 @@ def test_submits_that_can_neither_start_nor_preempt_are_taken_in_by_one_pass_wit
     """On a full lab, a stream of submits that only wait costs one pass, not one each; a submit that may
     preempt still brings its pass at once."""
     leader, clock = lab
-    leader.state.monotonic = clock
-    for _ in range(2):
-        submit(leader, gpus=2)
-    assert turn(leader, clock)
-    run_placed(leader, clock)  # ws1 full of normal jobs
+    fill_ws1(leader, clock)
     assert turn(leader, clock)
     passes = leader.scheduling.passes
     waiting = [submit(leader, gpus=1) for _ in range(50)]
@@ -162,11 +167,7 @@ def test_waiting_jobs_cancelled_or_held_are_taken_in_by_one_pass_within_a_second
     QUIET_PASS_S, not a pass each; a job that waits on one of them (``--after``), the end of a running job and a
     release each bring their pass at once."""
     leader, clock = lab
-    leader.state.monotonic = clock
-    for _ in range(2):
-        submit(leader, gpus=2)
-    assert turn(leader, clock)
-    run_placed(leader, clock)  # ws1 full
+    fill_ws1(leader, clock)
     waiting = [submit(leader, gpus=1) for _ in range(30)]
     assert turn(leader, clock)
     passes = leader.scheduling.passes
