@@ -218,9 +218,11 @@ class Queue:
         with self.state.view:
             live = dict(self.state.jobs)
             # the unfinished jobs asked for, by id: one person's from the lab's index of them (``labq ls`` on a
-            # long queue looks at theirs alone), ids sorted as numbers, not jobs by a key
-            unfinished = [] if finished else [i for i in ids if i in live] if ids else sorted(
+            # long queue looks at theirs alone)
+            unfinished = [] if finished else [i for i in ids if i in live] if ids else list(
                 self.state.by_user.get(owner, ()) if owner is not None else live)
+        if not ids:
+            unfinished.sort()  # ids as numbers, not jobs by a key; outside the view
         if not (ids or history or finished or states):  # paged by the ids alone: only the page's jobs are looked at
             page, after_page = _page(unfinished, after, limit)
             return Listing([live[i] for i in page], live, len(unfinished), after_page)

@@ -42,10 +42,11 @@ def listing(lab, token: str = "admin", **query) -> dict:
     return doc
 
 
-def every_page(lab, token: str = "admin", limit: int = 100, **query) -> list[dict]:
-    """The pages, following ``next`` from the start: at most as many as the jobs could fill, plus one."""
+def every_page(lab, token: str = "admin", limit: int = 100, most: int | None = None, **query) -> list[dict]:
+    """The pages, following ``next`` from the start: at most as many as the jobs could fill (``most`` jobs, else
+    the module's lab's), plus one."""
     pages, after = [], 0
-    for _ in range(len(lab.ids["alice"]) + len(lab.ids["bob"]) + 1):
+    for _ in range((len(lab.ids["alice"]) + len(lab.ids["bob"]) if most is None else most) + 1):
         pages.append(listing(lab, token, after=after, limit=limit, **query))
         after = pages[-1]["next"]
         if after is None:
@@ -184,9 +185,7 @@ def test_a_persons_listing_follows_their_jobs_as_they_end_and_across_a_restart(t
 
         def mine(leader, user: str) -> tuple[list[int], int]:
             """The person's default view, three at a time: the ids and the total."""
-            pages = [listing(leader, tokens[user], after=0, limit=3)]
-            while pages[-1]["next"] is not None and len(pages) < 10:
-                pages.append(listing(leader, tokens[user], after=pages[-1]["next"], limit=3))
+            pages = every_page(leader, tokens[user], limit=3, most=10)
             assert len({p["total"] for p in pages}) == 1
             return ids_of(pages), pages[0]["total"]
 
