@@ -49,6 +49,7 @@ class AuditLog:
         self._lock = threading.Lock()
         self._seq = self._last_seq()
         self._file = None
+        self._size = 0  #: the current file's size in bytes, once open
 
     def _last_seq(self) -> int:
         """The seq of the last entry written, from the newest file that has one."""
@@ -77,13 +78,14 @@ class AuditLog:
         request it records has been answered already."""
         with self._lock:
             self._seq += 1
-            line = json.dumps({"seq": self._seq, "at": self.clock(), **entry}, separators=(",", ":")) + "\n"
+            line = json.dumps({"seq": self._seq, "at": self.clock(), **entry}, separators=(",", ":")).encode() + b"\n"
             try:
                 if self._file is None:
                     self._file = self._open()
                 self._file.write(line)
                 self._file.flush()
-                if self._file.tell() > ROTATE_BYTES:
+                self._size += len(line)  # kept here: a file's tell() is a system call, on every request
+                if self._size > ROTATE_BYTES:
                     self._rotate()
             except OSError as err:
                 log.error("cannot write the audit trail %s: %s", self.path, err)
@@ -94,11 +96,13 @@ class AuditLog:
         next entry starts a line of its own."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a+b") as raw:
-            if raw.tell() > 0:
-                raw.seek(raw.tell() - 1)
+            self._size = raw.tell()
+            if self._size > 0:
+                raw.seek(self._size - 1)
                 if raw.read(1) != b"\n":
                     raw.write(b"\n")
-        return open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open while the leader runs
+                    self._size += 1
+        return open(self.path, "ab")  # noqa: SIM115 - kept open while the leader runs
 
     def _rotate(self) -> None:
         self._close()

@@ -4,15 +4,17 @@ library's refusals are JSON, and a bearer token is compared in constant time."""
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import json
+import logging
 import socket
 import threading
 import time
 
 import pytest
 
-from labq.http_server import APP_MAX_BODY, bearer_token, same_secret, serve_app
+from labq.http_server import APP_MAX_BODY, AppHandler, AppServer, bearer_token, same_secret, serve_app
 from labq.transport import Request, Response
 
 pytestmark = pytest.mark.timeout(60)
@@ -67,10 +69,69 @@ def test_a_bug_in_the_app_is_a_json_500(server, caplog):
     (b"GARBAGE\r\n\r\n", 400, "bad_request"),
     (b"GET / HTTP/1.1\r\nHost: h\r\n" + b"X-Long: " + b"a" * 70000 + b"\r\n\r\n", 431, "too_large"),
     (b"GET / HTTP/2.0\r\n\r\n", 505, "http_version"),
+    (b"GET / HTTP/1.1\r\nHost: h\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(101)) + b"\r\n", 431, "too_large"),
+    # a head that two readers could read differently is refused, not guessed at
+    (b"GET / HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n folded\r\n\r\n", 400, "bad_request"),
+    (b"GET / HTTP/1.1\r\nHost: h\r\nno colon\r\n\r\n", 400, "bad_request"),
+    (b"GET / HTTP/1.1\r\nContent-Length : 3\r\n\r\nabc", 400, "bad_request"),
+    (b"GET /\r\n\r\n", 400, "bad_request"),  # HTTP/0.9
+    (b"GET / HTTP/1.x\r\n\r\n", 400, "bad_request"),
 ])
-def test_the_standard_librarys_refusals_are_json(server, data, status, code):
+def test_a_head_that_cannot_be_read_is_refused_as_json(server, data, status, code):
     got, headers, body = ask(server, data)
     assert (got, headers["content-type"], json.loads(body)["error"]["code"]) == (status, "application/json", code)
+
+
+def test_header_names_are_read_whatever_their_case_and_the_first_of_a_repeated_one_counts(server):
+    status, headers, _ = ask(server, b"POST /x HTTP/1.1\r\nhost: h\r\ncontent-LENGTH:   2 \r\nX-A: 1\r\n\r\nab")
+    assert (status, headers["x-seen"]) == (200, "2")
+
+
+def test_a_kept_connection_carries_requests_until_one_says_close(server):
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=10)
+    try:
+        for n in range(3):
+            conn.request("POST", "/x", body=b"a" * n)
+            response = conn.getresponse()
+            assert (response.status, response.getheader("X-Seen"), response.read()) == (200, str(n), b"hello")
+            if n == 0:
+                sock = conn.sock
+            assert conn.sock is sock  # the same connection
+        conn.request("GET", "/x", headers={"Connection": "close"})
+        response = conn.getresponse()
+        assert (response.status, response.getheader("Connection"), response.read()) == (200, "close", b"hello")
+        assert conn.sock is None  # the answer said close, and the client closed its end
+    finally:
+        conn.close()
+
+
+def test_an_answer_is_one_write_with_a_date_and_a_line_in_the_debug_log(caplog):
+    """The head and the body go out together: sent apart, the client waits for the second part (each answer
+    is a round more of the client's reads, and of the server's writes)."""
+    writes = []
+
+    class Counted(AppHandler):
+        def setup(self) -> None:
+            super().setup()
+            send = self.wfile.write
+            self.wfile.write = lambda data: writes.append(bytes(data)) or send(data)
+
+    made = AppServer(hello, ("127.0.0.1", 0))
+    made.RequestHandlerClass = Counted
+    thread = threading.Thread(target=made.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with caplog.at_level(logging.DEBUG, logger="labq.http"):
+            status, headers, body = ask(made, b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+    finally:
+        made.shutdown()
+        made.server_close()
+        thread.join(5)
+    assert (status, body) == (200, b"hello")
+    assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writes[0].endswith(b"\r\n\r\nhello")
+    sent = email.utils.parsedate_to_datetime(headers["date"]).timestamp()
+    assert abs(sent - time.time()) < 5
+    assert '"GET /x HTTP/1.1" 200' in caplog.text
 
 
 def test_an_oversized_body_is_refused_unread(server):
