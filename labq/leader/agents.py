@@ -13,6 +13,7 @@ import hashlib
 import logging
 import ssl
 from dataclasses import replace
+from operator import attrgetter
 
 from labq.leader.auth import Principal, new_token
 from labq.leader.state import AgentSession, LabState
@@ -32,6 +33,7 @@ from labq.protocol.identity import token_hash
 from labq.store import DeleteRecord, PutRecord
 
 log = logging.getLogger("labq.leader")
+_BY_ID = attrgetter("id")
 
 class Agents:
     def __init__(self, state: LabState, joins: Joins) -> None:
@@ -121,8 +123,7 @@ class Agents:
             session = state.agents.get(name)
             if session is None:
                 raise errors.not_found(f"there is no node {name!r}")
-            busy = sorted(j.id for j in state.jobs.values()
-                          if j.state.holds_gpus and j.placement is not None and name in j.placement.nodes)
+            busy = sorted(j.id for j in state.on_gpus.values() if j.placement is not None and name in j.placement.nodes)
             if busy:
                 raise errors.conflict(f"job{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} "
                                       f"{'hold' if len(busy) > 1 else 'holds'} GPUs on {name}: cancel them, or stop "
@@ -322,8 +323,9 @@ class Agents:
 
     def _orders_for(self, session: AgentSession) -> SyncReply:
         run, stop = [], []
-        for job in self.state.jobs.values():
-            if not job.state.holds_gpus or job.placement is None or session.name not in job.placement.nodes:
+        # the jobs on GPUs, by id as the lab holds its jobs: a sync reads them, not a long queue
+        for job in sorted(self.state.on_gpus.values(), key=_BY_ID):
+            if job.placement is None or session.name not in job.placement.nodes:
                 continue
             run.append(self._run_order(job, session))
             if job.stop_requested == "timeout":

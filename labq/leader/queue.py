@@ -297,10 +297,13 @@ class Queue:
     def _reading(self, who: Principal, request: ActionRequest, acted_on: set[int], priority: int
                  ) -> tuple[Wish, Rules, int]:
         """An action as the rules read it (the lock is held): the wish, the rules for ``who``, and the highest
-        priority among the queued jobs it does not act on."""
+        priority among the queued jobs it does not act on. Only ``top`` reads that, and finding it reads every
+        job of the queue: another action does not (a cancel on a queue of 30,000 jobs took 37 ms of the lock)."""
         state, config = self.state, self.state.config
-        top = max((j.priority for j in state.jobs.values() if j.state is JobState.QUEUED and j.id not in acted_on),
-                  default=priority - 1)
+        top = priority - 1
+        if request.action == "top":
+            top = max((j.priority for j in state.jobs.values() if j.state is JobState.QUEUED
+                       and j.id not in acted_on), default=top)
         wish = Wish(request.action, request.priority, request.gpus, request.time_limit_s, request.by, request.name)
         return wish, Rules(config.max_priority_for(who.name), config.max_time_limit_s), top
 
