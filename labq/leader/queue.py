@@ -12,7 +12,7 @@ from labq.leader.auth import Principal
 from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
 from labq.leader.scheduling import finished_states
-from labq.leader.state import QUIET_PASS_S, LabState
+from labq.leader.state import LabState
 from labq.leader.users import admin_only, user_only
 from labq.models.actions import ActionRefused, Rules, Wish, acted
 from labq.models.arrays import task_jobs, task_specs
@@ -104,11 +104,12 @@ class Queue:
         with state.view:
             state.add(jobs)
             # on a lab whose GPUs are all held by jobs this one may not preempt, a pass would only find its
-            # reason to wait: it waits for the next pass (a second at most), and a stream of such submits costs
-            # one pass, not one each (an array's tasks have one shape: the first says it for all)
+            # reason to wait: it waits for the next pass (a second at most, more on a long queue:
+            # ``LabState.quiet_submit_s``), and a stream of such submits costs one pass, not one each (an
+            # array's tasks have one shape: the first says it for all)
             quiet = waits_whatever_the_order(jobs[0], state.nodes(), state.on_gpus.values(), state.policy())
             if quiet:
-                state.defer(QUIET_PASS_S)
+                state.defer(state.quiet_submit_s)
         state.publish_jobs(jobs)
         if not quiet:
             state.wake()

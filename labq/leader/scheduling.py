@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from labq.leader.bookings import Bookings
-from labq.leader.state import LabState
+from labq.leader.state import QUIET_PASS_S, QUIET_SUBMIT_MAX_S, QUIET_SUBMIT_SHARE, LabState
 from labq.models import transitions as t
 from labq.models.actions import timeout_grace
 from labq.models.job import Job, JobState
@@ -127,6 +127,7 @@ class Scheduling:
         with state.lock:
             self.passes += 1
             self.last_pass, self.next_edge = now, edge
+            state.quiet_submit_s = min(QUIET_SUBMIT_MAX_S, max(QUIET_PASS_S, self.pass_seconds / QUIET_SUBMIT_SHARE))
             unchanged = _Unchanged(seen, nodes_seen, state)
             starts = [s for s in decisions.starts if unchanged.job(s.job_id) and unchanged.nodes(s.placement.nodes)]
             preemptions = [p for p in decisions.preemptions if unchanged.job(p.job_id)

@@ -43,6 +43,12 @@ MEASURE_SAVE_S = 900.0
 #: how soon a pass takes in a change that no pass needs at once (``defer``): a submit that can only wait, a waiting
 #: job cancelled or held. A stream of them costs a pass a second, not one each
 QUIET_PASS_S = 1.0
+#: On a queue so long that a pass takes a while, a stream of submits that can only wait is taken in by passes
+#: that take at most this share of the leader's time: they come ``pass / QUIET_SUBMIT_SHARE`` apart (a pass of
+#: 30,000 queued jobs takes half a second of wall time under a stream of submits), but never more than
+#: ``QUIET_SUBMIT_MAX_S``, within which such a submit's reason to wait is shown.
+QUIET_SUBMIT_SHARE = 0.2
+QUIET_SUBMIT_MAX_S = 5.0
 from labq.store import Change, CommitFailed, InvalidChange, PutJob, PutRecord, Store
 
 
@@ -95,6 +101,9 @@ class LabState:
         self.woken = threading.Event()  #: something changed: the scheduler should pass soon
         #: something changed that no pass needs at once (``defer``): a pass must take it in by then (monotonic)
         self.pass_by: float | None = None
+        #: how soon a pass takes in a submit that can only wait: ``QUIET_PASS_S``, or more on a long queue (the
+        #: scheduler sets it after each pass by how long the pass took)
+        self.quiet_submit_s = QUIET_PASS_S
         loaded = store.load()
         now = clock()
         self.records = loaded.records  #: as loaded; the services keep their own parts

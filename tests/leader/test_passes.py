@@ -9,7 +9,7 @@ from labq.leader.auth import Principal
 from labq.leader.core import Leader
 from labq.models import JobState
 from labq.models import transitions as t
-from labq.leader.state import QUIET_PASS_S
+from labq.leader.state import QUIET_PASS_S, QUIET_SUBMIT_MAX_S, QUIET_SUBMIT_SHARE
 from labq.protocol.requests import parse_action, parse_submit
 from tests.conftest import FakeClock
 from tests.leader.labs import leader_with_ws1
@@ -160,6 +160,52 @@ def test_submits_that_can_neither_start_nor_preempt_are_taken_in_by_one_pass_wit
     # it may preempt a normal job: a pass now
     assert leader.state.woken.is_set()
     assert turn(leader, clock, seconds=0.0) and urgent in leader.state.pending
+
+
+def test_on_a_queue_whose_passes_take_long_waiting_submits_are_taken_in_by_passes_that_take_a_fifth_of_the_time(
+        lab, monkeypatch):
+    """A long queue's pass takes a while (half a second of wall time at 30,000 queued under a stream of
+    submits): a pass a second for submits that can only wait would take half of the leader's time from the API
+    that brings them. Their pass comes as many times the last pass's time later as keeps the passes to
+    QUIET_SUBMIT_SHARE of the time, QUIET_SUBMIT_MAX_S at most; a submit that may start still brings its pass
+    at once, and once passes are quick again, so are their reasons."""
+    from labq.leader import scheduling as module
+
+    leader, clock = lab
+    fill_ws1(leader, clock)
+    took = [0.6]
+    real = module.schedule
+
+    def timed(*args, **kwargs):
+        clock.now += took[0]  # the pass's wall time, on the clock its duration is read from
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "schedule", timed)
+    assert turn(leader, clock)
+    later = took[0] / QUIET_SUBMIT_SHARE
+    assert QUIET_PASS_S < later < QUIET_SUBMIT_MAX_S and leader.state.quiet_submit_s == pytest.approx(later)
+    passes = leader.scheduling.passes
+    waiting = [submit(leader, gpus=1) for _ in range(20)]
+    assert leader.state.pass_by == pytest.approx(clock.now + later)
+    for _ in range(2):
+        assert not turn(leader, clock, seconds=1.0)
+    assert leader.scheduling.passes == passes and all(j not in leader.state.pending for j in waiting)
+    assert not turn(leader, clock, seconds=later - 2.1)
+    assert turn(leader, clock, seconds=0.2)  # due: one pass for the twenty
+    assert {leader.state.pending[j].reason.value for j in waiting} == {"Resources"}
+    took[0] = 2.0  # longer still: at most QUIET_SUBMIT_MAX_S apart
+    submit(leader, gpus=1)
+    assert turn(leader, clock, seconds=later + 0.1) and leader.state.quiet_submit_s == QUIET_SUBMIT_MAX_S
+    took[0] = 0.01
+    submit(leader, gpus=1)
+    assert leader.state.pass_by == pytest.approx(clock.now + QUIET_SUBMIT_MAX_S)
+    assert not turn(leader, clock, seconds=QUIET_SUBMIT_MAX_S - 0.1)
+    assert turn(leader, clock, seconds=0.2) and leader.state.quiet_submit_s == QUIET_PASS_S
+    submit(leader, gpus=1)
+    assert leader.state.pass_by == pytest.approx(clock.now + QUIET_PASS_S)
+    boss = Principal("user", "boss", admin=True)
+    leader.queue.submit(boss, parse_submit({"command": ["train"], "priority": "high"}))  # may preempt: at once
+    assert leader.state.woken.is_set()
 
 
 def test_waiting_jobs_cancelled_or_held_are_taken_in_by_one_pass_within_a_second(lab):
