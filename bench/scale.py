@@ -12,11 +12,12 @@ and 30,000 queued jobs (1 to 4 GPUs each), and at each level, in this order:
   * ``labq ls`` (the default view) as a command, run as the admin whose token the lab made (the
     credentials file in the temp HOME, as the other benchmarks run the CLI): median of 5 after a warm-up.
   * submit acknowledgement latency with 1 client (``Client.submit``): 10 warm-ups, then 200 one after
-    the other; median and p99.
+    the other; median and p99. Then those 200 are cancelled one after the other, each timed the same way
+    (``qN_cancel_p50_ms``, ``qN_cancel_p99_ms``): an action's cost should not grow with the queue either.
   * acknowledged submits per second with 8 and with 32 clients (threads, each with its own ``Client``):
     each submits one after the other for 2 s; acks over the wall time until the last answer, and the
     median and p99 of one submit under that load.
-  The jobs each submit measurement added are cancelled after it (not timed), so every measurement starts
+  The jobs each submit measurement added are cancelled after it (the others untimed), so every measurement starts
   at its level. The clients run in this process, on the same CPUs as the leader. The fill's own rate is a
   figure (``qN_fill_acks_per_s_16_clients``): where submits slow down as the queue grows, the fill is most
   of the run.
@@ -283,7 +284,17 @@ def measure_level(lab: Lab, plan: Plan, stop: threading.Event, ids: list[int], p
         ids.append(client.submit(body(n, lab.root))["id"])
         single.append(time.perf_counter() - t0)
     fig |= {"submit_p50_ms": ms(statistics.median(single)), "submit_p99_ms": ms(pct(single, 0.99))}
-    cancel_all(lab, ids[-(WARMUPS + plan.single):], problems)
+    cancel_all(lab, ids[-(WARMUPS + plan.single):-plan.single], problems)
+    cancels = []
+    for job_id in ids[-plan.single:]:
+        t0 = time.perf_counter()
+        try:
+            client.action(job_id, "cancel")
+        except ApiError as err:
+            problems.append(f"cancelling job {job_id}: {err}")
+            continue
+        cancels.append(time.perf_counter() - t0)
+    fig |= {"cancel_p50_ms": ms(statistics.median(cancels)), "cancel_p99_ms": ms(pct(cancels, 0.99))}
     for clients in (8, 32):
         burst = submit_burst(lab, clients, seconds=plan.window_s, stop=stop)
         ids.extend(burst.ids)
