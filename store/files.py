@@ -16,7 +16,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Disk:
@@ -46,11 +50,17 @@ def replace_atomically(path: Path, payload: bytes, disk: Disk, previous: Path | 
     On any error the old file is untouched, the temp file is removed, and the
     error propagates.
     """
+    replace_atomically_with(path, lambda fd: write_all(fd, payload), disk, previous)
+
+
+def replace_atomically_with(path: Path, write: Callable[[int], T], disk: Disk, previous: Path | None = None) -> T:
+    """``replace_atomically`` of what ``write`` writes to the file descriptor it is given (a new file, opened for
+    writing): a content too big to hold in memory at once. Returns what ``write`` returned."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         try:
-            write_all(fd, payload)
+            written = write(fd)
             disk.fsync(fd)
         finally:
             os.close(fd)
@@ -62,6 +72,7 @@ def replace_atomically(path: Path, payload: bytes, disk: Disk, previous: Path | 
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+    return written
 
 
 def _keep_previous(path: Path, previous: Path, disk: Disk) -> None:

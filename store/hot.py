@@ -11,8 +11,11 @@ joins kept bytes instead of encoding the whole lab again.
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Iterator
 
 from labq.store.contract import JOBS, META, ToldTask, whole
+from labq.store.files import write_all
 from labq.store.journal import dumps
 
 SCHEMA = 1
@@ -21,11 +24,16 @@ SCHEMA = 1
 PREFIX = b'{"' + META.encode() + b'":{"1":{'
 
 
+_CHECKSUM_KEY = b'"checksum":"'
+#: about how much of a snapshot is made at a time (``Capture.parts``)
+CHUNK_BYTES = 1 << 20
+
+
 def stamp(body: bytes) -> bytes:
     """The file's bytes for canonical ``body`` (whose ``_meta`` has no checksum): the checksum spliced in."""
     assert body.startswith(PREFIX), "the _meta table must come first"
     digest = hashlib.sha256(body).hexdigest().encode()
-    return PREFIX + b'"checksum":"' + digest + b'",' + body[len(PREFIX):]
+    return PREFIX + _CHECKSUM_KEY + digest + b'",' + body[len(PREFIX):]
 
 
 class HotState:
@@ -95,15 +103,48 @@ class Capture:
     def seq(self) -> int:
         return self.meta["seq"]
 
-    def encode(self) -> bytes:
-        """The snapshot file's bytes: the same as ``encode`` of the whole database, from kept encodings."""
-        parts = [b'{"' + META.encode() + b'":{"1":' + dumps(self.meta) + b"}"]
+    def parts(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+        """The canonical body after ``PREFIX`` (the ``_meta`` record without its checksum, then each table), in
+        pieces of about ``chunk_bytes``: a snapshot of a long queue is tens of megabytes, and joining it whole (and
+        again to splice the checksum in) made fresh memory the size of the file several times over."""
+        pieces, size = [dumps(self.meta)[1:], b"}"], 0
         for name in sorted(set(self.tables) | {JOBS}):
             if name == JOBS:
                 rows = sorted((str(i), self.texts.get(i) or dumps(whole(doc))) for i, doc in self.jobs.items())
             else:
                 rows = sorted((str(doc_id), dumps({"key": key, "record": record}))
                               for key, (doc_id, record) in self.tables[name].items())
-            parts.append(b',"' + name.encode() + b'":{' + b",".join(b'"' + k.encode() + b'":' + text
-                                                                    for k, text in rows) + b"}")
-        return stamp(b"".join(parts) + b"}")
+            pieces.append(b',"' + name.encode() + b'":{')
+            between = b'"'
+            for key, text in rows:
+                pieces += (between, key.encode(), b'":', text)
+                between = b',"'
+                size += len(text)
+                if size >= chunk_bytes:
+                    yield b"".join(pieces)
+                    pieces, size = [], 0
+            pieces.append(b"}")
+        pieces.append(b"}")
+        yield b"".join(pieces)
+
+    def write(self, fd: int) -> int:
+        """Write the snapshot file's bytes to ``fd`` (a new file) piece by piece; the checksum, known only at the
+        end, is written into the place kept for it. Returns the file's size."""
+        digest = hashlib.sha256(PREFIX)
+        head = PREFIX + _CHECKSUM_KEY + b"0" * 64 + b'",'
+        write_all(fd, head)
+        size = len(head)
+        for part in self.parts():
+            digest.update(part)
+            write_all(fd, part)
+            size += len(part)
+        os.pwrite(fd, digest.hexdigest().encode(), len(PREFIX) + len(_CHECKSUM_KEY))
+        return size
+
+    def encode(self) -> bytes:
+        """The snapshot file's bytes: the same as ``encode`` of the whole database, from kept encodings."""
+        parts = list(self.parts())
+        digest = hashlib.sha256(PREFIX)
+        for part in parts:
+            digest.update(part)
+        return b"".join([PREFIX, _CHECKSUM_KEY, digest.hexdigest().encode(), b'",', *parts])

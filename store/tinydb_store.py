@@ -47,7 +47,7 @@ from labq.store.contract import (
     META, Batch, Change, Ids, CommitFailed, CorruptDatabase, HistoryPart, SchemaMismatch, StoredState, StoreError,
     StoreLocked, whole,
 )
-from labq.store.files import Disk, remove_stale_temp_files, replace_atomically
+from labq.store.files import Disk, remove_stale_temp_files, replace_atomically, replace_atomically_with
 from labq.store.hot import PREFIX, SCHEMA, HotState, stamp
 from labq.store.journal import (
     JournalDamaged, JournalStuck, JournalWriter, dumps, journal_files, journal_name, read_journal,
@@ -400,9 +400,8 @@ class TinyDBStore:
                 with self._cond:
                     self._writing = False
                     self._cond.notify_all()
-            payload = capture.encode()
-            replace_atomically(self.path, payload, self.disk, previous=self.previous)
-            kept_from, self._snapshot_seq, self._snapshot_bytes = self._snapshot_seq, capture.seq, len(payload)
+            size = replace_atomically_with(self.path, capture.write, self.disk, previous=self.previous)
+            kept_from, self._snapshot_seq, self._snapshot_bytes = self._snapshot_seq, capture.seq, size
             journals = journal_files(self.data_dir)
             for (_, path), (following, _) in zip(journals, journals[1:]):
                 if following - 1 <= kept_from:  # all of it is in the previous copy too

@@ -238,6 +238,41 @@ def test_the_snapshot_is_tinydbs_format_and_canonical(data):
     assert encode(json.loads(raw)) == raw
 
 
+def test_a_snapshot_bigger_than_its_pieces_is_written_piece_by_piece_and_is_canonical(tmp_path):
+    """A compaction writes the snapshot a piece of about ``CHUNK_BYTES`` at a time, the checksum written last into
+    its place: a lab whose snapshot spans several pieces (and several tables) gets the same canonical bytes, with
+    a checksum that its next start checks, as the whole database encoded at once."""
+    from tinydb import TinyDB
+
+    from labq.store.hot import CHUNK_BYTES
+    from labq.store.tinydb_store import read_state
+
+    folder = tmp_path / "data"
+    jobs = [job(i, workdir=f"/home/alice/{i}/" + "w" * 600, note="é 中") for i in range(1, 3001)]
+    with TinyDBStore(folder) as store:
+        store.commit([PutJob(doc) for doc in jobs] + [PutRecord("reservations", f"r{i}", {"gpus": i})
+                                                       for i in range(50)])
+        store.commit([PutJob(job(7, "running")), PutRecord("users", "bob", {"admin": False})])
+        assert store.compact()
+    raw = (folder / DB_NAME).read_bytes()
+    assert len(raw) > 2 * CHUNK_BYTES  # written as three pieces or more
+    assert encode(json.loads(raw)) == raw  # canonical, its checksum that of the rest
+    capture = read_state(folder).capture()
+    assert capture.encode() == raw
+    small = list(capture.parts(chunk_bytes=10_000))
+    assert len(small) > 100 and b"".join(small) == b"".join(capture.parts())
+    db = TinyDB(folder / DB_NAME, access_mode="r")
+    try:
+        assert len(db.table("jobs")) == 3000 and db.table("jobs").get(doc_id=7)["state"] == "running"
+        assert len(db.table("reservations")) == 50 and len(db.table("users")) == 1
+    finally:
+        db.close()
+    with TinyDBStore(folder) as store:  # its checksum holds: the store opens it
+        loaded = store.load()
+        assert len(loaded.jobs) == 3000 and loaded.jobs[7]["state"] == "running"
+        assert loaded.records["users"] == {"bob": {"admin": False}}
+
+
 def test_an_arrays_tasks_are_one_small_record_and_whole_documents_in_the_snapshot(tmp_path):
     """The journal keeps an array's tasks as the first one's document and the others' differences; a compaction
     writes each whole into the snapshot, in TinyDB's canonical form, and either way the lab loads the same."""
