@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labq.leader.auth import JOIN_TOKEN_FILE
+from labq.leader.collector import freeze_after_full_collections
 from labq.leader.config import LeaderConfig
 from labq.leader.core import Leader
 from labq.leader.http import LeaderServer, serve
@@ -91,6 +92,7 @@ def start_leader(config: LeaderConfig, *, first_admin: str | None = None) -> tup
     # or its fsync waits for the interpreter lock up to this long each time (5 ms by default: a submit wakes
     # several times, and waited tens of ms behind a pass at 30,000 queued)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    freeze_after_full_collections()  # a full collection walks what is new, not every job (labq.leader.collector)
     leader.start()
     if serving is not None:  # a supervised thread, as the scheduler's: ``Leader.check`` restarts it, stop ends it
         leader.workers.spawn("labq-tls-renewal", lambda: serving.keep_renewed(leader.stopping))
