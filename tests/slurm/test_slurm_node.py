@@ -54,8 +54,10 @@ def test_jobs_run_on_a_workstation_and_on_slurm_and_a_low_job_there_is_preempted
     said = f"jobs go to Slurm partition {slurm.partition} (node {slurm.host}) as their lab user's account"
     lab.wait(lambda: said in (lab.root / "agent-slurm1.log").read_text(),  # whose account Slurm charges, at start
              "the Slurm agent to say whose account its jobs go to Slurm as")
-    # and that a preemptor waits for Slurm's tick here, which has no Epilog (the partition test's Slurm has one)
-    assert "this Slurm runs no Epilog" in (lab.root / "agent-slurm1.log").read_text()
+    # and that a preemptor waits for Slurm's tick here, which has no Epilog (the partition test's Slurm has one): said
+    # after the line above, once ``scontrol show config`` answered
+    lab.wait(lambda: "this Slurm runs no Epilog" in (lab.root / "agent-slurm1.log").read_text(),
+             "the Slurm agent to say that this Slurm runs no Epilog")
     here = lab.submit("sh", "-c", "echo on the workstation", node="ws1")
     there = lab.submit("sh", "-c", "echo on slurm as job $SLURM_JOB_ID with $SLURM_GPUS_ON_NODE GPUs, labq job "
                        "$LABQ_JOB_ID", node="slurm1", gpus=2)
