@@ -142,9 +142,6 @@ class Capture:
         return size
 
     def encode(self) -> bytes:
-        """The snapshot file's bytes: the same as ``encode`` of the whole database, from kept encodings."""
-        parts = list(self.parts())
-        digest = hashlib.sha256(PREFIX)
-        for part in parts:
-            digest.update(part)
-        return b"".join([PREFIX, _CHECKSUM_KEY, digest.hexdigest().encode(), b'",', *parts])
+        """The snapshot file's bytes at once (a backup, a recovery): the same as ``encode`` of the whole database,
+        from kept encodings."""
+        return stamp(PREFIX + b"".join(self.parts()))
