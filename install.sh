@@ -26,6 +26,9 @@ VENV="$ROOT/.venv"
 STAMP="$VENV/.labq-install-stamp"
 PIP_LOG="$VENV/labq-pip.log"
 MIN_PY="3.11"
+# A "compat" editable install is a .pth file naming this checkout (labq/__init__.py finds agent/, store/ and
+# tui/ beside it): setuptools' default import hook would cost every Python start in the venv about 10 ms.
+EDITABLE_MODE="compat"
 
 SYSTEM_PACKAGES=(docker.io busybox-static iproute2 tmux prometheus slurm-wlm munge slurmdbd mariadb-server sudo)
 DONE=()            # what this run changed, for the summary
@@ -97,7 +100,7 @@ venv_problem() {
 }
 
 stamp_value() {
-    { echo "$ROOT"; "$VENV/bin/python" -c 'import sys; print(sys.version)'; cat pyproject.toml; } \
+    { echo "$ROOT"; echo "editable_mode=$EDITABLE_MODE"; "$VENV/bin/python" -c 'import sys; print(sys.version)'; cat pyproject.toml; } \
         | sha256sum | cut -d' ' -f1
 }
 
@@ -231,7 +234,8 @@ else
         die "could not upgrade pip (full log: $PIP_LOG)"
     fi
     say "installing labq and its test dependencies: pip install -e '.[test]' (log: $PIP_LOG)"
-    if ! "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[test]' >"$PIP_LOG" 2>&1; then
+    if ! "$VENV/bin/python" -m pip install --disable-pip-version-check \
+            --config-settings "editable_mode=$EDITABLE_MODE" -e '.[test]' >"$PIP_LOG" 2>&1; then
         echo "----- last lines of $PIP_LOG -----" >&2
         tail -n 60 "$PIP_LOG" >&2
         echo "-----" >&2

@@ -23,10 +23,10 @@ turns, with DIR first on ``PYTHONPATH`` (the leader is this checkout's): ``basel
 under the same load as the others, which matters on a busy machine.
 
 ``--python PY`` runs the commands with another interpreter, ``labq`` as ``PY -c 'from labq.cli import
-main; ...'`` (what the ``labq`` script does). This checkout's ``.venv`` installs labq in editable mode,
-whose import hook loads ``pathlib``, ``re``, ``enum`` and ``urllib.parse`` at every start of that
-interpreter (15 ms of its ``python -c pass``), so they cost labq nothing there; a venv where labq is a
-plain folder on the path (a ``.pth`` file naming this checkout) is a regular install, where they do.
+main; ...'`` (what the ``labq`` script does): a venv where labq was installed another way, to compare. For
+example setuptools' default editable install (``pip install -e .``) puts an import hook in the venv, which
+loads ``pathlib``, ``re`` and ``urllib.parse`` at every start of that interpreter (about 10 ms);
+``./install.sh``'s is a ``.pth`` file naming this checkout (``editable_mode=compat``), which costs nothing.
 
 Goal (issue: the CLI starts fast): each command's median within 30 ms on an idle lab, that is about
 10 ms over ``python -c pass``. Timings are reported, never asserted.
