@@ -1,11 +1,14 @@
 """Finished jobs, out of the hot database: append-only JSON lines, one file a month.
 
 Each line is ``{"seq": N, "job": {...}}`` or a tombstone ``{"seq": N,
-"deleted": ID}``, where N is the commit that wrote it. Lines are appended and
-fsynced before the hot database is replaced, and the hot database's ``seq`` is
-the commit point: lines with a higher seq belong to a commit that was never
-acknowledged, and are cut off when the store opens. A torn last line (a crash
-mid-append) is cut off the same way.
+"deleted": ID}``, where N is the commit that wrote it. A commit writes its lines
+here and then its journal record, which carries the same lines: the record is
+the commit point, and its one fsync makes both durable. The archive files are
+fsynced later, before a new snapshot lets the journals that carry their lines
+go (``sync``); so when the store opens, the lines of commits after the snapshot
+are written again from the journal (``rewrite_after``): whatever a crash lost
+of them comes back, and lines of a commit that was never acknowledged (with a
+higher seq than the last commit) are cut off, as is a torn last line.
 
 The cost of a commit does not grow with history: an append touches only the
 end of one file.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -24,6 +28,11 @@ from labq.store.contract import HistoryPart, ended_within
 from labq.store.files import Disk, write_all
 
 _TAIL_CHUNK = 64 * 1024
+
+
+def encode_line(line: dict) -> bytes:
+    """One archive line's JSON (without its newline): the same bytes wherever it is encoded."""
+    return json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def month_of(doc: dict, now: float) -> str:
@@ -38,58 +47,105 @@ class Archive:
         self.folder = folder
         self.disk = disk
         self.problems: list[str] = []  #: damaged lines met while reading history
+        #: the files written since the last ``sync``, open; the lock is held while one is written to
+        self._unsynced: dict[Path, int] = {}
+        self._unsynced_lock = threading.Lock()
+        self._new_file = False  #: a file was made since the last ``sync``: the folder is synced too
+        self._new_folder = False  #: the folder was made since the last ``sync``: its parent is synced too
+        self._folder_made = False
 
     def files(self) -> list[Path]:
         if not self.folder.is_dir():
             return []
         return sorted(self.folder.glob("jobs-*.jsonl"))
 
-    def append(self, seq: int, entries: list[dict], now: float) -> dict[Path, int]:
-        """Append job documents and tombstones for commit ``seq``, durably.
-
-        Returns the files' sizes before the append, for ``roll_back`` if the
-        commit fails afterwards; on an error here it rolls back itself.
-        """
-        by_file: dict[Path, list[bytes]] = {}
+    @staticmethod
+    def lines(seq: int, entries: list[dict], now: float) -> list[tuple[str, bytes]]:
+        """The lines of commit ``seq`` for job documents and tombstones ``entries``: (file name, line)."""
+        lines = []
         for entry in entries:
             if "deleted" in entry:
-                line = {"seq": seq, "deleted": entry["deleted"]}
-                month = time.strftime("%Y-%m", time.gmtime(now))
+                line, month = {"seq": seq, "deleted": entry["deleted"]}, time.strftime("%Y-%m", time.gmtime(now))
             else:
-                line = {"seq": seq, "job": entry}
-                month = month_of(entry, now)
-            path = self.folder / f"jobs-{month}.jsonl"
-            by_file.setdefault(path, []).append(
-                json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
+                line, month = {"seq": seq, "job": entry}, month_of(entry, now)
+            lines.append((f"jobs-{month}.jsonl", encode_line(line)))
+        return lines
+
+    def write(self, lines: list[tuple[str, bytes]]) -> dict[Path, int]:
+        """Append ``lines`` (``Archive.lines``), not yet durably (``sync``). Returns the files' sizes before, for
+        ``roll_back`` if the commit fails afterwards; on an error here it rolls back itself."""
+        by_file: dict[Path, list[bytes]] = {}
+        for name, line in lines:
+            by_file.setdefault(self.folder / name, []).append(line + b"\n")
         sizes: dict[Path, int] = {}
         try:
-            if not self.folder.is_dir():
-                self.folder.mkdir(parents=True)
-                self.disk.fsync_folder(self.folder.parent)
-            new_file = False
-            for path, lines in by_file.items():
-                new_file |= not path.exists()
-                sizes[path] = path.stat().st_size if path.exists() else 0
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                try:
-                    write_all(fd, b"".join(lines))
-                    self.disk.fsync(fd)
-                finally:
-                    os.close(fd)
-            if new_file:
-                self.disk.fsync_folder(self.folder)
+            if not self._folder_made:
+                if not self.folder.is_dir():
+                    self.folder.mkdir(parents=True)
+                    self._new_folder = True
+                self._folder_made = True
+            with self._unsynced_lock:  # a sync takes the open files: not while one is written to
+                for path, chunk in by_file.items():
+                    fd = self._unsynced.get(path)
+                    if fd is None:
+                        self._new_file |= not path.exists()
+                        fd = self._unsynced[path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                    sizes[path] = os.fstat(fd).st_size
+                    write_all(fd, b"".join(chunk))
         except BaseException:
             self.roll_back(sizes)
             raise
         return sizes
 
+    def sync(self) -> None:
+        """Make every line written so far durable: fsync the files written since the last sync (and the folders
+        where one was made). On an error they stay to sync, and the error propagates."""
+        with self._unsynced_lock:
+            files, self._unsynced = self._unsynced, {}
+            new_file, self._new_file = self._new_file, False
+            new_folder, self._new_folder = self._new_folder, False
+        try:
+            if new_folder:
+                self.disk.fsync_folder(self.folder.parent)
+            for fd in files.values():
+                self.disk.fsync(fd)
+            if new_file:
+                self.disk.fsync_folder(self.folder)
+        except BaseException:
+            with self._unsynced_lock:
+                for path, fd in files.items():
+                    if path in self._unsynced:  # written again meanwhile, through a file of its own
+                        os.close(fd)
+                    else:
+                        self._unsynced[path] = fd
+                self._new_file |= new_file
+                self._new_folder |= new_folder
+            raise
+        for fd in files.values():
+            os.close(fd)
+
+    def rewrite_after(self, seq: int, lines: list[tuple[str, bytes]]) -> None:
+        """Make the lines of the commits after ``seq`` exactly ``lines`` (in commit order, from the journal), and
+        durable: cut off what the files have after ``seq`` (those lines, or part of them, or lines of a commit
+        never acknowledged), append ``lines``, and sync."""
+        self.cut_after(seq)
+        if lines:
+            self.write(lines)
+        self.sync()
+
+    def close(self) -> None:
+        """Let go of the files written since the last sync, unsynced (the journal has their lines)."""
+        with self._unsynced_lock:
+            files, self._unsynced = self._unsynced, {}
+        for fd in files.values():
+            os.close(fd)
+
     def roll_back(self, sizes: dict[Path, int]) -> None:
-        """Cut files back to the sizes ``append`` returned."""
+        """Cut files back to the sizes ``write`` returned: a commit that failed. Not synced, as the lines were not:
+        the next sync makes the cut durable, and opening cuts what the journal does not have."""
         for path, size in sizes.items():
             if path.exists():
-                with open(path, "r+b") as f:
-                    f.truncate(size)
-                    self.disk.fsync(f.fileno())
+                os.truncate(path, size)
 
     def cut_after(self, seq: int) -> list[dict]:
         """Remove lines of commits after ``seq`` and torn last lines; return what was cut."""

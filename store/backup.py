@@ -140,17 +140,27 @@ def _snapshot(data_dir: Path) -> tuple[dict[str, bytes], dict]:
         raise BackupError(f"{data_dir} has no database ({DB_NAME}): there is nothing to back up",
                           "Give the leader's data folder with --data-dir.")
     try:
-        raw = read_state(data_dir).capture().encode()  # the snapshot and the journal after it: one commit, whole
+        journaled: list[tuple[str, bytes]] = []  # the archive lines of the commits after the snapshot
+        raw = read_state(data_dir, journaled).capture().encode()  # the snapshot and the journal after it: one commit
         data = decode(raw, path)
     except StoreError as err:
         raise BackupError(f"the database is damaged, and a backup of it would not restore: {err.args[0]}",
                           recover_hint(data_dir)) from None
     seq = data[META]["1"]["seq"]
     files = {DB_NAME: raw}
-    for month in sorted((data_dir / ARCHIVE_DIR).glob("jobs-*.jsonl")):
-        kept = _archive_up_to(month.read_bytes(), seq, month)
+    # the journal has the lines of the commits after the snapshot, and a crash may have lost them from the files
+    # (a store syncs them at its next snapshot): the files' lines before the journal's first one, then the journal's
+    first_journaled = min((json.loads(line)["seq"] for _, line in journaled), default=seq + 1)
+    from_journal: dict[str, list[bytes]] = {}
+    for name, line in journaled:
+        from_journal.setdefault(name, []).append(line + b"\n")
+    names = {p.name for p in (data_dir / ARCHIVE_DIR).glob("jobs-*.jsonl")} | set(from_journal)
+    for name in sorted(names):
+        month = data_dir / ARCHIVE_DIR / name
+        kept = _archive_up_to(month.read_bytes(), first_journaled - 1, month) if month.exists() else b""
+        kept += b"".join(from_journal.get(name, ()))
         if kept:
-            files[f"{ARCHIVE_DIR}/{month.name}"] = kept
+            files[f"{ARCHIVE_DIR}/{name}"] = kept
     token = data_dir / JOIN_TOKEN
     if token.exists():
         files[JOIN_TOKEN] = token.read_bytes()

@@ -11,9 +11,12 @@ Layout of the data folder::
     archive/         finished jobs, one JSON-lines file a month
     leader.lock      held by the one process that writes
 
-A commit returns only once it is on disk: its archive lines, then one journal record,
-each appended and fsynced. Commits arriving while one is being written wait and then go
-to disk together (group commit): one append and one fsync for all of them. A commit
+A commit returns only once it is on disk: its archive lines are appended, then one
+journal record that carries them too, and that one record is fsynced (the archive files
+are fsynced by the next compaction, before the journals that carry their lines may go;
+opening writes those lines again from the journal: ``labq.store.archive``). Commits
+arriving while one is being written wait and then go to disk together (group commit): one
+append and one fsync for all of them. A commit
 costs what it changed, not the size of the lab: only its documents are encoded.
 
 When the journal has grown to the snapshot's size, a background thread compacts: it
@@ -42,7 +45,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from labq.store.archive import Archive
+from labq.store.archive import Archive, encode_line
 from labq.store.contract import (
     META, Batch, Change, Ids, CommitFailed, CorruptDatabase, HistoryPart, SchemaMismatch, StoredState, StoreError,
     StoreLocked, whole,
@@ -241,8 +244,9 @@ class TinyDBStore:
             replace_atomically(self.path, raw, self.disk)
         self._hot = HotState(data)
         self._snapshot_seq, self._snapshot_bytes = self._hot.seq, len(raw)
+        archived: list[tuple[str, bytes]] = []
         try:
-            good_bytes = replay(self._hot, journals, self.path)
+            good_bytes = replay(self._hot, journals, self.path, archived)
         except CorruptDatabase as err:
             raise CorruptDatabase(err.args[0], recover_hint(self.data_dir)) from None
         if journals:
@@ -251,7 +255,7 @@ class TinyDBStore:
             self._journal = JournalWriter(self.data_dir / journal_name(self._hot.seq + 1), self.disk)
         self._committed = self._hot.seq
         self._reserved = self._hot.reserved
-        self.archive.cut_after(self._committed)
+        self.archive.rewrite_after(self._snapshot_seq, archived)  # what a crash lost of them, and nothing more
         self._ids = Ids(hot=set(self._hot.jobs), next_job_id=self._hot.next_job_id, floor=self._hot.next_job_id)
         self._record_keys = {name: set(table) for name, table in self._hot.tables.items()}
 
@@ -310,7 +314,8 @@ class TinyDBStore:
         return ticket.seq
 
     def _write(self, tickets: list[_Ticket]) -> None:
-        """One group commit: the batch's archive lines, then its journal record, each fsynced once."""
+        """One group commit: the batch's archive lines, then its journal record, which carries them too and is
+        the one fsync."""
         if self._broken:
             for t in tickets:
                 t.error = CommitFailed(f"the store refuses changes until the leader restarts: {self._broken}")
@@ -331,14 +336,18 @@ class TinyDBStore:
         texts = {job_id: dumps(doc) for job_id, doc in batch.jobs.items() if doc is not None and job_id not in told}
         records = [[name, key, record] for (name, key), record in batch.records.items()]
         tasks = b',"tasks":%s' % dumps([[first, others] for first, others in batch.tasks]) if batch.tasks else b""
-        payload = (b'{"jobs":{' + b",".join(b'"%d":%s' % (job_id, texts.get(job_id, b"null"))
-                                            for job_id in batch.jobs if job_id not in told)
+        lines = self.archive.lines(seq, batch.archive, self.clock()) if batch.archive else []
+        archived = (b'"archive":[%s],' % b",".join(b'["%s",%s]' % (name.encode(), line) for name, line in lines)
+                    if lines else b"")
+        payload = (b'{' + archived + b'"jobs":{'
+                   + b",".join(b'"%d":%s' % (job_id, texts.get(job_id, b"null"))
+                               for job_id in batch.jobs if job_id not in told)
                    + b'},"next_job_id":%d,"records":%s,"reserved":%d,"seq":%d%s}'
                    % (batch.next_job_id, dumps(records), reserved, seq, tasks))
         sizes: dict = {}
         try:
-            if batch.archive:
-                sizes = self.archive.append(seq, batch.archive, self.clock())
+            if lines:
+                sizes = self.archive.write(lines)  # durable by the journal's record, which carries them too
             self._journal.append(payload)
         except OSError as err:
             if isinstance(err, JournalStuck):
@@ -400,6 +409,7 @@ class TinyDBStore:
                 with self._cond:
                     self._writing = False
                     self._cond.notify_all()
+            self.archive.sync()  # the journals that carry the archive's lines may go once the snapshot is written
             size = replace_atomically_with(self.path, capture.write, self.disk, previous=self.previous)
             kept_from, self._snapshot_seq, self._snapshot_bytes = self._snapshot_seq, capture.seq, size
             journals = journal_files(self.data_dir)
@@ -440,6 +450,7 @@ class TinyDBStore:
         except Exception:  # noqa: BLE001 - the journal has every commit: the next start replays it
             log.exception("the last compaction failed; the next start replays the journal")
         self._journal.close()
+        self.archive.close()
         with contextlib.suppress(OSError):
             os.close(self._lock_fd)
 
@@ -466,9 +477,11 @@ def collector_paused(freeze: bool = False):
             gc.enable()
 
 
-def replay(hot: HotState, journals: list[tuple[int, Path]], snapshot: Path) -> int | None:
+def replay(hot: HotState, journals: list[tuple[int, Path]], snapshot: Path,
+           archived: list[tuple[str, bytes]] | None = None) -> int | None:
     """Apply the records after ``hot``'s commit from ``journals``; the sound length of the last journal (where a
-    torn tail starts), None when there are none. Raises CorruptDatabase for damage or a gap."""
+    torn tail starts), None when there are none. Raises CorruptDatabase for damage or a gap. ``archived``: gets
+    the archive lines the records carry, in commit order (``archive_lines``)."""
     good_bytes = None
     for number, (_, path) in enumerate(journals):
         try:
@@ -482,19 +495,30 @@ def replay(hot: HotState, journals: list[tuple[int, Path]], snapshot: Path) -> i
                 raise CorruptDatabase(f"{path} goes on from commit {record['seq']}, but {snapshot} and the journals "
                                       f"before it end at commit {hot.seq}: commits are missing")
             hot.take(record)
+            if archived is not None:
+                archived += archive_lines(record)
         good_bytes = read.good_bytes
     return good_bytes
 
 
-def read_state(data_dir: Path) -> HotState:
+def archive_lines(record: dict) -> list[tuple[str, bytes]]:
+    """The archive lines a journal record carries: (file name, line), as its commit wrote them."""
+    return [(name, encode_line(line)) for name, line in record.get("archive", ())]
+
+
+def read_state(data_dir: Path, archived: list[tuple[str, bytes]] | None = None) -> HotState:
     """What a store opened on ``data_dir`` would load, read only and beside a running leader: the snapshot and
-    the journals after it, a record being appended left out. Raises CorruptDatabase or SchemaMismatch."""
+    the journals after it, a record being appended left out. Raises CorruptDatabase or SchemaMismatch.
+    ``archived``: gets the archive lines of the commits after the snapshot, from the journals (``replay``)."""
     path = data_dir / DB_NAME
     for attempt in range(5):
         hot = HotState(decode(path.read_bytes(), path))
         journals = journal_files(data_dir)
+        lines: list[tuple[str, bytes]] = []
         try:
-            replay(hot, journals, path)
+            replay(hot, journals, path, lines)
+            if archived is not None:
+                archived[:] = lines
             return hot
         except (FileNotFoundError, CorruptDatabase):
             if attempt == 4 or journal_files(data_dir) == journals:
