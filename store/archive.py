@@ -98,8 +98,9 @@ class Archive:
         return sizes
 
     def sync(self) -> None:
-        """Make every line written so far durable: fsync the files written since the last sync (and the folders
-        where one was made). On an error they stay to sync, and the error propagates."""
+        """Make every line written so far durable: fsync the files written (or cut back) since the last sync, and
+        the folders where one was made. An error propagates, and what this sync took is not to be trusted on
+        disk (Linux does not report a failed write-back twice): only the journal still has it."""
         with self._unsynced_lock:
             files, self._unsynced = self._unsynced, {}
             new_file, self._new_file = self._new_file, False
@@ -111,24 +112,16 @@ class Archive:
                 self.disk.fsync(fd)
             if new_file:
                 self.disk.fsync_folder(self.folder)
-        except BaseException:
-            with self._unsynced_lock:
-                for path, fd in files.items():
-                    if path in self._unsynced:  # written again meanwhile, through a file of its own
-                        os.close(fd)
-                    else:
-                        self._unsynced[path] = fd
-                self._new_file |= new_file
-                self._new_folder |= new_folder
-            raise
-        for fd in files.values():
-            os.close(fd)
+        finally:
+            for fd in files.values():
+                os.close(fd)
 
     def rewrite_after(self, seq: int, lines: list[tuple[str, bytes]]) -> None:
         """Make the lines of the commits after ``seq`` exactly ``lines`` (in commit order, from the journal), and
-        durable: cut off what the files have after ``seq`` (those lines, or part of them, or lines of a commit
-        never acknowledged), append ``lines``, and sync."""
-        self.cut_after(seq)
+        durable: cut off what the files have after their last sound line of a commit up to ``seq`` (those lines,
+        or part of them, or blocks a crash left unwritten, or lines of a commit never acknowledged), append
+        ``lines``, and sync."""
+        self.cut_after(seq, past_damage=True)
         if lines:
             self.write(lines)
         self.sync()
@@ -141,17 +134,21 @@ class Archive:
             os.close(fd)
 
     def roll_back(self, sizes: dict[Path, int]) -> None:
-        """Cut files back to the sizes ``write`` returned: a commit that failed. Not synced, as the lines were not:
-        the next sync makes the cut durable, and opening cuts what the journal does not have."""
+        """Cut files back to the sizes ``write`` returned: a commit that failed. Not synced here, as the lines were
+        not: the next sync makes the cut durable (a sync may have taken the lines meanwhile)."""
         for path, size in sizes.items():
             if path.exists():
                 os.truncate(path, size)
+                with self._unsynced_lock:
+                    if path not in self._unsynced:
+                        self._unsynced[path] = os.open(path, os.O_WRONLY | os.O_APPEND)
 
-    def cut_after(self, seq: int) -> list[dict]:
-        """Remove lines of commits after ``seq`` and torn last lines; return what was cut."""
+    def cut_after(self, seq: int, *, past_damage: bool = False) -> list[dict]:
+        """Remove lines of commits after ``seq`` and torn last lines; return what was cut. ``past_damage``: damaged
+        lines after the last sound line up to ``seq`` go too (else the cut stops at one)."""
         cut: list[dict] = []
         for path in self.files():
-            keep, removed = self._tail_boundary(path, seq)
+            keep, removed = self._tail_boundary(path, seq, past_damage)
             if removed:
                 cut.extend(removed)
             if keep is not None:
@@ -169,8 +166,9 @@ class Archive:
             lost.extend(removed)
         return lost
 
-    def _tail_boundary(self, path: Path, seq: int) -> tuple[int | None, list[dict]]:
-        """Where the file should end to hold only commits up to ``seq``: (offset or None, lines past it)."""
+    def _tail_boundary(self, path: Path, seq: int, past_damage: bool = False) -> tuple[int | None, list[dict]]:
+        """Where the file should end to hold only commits up to ``seq``: (offset or None, lines past it).
+        ``past_damage``: a damaged line is past it too, until a sound line up to ``seq``."""
         size = path.stat().st_size
         with open(path, "rb") as f:
             start = max(0, size - _TAIL_CHUNK)
@@ -193,6 +191,10 @@ class Archive:
                         record = json.loads(raw)
                         record_seq = record["seq"]
                     except (ValueError, KeyError, TypeError):
+                        if past_damage:
+                            offset -= len(raw) + 1
+                            removed.append({"damaged": True})
+                            continue
                         stop = True  # a damaged line inside the file: leave it to history's checks
                         break
                     if record_seq <= seq:

@@ -28,7 +28,7 @@ from pathlib import Path
 from labq.store.contract import JOBS, META, StoreError, StoreLocked
 from labq.store.files import Disk, replace_atomically
 from labq.store.tinydb_store import (
-    ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, decode, encode, read_state, recover_hint, take_leader_lock,
+    ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, Journaled, decode, encode, read_state, recover_hint, take_leader_lock,
 )
 from labq.store.journal import ids_named, journal_files
 
@@ -140,7 +140,7 @@ def _snapshot(data_dir: Path) -> tuple[dict[str, bytes], dict]:
         raise BackupError(f"{data_dir} has no database ({DB_NAME}): there is nothing to back up",
                           "Give the leader's data folder with --data-dir.")
     try:
-        journaled: list[tuple[str, bytes]] = []  # the archive lines of the commits after the snapshot
+        journaled = Journaled()  # the archive lines of the commits after the snapshot
         raw = read_state(data_dir, journaled).capture().encode()  # the snapshot and the journal after it: one commit
         data = decode(raw, path)
     except StoreError as err:
@@ -149,15 +149,14 @@ def _snapshot(data_dir: Path) -> tuple[dict[str, bytes], dict]:
     seq = data[META]["1"]["seq"]
     files = {DB_NAME: raw}
     # the journal has the lines of the commits after the snapshot, and a crash may have lost them from the files
-    # (a store syncs them at its next snapshot): the files' lines before the journal's first one, then the journal's
-    first_journaled = min((json.loads(line)["seq"] for _, line in journaled), default=seq + 1)
+    # (a store syncs them at its next snapshot): the files' lines up to the snapshot, then the journal's
     from_journal: dict[str, list[bytes]] = {}
-    for name, line in journaled:
+    for name, line in journaled.lines:
         from_journal.setdefault(name, []).append(line + b"\n")
     names = {p.name for p in (data_dir / ARCHIVE_DIR).glob("jobs-*.jsonl")} | set(from_journal)
     for name in sorted(names):
         month = data_dir / ARCHIVE_DIR / name
-        kept = _archive_up_to(month.read_bytes(), first_journaled - 1, month) if month.exists() else b""
+        kept = _archive_up_to(month.read_bytes(), min(seq, journaled.after), month) if month.exists() else b""
         kept += b"".join(from_journal.get(name, ()))
         if kept:
             files[f"{ARCHIVE_DIR}/{name}"] = kept

@@ -3,9 +3,12 @@
 A record is one line, ``LEN CRC PAYLOAD`` and a newline: LEN and CRC are 8 hex digits each (the
 payload's length in bytes and its CRC-32), the payload compact JSON::
 
-    {"jobs":{"ID":DOC or null,...},"next_job_id":N,"records":[[TABLE,KEY,RECORD or null],...],
-     "reserved":R,"seq":S,"tasks":[[FIRST DOC,[[ID,COMMAND,ENV,INDEX],...]],...]}
+    {"archive":[[FILE,LINE],...],"jobs":{"ID":DOC or null,...},"next_job_id":N,
+     "records":[[TABLE,KEY,RECORD or null],...],"reserved":R,"seq":S,"tasks":[[FIRST DOC,[[ID,COMMAND,ENV,INDEX],...]],...]}
 
+``archive`` holds the commit's archive lines (``labq.store.archive``: the jobs it finished or deleted), each as
+the name of the month's file and the line itself; every record has it, so that one without it tells a record of
+an older labq, whose archive lines are in the archive's files alone (it fsynced them there).
 ``tasks`` (only when a commit made an array's tasks) holds them as the first task's document and each other
 task's differences from it (``PutTasks``), applied before ``jobs``.
 

@@ -19,7 +19,7 @@ from labq.store.files import Disk, replace_atomically
 from labq.store.hot import HotState
 from labq.store.journal import ids_mentioned, journal_files, read_journal
 from labq.store.tinydb_store import (
-    ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, archive_lines, decode, recover_hint, take_leader_lock,
+    ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, Journaled, decode, recover_hint, take_leader_lock,
 )
 
 
@@ -36,7 +36,7 @@ class RecoveryPlan:
     lost_archive: tuple[dict, ...]  #: archive lines of later commits, which are dropped
     #: the archive lines of the sound commits after the snapshot, from the journal (a crash may have lost them from
     #: the archive's files, which a store syncs only at its next snapshot): recovering writes them again
-    archived: tuple[tuple[str, bytes], ...]
+    journaled: Journaled
     state: HotState  #: the sound state, which recovering writes as the snapshot
 
     def describe(self) -> str:
@@ -78,8 +78,8 @@ def plan_recovery(data_dir: str | os.PathLike) -> RecoveryPlan:
         except StoreError as again:
             raise StoreError(f"the previous copy is damaged too: {again.args[0]}", recover_hint(data_dir)) from None
     source_seq = state.seq
-    archived: list[tuple[str, bytes]] = []
-    journal_problem, mentioned = _replay_until_damage(state, data_dir, archived)
+    journaled = Journaled(after=state.seq)
+    journal_problem, mentioned = _replay_until_damage(state, data_dir, journaled)
     if problem is None and journal_problem is None:
         raise StoreError(f"{current} and its journal are fine: there is nothing to recover")
     lost = Archive(data_dir / ARCHIVE_DIR, Disk()).after(state.seq)
@@ -87,14 +87,14 @@ def plan_recovery(data_dir: str | os.PathLike) -> RecoveryPlan:
     # id a later record names (its digits may be the damage: the reservation covers that)
     resume = state.next_job_id if journal_problem is None else max(state.next_job_id, state.reserved, mentioned)
     return RecoveryPlan(data_dir, problem or journal_problem or "", source, source_seq, state.seq, len(state.jobs),
-                        state.next_job_id, resume, tuple(e for e in lost if not e.get("torn")), tuple(archived),
+                        state.next_job_id, resume, tuple(e for e in lost if not e.get("torn")), journaled,
                         state)
 
 
 def _replay_until_damage(state: HotState, data_dir: Path,
-                         archived: list[tuple[str, bytes]]) -> tuple[str | None, int]:
-    """Take the sound records after ``state`` (their archive lines into ``archived``); what stopped them (None:
-    nothing), and the highest job id the records after that point may have handed out."""
+                         journaled: Journaled) -> tuple[str | None, int]:
+    """Take the sound records after ``state`` (and what they say of the archive into ``journaled``); what stopped
+    them (None: nothing), and the highest job id the records after that point may have handed out."""
     journals = journal_files(data_dir)
     for number, (_, path) in enumerate(journals):
         read = read_journal(path, last=number == len(journals) - 1, upto_damage=True)
@@ -106,7 +106,7 @@ def _replay_until_damage(state: HotState, data_dir: Path,
                 return (f"{path} goes on from commit {record['seq']}, after commit {state.seq}: "
                         f"commits are missing", ids_mentioned(later))
             state.take(record)
-            archived += archive_lines(record)
+            journaled.take(record)
         if read.damage is not None:
             later = read.rest + b"".join(p.read_bytes() for _, p in journals[number + 1:])
             return str(read.damage), ids_mentioned(later)
@@ -127,7 +127,7 @@ def recover(plan: RecoveryPlan, disk: Disk | None = None) -> Path | None:
             os.link(current, kept)
         plan.state.next_job_id = plan.resume_job_id
         # the archive as of the sound state, durable before the journals that carry its last lines are moved aside
-        Archive(plan.data_dir / ARCHIVE_DIR, disk).rewrite_after(plan.source_seq, list(plan.archived))
+        Archive(plan.data_dir / ARCHIVE_DIR, disk).rewrite_after(plan.journaled.after, plan.journaled.lines)
         snapshot = plan.state.capture()
         replace_atomically(current, snapshot.encode(), disk)
         journals = journal_files(plan.data_dir)

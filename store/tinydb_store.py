@@ -42,7 +42,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from labq.store.archive import Archive, encode_line
@@ -244,9 +244,9 @@ class TinyDBStore:
             replace_atomically(self.path, raw, self.disk)
         self._hot = HotState(data)
         self._snapshot_seq, self._snapshot_bytes = self._hot.seq, len(raw)
-        archived: list[tuple[str, bytes]] = []
+        journaled = Journaled()
         try:
-            good_bytes = replay(self._hot, journals, self.path, archived)
+            good_bytes = replay(self._hot, journals, self.path, journaled)
         except CorruptDatabase as err:
             raise CorruptDatabase(err.args[0], recover_hint(self.data_dir)) from None
         if journals:
@@ -255,7 +255,11 @@ class TinyDBStore:
             self._journal = JournalWriter(self.data_dir / journal_name(self._hot.seq + 1), self.disk)
         self._committed = self._hot.seq
         self._reserved = self._hot.reserved
-        self.archive.rewrite_after(self._snapshot_seq, archived)  # what a crash lost of them, and nothing more
+        try:  # the lines a crash lost of them come back, and nothing more
+            self.archive.rewrite_after(journaled.after, journaled.lines)
+        except BaseException:
+            self._journal.close()
+            raise
         self._ids = Ids(hot=set(self._hot.jobs), next_job_id=self._hot.next_job_id, floor=self._hot.next_job_id)
         self._record_keys = {name: set(table) for name, table in self._hot.tables.items()}
 
@@ -337,8 +341,7 @@ class TinyDBStore:
         records = [[name, key, record] for (name, key), record in batch.records.items()]
         tasks = b',"tasks":%s' % dumps([[first, others] for first, others in batch.tasks]) if batch.tasks else b""
         lines = self.archive.lines(seq, batch.archive, self.clock()) if batch.archive else []
-        archived = (b'"archive":[%s],' % b",".join(b'["%s",%s]' % (name.encode(), line) for name, line in lines)
-                    if lines else b"")
+        archived = b'"archive":[%s],' % b",".join(b'["%s",%s]' % (name.encode(), line) for name, line in lines)
         payload = (b'{' + archived + b'"jobs":{'
                    + b",".join(b'"%d":%s' % (job_id, texts.get(job_id, b"null"))
                                for job_id in batch.jobs if job_id not in told)
@@ -409,7 +412,12 @@ class TinyDBStore:
                 with self._cond:
                     self._writing = False
                     self._cond.notify_all()
-            self.archive.sync()  # the journals that carry the archive's lines may go once the snapshot is written
+            try:  # the journals that carry the archive's lines may go once the snapshot is written
+                self.archive.sync()
+            except OSError as err:
+                self._broken = (f"the archive's files could not be synced ({err.strerror}); a restart writes their "
+                                f"lines again from the journal")
+                raise
             size = replace_atomically_with(self.path, capture.write, self.disk, previous=self.previous)
             kept_from, self._snapshot_seq, self._snapshot_bytes = self._snapshot_seq, capture.seq, size
             journals = journal_files(self.data_dir)
@@ -477,12 +485,31 @@ def collector_paused(freeze: bool = False):
             gc.enable()
 
 
+@dataclass
+class Journaled:
+    """What the journals say of the archive: after commit ``after``, its lines are exactly ``lines`` (file name,
+    line), in commit order. ``after`` is the snapshot's commit, or the last commit of an older labq's record
+    after it (which carries no lines: that labq fsynced them in the archive's files)."""
+
+    after: int = 0
+    lines: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def take(self, record: dict) -> None:
+        """A record replayed after the last one taken."""
+        if "archive" not in record:
+            self.after, self.lines = record["seq"], []
+        else:
+            self.lines += [(name, encode_line(line)) for name, line in record["archive"]]
+
+
 def replay(hot: HotState, journals: list[tuple[int, Path]], snapshot: Path,
-           archived: list[tuple[str, bytes]] | None = None) -> int | None:
+           journaled: Journaled | None = None) -> int | None:
     """Apply the records after ``hot``'s commit from ``journals``; the sound length of the last journal (where a
-    torn tail starts), None when there are none. Raises CorruptDatabase for damage or a gap. ``archived``: gets
-    the archive lines the records carry, in commit order (``archive_lines``)."""
+    torn tail starts), None when there are none. Raises CorruptDatabase for damage or a gap. ``journaled``: takes
+    in the archive lines the records carry (its ``after`` set to ``hot``'s commit first)."""
     good_bytes = None
+    if journaled is not None:
+        journaled.after, journaled.lines = hot.seq, []
     for number, (_, path) in enumerate(journals):
         try:
             read = read_journal(path, last=number == len(journals) - 1)
@@ -495,30 +522,22 @@ def replay(hot: HotState, journals: list[tuple[int, Path]], snapshot: Path,
                 raise CorruptDatabase(f"{path} goes on from commit {record['seq']}, but {snapshot} and the journals "
                                       f"before it end at commit {hot.seq}: commits are missing")
             hot.take(record)
-            if archived is not None:
-                archived += archive_lines(record)
+            if journaled is not None:
+                journaled.take(record)
         good_bytes = read.good_bytes
     return good_bytes
 
 
-def archive_lines(record: dict) -> list[tuple[str, bytes]]:
-    """The archive lines a journal record carries: (file name, line), as its commit wrote them."""
-    return [(name, encode_line(line)) for name, line in record.get("archive", ())]
-
-
-def read_state(data_dir: Path, archived: list[tuple[str, bytes]] | None = None) -> HotState:
+def read_state(data_dir: Path, journaled: Journaled | None = None) -> HotState:
     """What a store opened on ``data_dir`` would load, read only and beside a running leader: the snapshot and
     the journals after it, a record being appended left out. Raises CorruptDatabase or SchemaMismatch.
-    ``archived``: gets the archive lines of the commits after the snapshot, from the journals (``replay``)."""
+    ``journaled``: takes in what the journals say of the archive (``replay``)."""
     path = data_dir / DB_NAME
     for attempt in range(5):
         hot = HotState(decode(path.read_bytes(), path))
         journals = journal_files(data_dir)
-        lines: list[tuple[str, bytes]] = []
         try:
-            replay(hot, journals, path, lines)
-            if archived is not None:
-                archived[:] = lines
+            replay(hot, journals, path, journaled)
             return hot
         except (FileNotFoundError, CorruptDatabase):
             if attempt == 4 or journal_files(data_dir) == journals:

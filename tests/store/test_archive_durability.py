@@ -9,6 +9,7 @@ fsynced is removed), as the disk would hold them after the machine lost power.""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -18,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from labq.store import PutJob, TinyDBStore, plan_recovery, recover
+from labq.store import CommitFailed, PutJob, TinyDBStore, plan_recovery, recover
 from labq.store.backup import backup
 from labq.store.files import Disk
-from labq.store.journal import journal_files
+from labq.store.journal import dumps, frame, journal_files
 from labq.store.tinydb_store import ARCHIVE_DIR, DB_NAME
 from tests.store.conftest import job
 
@@ -63,9 +64,9 @@ time.sleep(600)
 """
 
 
-def written_then_power_lost(folder: Path, rounds: int, compact_bytes: int) -> dict:
-    """Run the writer for ``rounds`` commits, kill it, and cut its files back to what their fsyncs made durable.
-    Returns what it acknowledged: the finished jobs, the deleted ones, the queued ones and the compactions."""
+def written_then_killed(folder: Path, rounds: int, compact_bytes: int) -> tuple[dict, dict[str, int]]:
+    """Run the writer for ``rounds`` commits and kill it. Returns what it acknowledged (the finished jobs, less the
+    deleted ones; the queued ones; the compactions) and each file's size at its last fsync."""
     log = folder.parent / "fsyncs.jsonl"
     child = subprocess.Popen([sys.executable, "-c", WRITER, str(folder), str(log), str(compact_bytes), str(rounds)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -83,16 +84,26 @@ def written_then_power_lost(folder: Path, rounds: int, compact_bytes: int) -> di
     for line in log.read_text().splitlines():
         entry = json.loads(line)
         synced[entry["path"]] = entry["size"]
+    acks = said[:-1]
+    finished = {i for a in acks for i in a["finished"]} - {a["deleted"] for a in acks}
+    started = {i for i in range(1, 3 * len(acks) + 1)}
+    queued = started - {i for a in acks for i in a["finished"]}
+    return {"finished": finished, "queued": queued, "compactions": acks[-1]["compactions"]}, synced
+
+
+def lose_power(folder: Path, synced: dict[str, int]) -> None:
+    """Cut every archive file and journal back to its size at its last fsync; remove one never fsynced."""
     for path in [*(folder / ARCHIVE_DIR).glob("jobs-*.jsonl"), *(p for _, p in journal_files(folder))]:
         if str(path) in synced:
             os.truncate(path, synced[str(path)])
         else:
             path.unlink()
-    acks = said[:-1]
-    finished = {i for a in acks for i in a["finished"]} - {a["deleted"] for a in acks}
-    started = {i for i in range(1, 3 * len(acks) + 1)}
-    queued = started - {i for a in acks for i in a["finished"]}
-    return {"finished": finished, "queued": queued, "compactions": acks[-1]["compactions"]}
+
+
+def written_then_power_lost(folder: Path, rounds: int, compact_bytes: int) -> dict:
+    acked, synced = written_then_killed(folder, rounds, compact_bytes)
+    lose_power(folder, synced)
+    return acked
 
 
 def history_ids(store: TinyDBStore) -> set[int]:
@@ -172,4 +183,92 @@ def test_a_recovery_after_a_power_loss_writes_the_archived_jobs_of_the_sound_com
     with TinyDBStore(folder) as store:
         assert history_ids(store) == acked["finished"]
         assert set(store.load().jobs) == acked["queued"]
+    assert archive_in_order(folder)
+
+
+def test_records_of_an_older_labq_keep_the_archive_lines_it_fsynced_in_the_files(tmp_path):
+    """An older labq's journal records carry no archive lines: it fsynced them in the archive's files, which are
+    then all there is of them, and opening (after an upgrade) keeps them."""
+    folder = tmp_path / "data"
+    acked, _ = written_then_killed(folder, rounds=30, compact_bytes=10**9)  # killed: no compaction, files whole
+    for _, path in journal_files(folder):
+        records = [json.loads(line.split(b" ", 2)[2]) for line in path.read_bytes().splitlines()]
+        path.write_bytes(b"".join(frame(dumps({k: v for k, v in r.items() if k != "archive"})) for r in records))
+    with TinyDBStore(folder) as store:
+        assert history_ids(store) == acked["finished"]
+        assert set(store.load().jobs) == acked["queued"]
+
+
+class ArchiveDisk(Disk):
+    """fsync as the OS does it, noting which files it synced; ``failing``: the archive's (or the journal's) fail."""
+
+    def __init__(self) -> None:
+        self.synced: list[str] = []
+        self.failing: str | None = None  #: "archive" or "journal"
+        self.meanwhile = None  #: called before a failure: what another thread does then
+
+    def fsync(self, fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if self.failing and (f"/{ARCHIVE_DIR}/" in path if self.failing == "archive" else "/journal-" in path):
+            if self.meanwhile is not None:
+                self.meanwhile()
+            raise OSError(errno.EIO, "Input/output error")
+        self.synced.append(path)
+        super().fsync(fd)
+
+
+def test_an_archive_that_cannot_be_synced_writes_no_snapshot_and_stops_changes_until_a_restart(tmp_path):
+    folder, disk = tmp_path / "data", ArchiveDisk()
+    store = TinyDBStore(folder, disk=disk)
+    store.commit([PutJob(job(i)) for i in range(1, 5)])
+    store.commit([PutJob(job(1, "succeeded", ended_at=SEPTEMBER))])
+    snapshot = (folder / DB_NAME).read_bytes()
+    disk.failing = "archive"
+    with pytest.raises(OSError, match="Input/output error"):
+        store.compact()
+    assert (folder / DB_NAME).read_bytes() == snapshot  # the journal that carries the lines stays needed
+    with pytest.raises(CommitFailed, match="could not be synced.*restart"):
+        store.commit([PutJob(job(5))])
+    assert history_ids(store) == {1}  # reads go on
+    store.close()  # its last compaction is refused too: the journal keeps every commit
+    assert (folder / DB_NAME).read_bytes() == snapshot
+    for path in (folder / ARCHIVE_DIR).glob("*.jsonl"):  # a power loss now: the archive was never synced
+        path.unlink()
+    with TinyDBStore(folder) as again:
+        assert history_ids(again) == {1}
+        assert set(again.load().jobs) == {2, 3, 4}
+
+
+def test_a_failed_commits_archive_lines_are_cut_and_the_next_compaction_syncs_the_cut(tmp_path):
+    folder, disk = tmp_path / "data", ArchiveDisk()
+    with TinyDBStore(folder, disk=disk) as store:
+        store.commit([PutJob(job(i)) for i in range(1, 5)])
+        store.commit([PutJob(job(1, "succeeded", ended_at=SEPTEMBER))])
+        store.compact()
+        month = folder / ARCHIVE_DIR / "jobs-2026-09.jsonl"
+        size = month.stat().st_size
+        disk.failing = "journal"
+        # the commit's journal fsync fails, after a compaction's sync (in its own thread) took its archive line
+        disk.meanwhile = store.archive.sync
+        with pytest.raises(CommitFailed, match="Input/output error"):
+            store.commit([PutJob(job(3, "succeeded", ended_at=SEPTEMBER))])
+        assert month.stat().st_size == size  # its line was written, synced, then cut
+        disk.failing = disk.meanwhile = None
+        store.commit([PutJob(job(5))])  # a commit that archives nothing
+        disk.synced.clear()
+        store.compact()
+        assert str(month) in disk.synced, "the cut was never synced: a power loss could bring the failed line back"
+        assert history_ids(store) == {1}
+
+
+def test_blocks_a_crash_left_unwritten_after_the_snapshot_are_cut_and_the_journals_lines_written(tmp_path):
+    folder = tmp_path / "data"
+    acked, synced = written_then_killed(folder, rounds=60, compact_bytes=6_000)
+    lose_power(folder, synced)
+    month = max((folder / ARCHIVE_DIR).glob("*.jsonl"), key=lambda p: p.stat().st_size)
+    with open(month, "ab") as f:  # blocks the file system allotted and never wrote, then a later line that it did
+        f.write(b"\0" * 300 + b"\n" + b'{"seq":%d,"deleted":2}\n' % 10**6)
+    with TinyDBStore(folder) as store:
+        assert history_ids(store) == acked["finished"]
+        assert store.archive.problems == [], store.archive.problems
     assert archive_in_order(folder)
