@@ -16,7 +16,9 @@ and 30,000 queued jobs (1 to 4 GPUs each), and at each level, in this order:
     (``qN_cancel_p50_ms``, ``qN_cancel_p99_ms``): an action's cost should not grow with the queue either.
   * acknowledged submits per second with 8 and with 32 clients (threads, each with its own ``Client``):
     each submits one after the other for 2 s; acks over the wall time until the last answer, and the
-    median and p99 of one submit under that load.
+    median and p99 of one submit under that load. The 8-client burst's jobs are then cancelled by 8 clients,
+    timed (``qN_cancels_per_s_8_clients``): actions are changes, which take turns (``labq.leader.locks``),
+    where submits share the store's group commit.
   The jobs each submit measurement added are cancelled after it (the others untimed), so every measurement starts
   at its level. The clients run in this process, on the same CPUs as the leader. The fill's own rate is a
   figure (``qN_fill_acks_per_s_16_clients``): where submits slow down as the queue grows, the fill is most
@@ -302,7 +304,10 @@ def measure_level(lab: Lab, plan: Plan, stop: threading.Event, ids: list[int], p
         fig |= {f"acks_per_s_{clients}_clients": burst.rate,
                 f"submit_{clients}_clients_p50_ms": ms(statistics.median(burst.latencies)),
                 f"submit_{clients}_clients_p99_ms": ms(pct(burst.latencies, 0.99))}
+        began = time.perf_counter()
         cancel_all(lab, burst.ids, problems)
+        if clients == 8:
+            fig["cancels_per_s_8_clients"] = len(burst.ids) / (time.perf_counter() - began)
     return fig
 
 
