@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +29,8 @@ from labq.store.contract import HistoryPart, ended_within
 from labq.store.files import Disk, write_all
 
 _TAIL_CHUNK = 64 * 1024
+#: the head of a line as ``Archive.lines`` writes it: its commit, and its job's id and state, or a deletion
+_HEAD = re.compile(rb'\{"seq":(\d+),(?:"job":\{"id":(\d+),"state":"([a-z_]+)"|"deleted":(\d+)\})')
 
 
 def encode_line(line: dict) -> bytes:
@@ -224,6 +227,33 @@ class Archive:
         for doc in latest.values():
             if doc is not None and ended_within(doc, since, until):
                 yield doc
+
+    def ends(self, committed: int) -> Iterator[tuple[int, str | None]]:
+        """(job id, state; None: deleted) of each line of a commit up to ``committed``, file by file, in order.
+        A line's head is matched where it has the shape labq writes (``{"seq":N,"job":{"id":I,"state":"S"``); a
+        line of another shape is decoded whole, and a damaged one is skipped (``read`` reports those)."""
+        for path in self.files():
+            try:
+                f = open(path, "rb")
+            except FileNotFoundError:  # cut away by a recovery meanwhile
+                continue
+            with f:
+                for raw in f:
+                    head = _HEAD.match(raw)
+                    if head is not None:
+                        seq, job_id, state, deleted = head.groups()
+                        if int(seq) <= committed:
+                            yield (int(job_id), state.decode()) if deleted is None else (int(deleted), None)
+                        continue
+                    try:
+                        record = json.loads(raw)
+                        if record["seq"] > committed:
+                            continue
+                        end = ((record["job"]["id"], record["job"]["state"]) if "job" in record
+                               else (record["deleted"], None))
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                    yield end
 
     def parts(self, committed: int) -> list[HistoryPart]:
         """The archive's files, oldest first, as parts (``HistoryPart``) that read as ``read`` does."""

@@ -16,7 +16,7 @@ Rules, the same for every store:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -135,6 +135,11 @@ class Store(Protocol):
 
     def history_parts(self) -> list[HistoryPart]:
         """The archive in its parts, oldest first: ``history()`` is what they read, merged in this order."""
+
+    def ends(self) -> Iterator[tuple[int, str | None]]:
+        """How each archived job ended, as (job id, its state; None: deleted since), in the archive's order (a
+        later one of a job says it last): what depends on finished jobs needs of history, read without decoding
+        whole jobs."""
 
     def close(self) -> None: ...
 

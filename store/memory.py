@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from labq.store.contract import Batch, Change, HistoryPart, Ids, StoredState, ended_within, whole
 
@@ -57,6 +57,11 @@ class MemoryStore:
         with self._lock:
             docs = [d for d in self._archive.values() if d is not None]
         return [copy.deepcopy(d) for d in docs if ended_within(d, since, until)]
+
+    def ends(self) -> Iterator[tuple[int, str | None]]:
+        with self._lock:
+            ends = [(job_id, doc["state"] if doc is not None else None) for job_id, doc in self._archive.items()]
+        return iter(ends)
 
     def history_parts(self) -> list[HistoryPart]:
         """The archive as one part, with no file: nothing derived of it is kept."""

@@ -41,7 +41,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -278,6 +278,9 @@ class TinyDBStore:
 
     def history_parts(self) -> list[HistoryPart]:
         return self.archive.parts(self._committed)
+
+    def ends(self) -> Iterator[tuple[int, str | None]]:
+        return self.archive.ends(self._committed)
 
     @property
     def journal_bytes(self) -> int:

@@ -18,6 +18,8 @@ from labq.leader.auth import Principal
 from labq.leader.channels import channels_of
 from labq.leader.config import NotifyConfig
 from labq.leader.outbox import Channel, Outbox
+from labq.leader import finished as finished_jobs
+from labq.leader.finished import missing
 from labq.leader.scheduling import finished_states
 from labq.leader.state import LabState
 from labq.leader.users import admin_only, user_only
@@ -83,7 +85,11 @@ class Notify:
         if set(self.state.arrays.get(array_id, ())) - set(here) or last.spec.array_tasks is None:
             return None  # tasks still to end (or an array of an older labq, which did not say its size)
         ids = range(array_id + 1, array_id + 1 + last.spec.array_tasks)
-        before = finished_states(self.state, [i for i in ids if i not in here])
+        wanted = [i for i in ids if i not in here]
+        if missing(self.state, wanted):  # tasks that ended before the leader started: the archive, read once
+            with self.state.lock.outside_view():  # by a change (whose lock is held), but not by whoever only looks
+                finished_jobs.ensure(self.state, wanted)
+        before = finished_states(self.state, wanted)
         ends: dict[str, int] = {}
         for i in ids:
             end = here.get(i) or (before[i].value if i in before else None)

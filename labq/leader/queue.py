@@ -11,6 +11,7 @@ from typing import NamedTuple
 from labq.leader.auth import Principal
 from labq.leader.bookings import Bookings
 from labq.leader.config import LeaderConfig
+from labq.leader import finished as finished_jobs
 from labq.leader.scheduling import finished_states
 from labq.leader.state import LabState
 from labq.leader.users import admin_only, user_only
@@ -364,8 +365,9 @@ def _with_tasks(spec: JobSpec, state: LabState) -> JobSpec:
     array's, or none at all)."""
     if not spec.depends_on:
         return spec
+    finished_jobs.ensure(state, spec.depends_on)  # the archive, read outside the locks once a leader's life if need be
     with state.view:
-        known = finished_states(state, spec.depends_on)  # what the dependency check reads, once a leader's life
+        known = finished_states(state, spec.depends_on)
         tasks = {dep: set(state.arrays.get(dep, ())) for dep in spec.depends_on
                  if dep not in state.jobs and dep not in known}
     if not tasks:

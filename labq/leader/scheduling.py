@@ -14,7 +14,9 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from labq.leader import finished as finished_jobs
 from labq.leader.bookings import Bookings
+from labq.leader.finished import FinishedStates, missing
 from labq.leader.state import QUIET_PASS_S, QUIET_SUBMIT_MAX_S, QUIET_SUBMIT_SHARE, LabState
 from labq.models import transitions as t
 from labq.models.actions import timeout_grace
@@ -99,6 +101,7 @@ class Scheduling:
         meanwhile), and its decisions are taken in under the lock where the lab did not change under them: a
         decision about a job or a node that changed meanwhile is dropped, and the next pass decides again."""
         state = self.state
+        finished_jobs.ensure(state)  # what waiting jobs wait for, read from the archive outside the locks if need be
         with state.lock:
             now = state.clock()
             state.pass_by = None  # this pass takes in every change so far
@@ -241,16 +244,15 @@ class _Unchanged:
         return all(self._now.get(name) is self._nodes.get(name) for name in names)
 
 
-def finished_states(state: LabState, wanted: Iterable[int] = ()) -> dict[int, JobState]:
+def finished_states(state: LabState, wanted: Iterable[int] = ()) -> FinishedStates:
     """The end states of finished jobs, enough for the dependencies of every unfinished job and for ``wanted``
-    (the view is held). The archive is read once, the first time a dependency is not known yet; after that a
+    (the view is held). Callers read the archive outside the lab's locks first, when it is needed
+    (``labq.leader.finished.ensure``); for one that did not, it is read here, holding them. Once it was read, a
     job that is neither unfinished nor here does not exist."""
     known = state.finished
-    wanted = {d for j in state.waiting_on.values() for d in j.spec.depends_on} | set(wanted)
-    if not state.history_loaded and any(d not in known and d not in state.jobs for d in wanted):
-        state.history_loaded = True
-        for doc in state.store.history():
-            known[doc["id"]] = JobState(doc["state"])
+    if missing(state, wanted):
+        log.warning("the archive is read for a finished job's state while the lab's view is held")
+        known.take(known.read(state.store.ends()))
     return known
 
 

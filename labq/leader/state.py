@@ -24,6 +24,7 @@ from typing import Protocol
 
 from labq.leader.config import LeaderConfig
 from labq.leader.events import EventHub
+from labq.leader.finished import FinishedStates
 from labq.leader.locks import LabLock
 from labq.models import transitions as t
 from labq.models.decisions import Pending
@@ -130,8 +131,8 @@ class LabState:
         self.usage: dict[str, float] = {user: rec["gpu_hours"] for user, rec in loaded.records.get("usage", {}).items()}
         self.usage_at = now
         self.pending: dict[int, Pending] = {}
-        self.finished: dict[int, JobState] = {}  #: finished jobs' states, for dependencies
-        self.history_loaded = False
+        #: finished jobs' states, for dependencies (``labq.leader.finished``: the archive's, read once when needed)
+        self.finished = FinishedStates()
         #: agents advertising over mDNS, by node name (a hint; admission is by join token)
         self.seen_over_mdns: dict[str, dict] = {}
         #: what each job's GPUs did since its version was last taken in (``measure``): [GPU-s, busy, MiB x s]

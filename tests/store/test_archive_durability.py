@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from labq.store import CommitFailed, PutJob, TinyDBStore, plan_recovery, recover
+from labq.store.archive import Archive
 from labq.store.backup import backup
 from labq.store.files import Disk
 from labq.store.journal import dumps, frame, journal_files
@@ -272,3 +273,16 @@ def test_blocks_a_crash_left_unwritten_after_the_snapshot_are_cut_and_the_journa
         assert history_ids(store) == acked["finished"]
         assert store.archive.problems == [], store.archive.problems
     assert archive_in_order(folder)
+
+
+def test_ends_match_the_head_of_labqs_own_lines_decode_others_whole_and_skip_damaged_ones(tmp_path):
+    folder = tmp_path / "archive"
+    folder.mkdir()
+    (folder / "jobs-2026-09.jsonl").write_bytes(b"".join(line + b"\n" for line in [
+        b'{"seq":1,"job":{"id":1,"state":"succeeded","spec":{"state":"not this one"}}}',
+        b'{"seq":2,"job":{"state":"failed","id":2}}',  # another shape: decoded whole
+        b'{"seq":2,"job":{"id":3,"sta',  # damaged: skipped
+        b'{"seq":3,"deleted":1}',
+        b'{"seq":9,"job":{"id":4,"state":"failed"}}',  # a commit after the last one: not acknowledged
+    ]))
+    assert list(Archive(folder, Disk()).ends(committed=3)) == [(1, "succeeded"), (2, "failed"), (1, None)]

@@ -48,6 +48,16 @@ def test_finished_jobs_leave_the_hot_state_for_history(store):
     assert store.history()[0]["state"] == "succeeded"
 
 
+def test_ends_say_how_each_archived_job_ended_and_a_deletion_forgets_it(stores):
+    store = stores.open()
+    store.commit([PutJob(job(i)) for i in (1, 2, 3, 4)])
+    store.commit([PutJob(job(1, "succeeded", ended_at=1_700_000_000.0)),
+                  PutJob(job(2, "failed", ended_at=1_700_000_000.0))])
+    store.commit([PutJob(job(3, "cancelled", ended_at=1_703_000_000.0)), DeleteJob(2)])
+    store = stores.reopen()
+    assert dict(store.ends()) == {1: "succeeded", 2: None, 3: "cancelled"}  # in order: the last of each job says
+
+
 def test_history_filters_by_end_time_across_months(stores):
     store = stores.open()
     ends = {1: 1_696_118_400.0, 2: 1_698_796_800.0, 3: 1_701_388_800.0}  # 1 Oct, 1 Nov, 1 Dec 2023

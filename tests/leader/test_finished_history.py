@@ -1,0 +1,144 @@
+"""What depends on finished jobs that ended before the leader started (``--after`` an old job, a waiting job loaded
+at a restart) reads the archive once, outside the lab's locks: whoever only looks, or makes another change, is
+answered meanwhile, and what finishes meanwhile is kept.
+
+A leader on a real TinyDB store whose archive read (``Store.ends``) the test holds, and a fake clock."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from labq.leader.auth import Principal
+from labq.leader.finished import FinishedStates
+from labq.models import JobState
+from labq.protocol import errors
+from labq.store import TinyDBStore
+from tests.leader.labs import leader_with_ws1
+from tests.leader.test_queue_habits import act, end, submit
+
+ALICE = Principal("user", "alice")
+WAIT_S = 10.0
+
+
+class HeldArchive(TinyDBStore):
+    """A store whose archive read waits, once it has begun, until the test lets it go; it counts the reads."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reading, self.go, self.reads = threading.Event(), threading.Event(), 0
+
+    def ends(self):
+        self.reads += 1
+        self.reading.set()
+        assert self.go.wait(30), "the test never let the archive go"
+        yield from super().ends()
+
+
+def in_thread(call: Callable[[], object]) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = call()
+        except errors.ApiError as err:
+            out["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def answered(call: Callable[[], object]) -> object:
+    thread, out = in_thread(call)
+    thread.join(WAIT_S)
+    assert not thread.is_alive(), "it waited for the archive being read"
+    assert "error" not in out, out.get("error")
+    return out["value"]
+
+
+@pytest.fixture
+def restarted(tmp_path):
+    """A lab whose jobs 1 (succeeded) and 2 (failed) ended, and whose 3 waits for 1 (``--after``); restarted on a
+    store whose archive read the test holds."""
+    first, clock = leader_with_ws1(tmp_path, TinyDBStore(tmp_path / "data"))
+    done, failed = submit(first, gpus=4), submit(first, gpus=4)
+    waiting = submit(first, depends_on=[done])
+    end(first, done, 0, clock.now)
+    end(first, failed, 1, clock.now + 1)  # a pass placed it: and none since, so 3 still waits at the restart
+    assert first.state.jobs[waiting].state is JobState.QUEUED
+    first.stop()
+    first.state.store.close()
+    store = HeldArchive(tmp_path / "data")
+    leader, clock = leader_with_ws1(tmp_path, store)
+    yield leader, store, (done, failed, waiting)
+    store.go.set()
+    leader.stop()
+    store.close()
+
+
+def look(leader):
+    return [j.id for j in leader.queue.visible(ALICE, user=None, states=(), everyone=True, history=False,
+                                               limit=None).jobs]
+
+
+def test_a_submit_after_an_old_job_reads_the_archive_while_looks_and_changes_are_answered(restarted):
+    leader, store, (done, failed, waiting) = restarted
+    dependent, out = in_thread(lambda: submit(leader, depends_on=[done]))
+    assert store.reading.wait(WAIT_S), "the submit never read the archive"
+    assert answered(lambda: look(leader)) == [waiting]
+    other = answered(lambda: submit(leader))  # a submit that depends on nothing
+    assert answered(lambda: act(leader, other, action="cancel")).state is JobState.CANCELLED  # a change
+    assert dependent.is_alive(), "the submit came back before the archive was read"
+    store.go.set()
+    dependent.join(WAIT_S)
+    assert leader.state.jobs[out["value"]].spec.depends_on == (done,)
+    with pytest.raises(errors.ApiError, match=f"job {failed} ended failed"):
+        submit(leader, depends_on=[failed])  # known now: the archive is not read again
+    with pytest.raises(errors.ApiError, match="job 999 does not exist"):
+        submit(leader, depends_on=[999])
+    assert store.reads == 1
+    finished = leader.state.finished
+    assert (finished[done], finished[failed], finished[other]) == (JobState.SUCCEEDED, JobState.FAILED,
+                                                                   JobState.CANCELLED)
+
+
+def test_a_pass_reads_the_archive_for_a_waiting_job_before_it_takes_the_lock(restarted):
+    leader, store, (done, failed, waiting) = restarted
+    passing, _ = in_thread(leader.scheduling.schedule_pass)
+    assert store.reading.wait(WAIT_S), "the pass never read the archive"
+    assert answered(lambda: look(leader)) == [waiting]
+    mine = answered(lambda: submit(leader))
+    assert answered(lambda: act(leader, mine, action="hold")).state is JobState.HELD
+    store.go.set()
+    passing.join(WAIT_S)
+    assert not passing.is_alive()
+    job = leader.state.jobs[waiting]
+    assert job.state is JobState.STARTING and job.placement is not None  # its dependency succeeded: it starts
+    assert store.reads == 1
+
+
+def test_jobs_that_finish_while_the_archive_is_read_are_kept_over_what_it_read(restarted):
+    leader, store, (done, failed, waiting) = restarted
+    reading, _ = in_thread(lambda: submit(leader, depends_on=[done]))
+    assert store.reading.wait(WAIT_S)
+    answered(lambda: act(leader, waiting, action="cancel"))  # ends while the archive (without it) is read
+    store.go.set()
+    reading.join(WAIT_S)
+    assert leader.state.finished[waiting] is JobState.CANCELLED
+    assert leader.state.finished[done] is JobState.SUCCEEDED
+
+
+def test_finished_states_keep_a_byte_a_job_and_read_the_last_end_of_each():
+    known = FinishedStates()
+    known[3] = JobState.FAILED  # seen to finish by this leader: over what the archive says
+    known[200_000] = JobState.SUCCEEDED
+    codes = known.read([(1, "succeeded"), (2, "failed"), (1, None), (100_000, "cancelled"), (2, "succeeded"),
+                        (3, "succeeded")])
+    known.take(codes)
+    assert dict(known) == {2: JobState.SUCCEEDED, 3: JobState.FAILED, 100_000: JobState.CANCELLED,
+                           200_000: JobState.SUCCEEDED}
+    assert 1 not in known and known.get(1) is None and len(known) == 4 and known.loaded
+    assert len(known._codes) < 2 * 200_000  # a byte a job id, not a dict's entry
