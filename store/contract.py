@@ -203,10 +203,24 @@ class Ids:
     hot: set[int]
     next_job_id: int
     floor: int
-    spent: set[int] = field(default_factory=set)  #: ids at or above ``floor`` that left the hot state
+    #: a mark for each id from ``floor`` on that left the hot state: a byte an id, not a set's entry (ids are dense)
+    spent: bytearray = field(default_factory=bytearray)
 
     def is_spent(self, job_id: int) -> bool:
-        return job_id in self.spent or (job_id < self.floor and job_id not in self.hot)
+        if job_id < self.floor:
+            return job_id not in self.hot
+        at = job_id - self.floor
+        return at < len(self.spent) and self.spent[at] != 0
+
+    def spend(self, ids: Iterable[int]) -> None:
+        """``ids`` left the hot state for good."""
+        for job_id in ids:
+            at = job_id - self.floor
+            if at < 0:
+                continue
+            if at >= len(self.spent):
+                self.spent.extend(bytes(max(at + 1 - len(self.spent), len(self.spent) // 2)))
+            self.spent[at] = 1
 
 
 @dataclass
@@ -263,7 +277,7 @@ class Batch:
                 self.ids.hot.discard(job_id)
             else:
                 self.ids.hot.add(job_id)
-        self.ids.spent |= {i for i in self.left if i >= self.ids.floor}
+        self.ids.spend(self.left)
         self.ids.next_job_id = self.next_job_id
         for (table, key), record in self.records.items():
             keys = self.record_keys.setdefault(table, set())

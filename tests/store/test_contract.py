@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from labq.store import DeleteJob, DeleteRecord, InvalidChange, PutJob, PutRecord, PutTasks
+from labq.store.contract import Ids
 from tests.store.conftest import job
 
 
@@ -200,3 +201,10 @@ def test_tasks_of_a_job_that_is_gone_cannot_come_back(store):
     store.commit([PutJob(task(2) | {"state": "cancelled", "ended_at": 1_700_000_000.0})])
     with pytest.raises(InvalidChange, match="job 2 has ended: job ids are never reused"):
         store.commit([PutTasks(task(3), [(2, ["x"], {}, 1)])])
+
+
+def test_spent_ids_are_a_mark_an_id_from_the_floor_on():
+    ids = Ids(hot={5, 120}, next_job_id=200, floor=100)
+    ids.spend([5, 100, 150])  # below the floor, the hot set alone says (5 is still in it)
+    assert [i for i in (4, 5, 99, 100, 101, 120, 150, 151, 10**6) if ids.is_spent(i)] == [4, 99, 100, 150]
+    assert len(ids.spent) < 100  # a byte an id handed out since the store opened, not a set's entry
