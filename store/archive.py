@@ -239,7 +239,7 @@ class Archive:
                 continue
             with f:
                 for raw in f:
-                    head = _HEAD.match(raw)
+                    head = _HEAD.match(raw) if raw.endswith(b"}\n") else None  # else torn, or of another shape
                     if head is not None:
                         seq, job_id, state, deleted = head.groups()
                         if int(seq) <= committed:
@@ -249,11 +249,12 @@ class Archive:
                         record = json.loads(raw)
                         if record["seq"] > committed:
                             continue
-                        end = ((record["job"]["id"], record["job"]["state"]) if "job" in record
-                               else (record["deleted"], None))
+                        job_id, state = ((record["job"]["id"], record["job"]["state"]) if "job" in record
+                                         else (record["deleted"], None))
                     except (ValueError, KeyError, TypeError):
                         continue
-                    yield end
+                    if type(job_id) is int and job_id >= 1 and (state is None or type(state) is str):
+                        yield job_id, state
 
     def parts(self, committed: int) -> list[HistoryPart]:
         """The archive's files, oldest first, as parts (``HistoryPart``) that read as ``read`` does."""

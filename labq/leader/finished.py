@@ -60,6 +60,8 @@ class FinishedStates(Mapping[int, JobState]):
         codes = bytearray()
         by_value = {state.value: code for state, code in _CODES.items()}
         for job_id, state in ends:
+            if job_id < 1:
+                continue
             if job_id >= len(codes):
                 codes.extend(bytes(max(job_id + 1 - len(codes), len(codes) // 2, 1024)))
             codes[job_id] = by_value.get(state, 0) if state is not None else 0
@@ -89,7 +91,7 @@ def missing(state: LabState, wanted: Iterable[int] = ()) -> bool:
 
 
 def ensure(state: LabState, wanted: Iterable[int] = ()) -> None:
-    """``load`` when ``missing`` (hold none of the lab's locks)."""
+    """``load`` when ``missing`` (hold none of the lab's locks). Raises the read's OSError."""
     with state.view:
         needed = missing(state, wanted)
     if needed:
@@ -99,23 +101,22 @@ def ensure(state: LabState, wanted: Iterable[int] = ()) -> None:
 def load(state: LabState) -> None:
     """Read the archive's ends in, once in the leader's life, outside the lab's locks (hold neither: a change
     steps out of the view first, ``LabLock.outside_view``). A second caller meanwhile waits for the first one's
-    read; after a failed read the next caller tries again."""
+    read, and reads itself if that one failed. Raises the read's OSError: callers go on without it."""
     known = state.finished
-    with state.view:
-        if known.loaded:
-            return
-        reading = known._loading
-        if reading is None:
-            known._loading = threading.Event()
-    if reading is not None:
+    while True:
+        with state.view:
+            if known.loaded:
+                return
+            reading = known._loading
+            if reading is None:
+                reading = known._loading = threading.Event()
+                break
         reading.wait()
-        return
-    codes = None
     try:
         codes = known.read(state.store.ends())
+        with state.view:
+            known.take(codes)
     finally:
         with state.view:
-            if codes is not None:
-                known.take(codes)
-            done, known._loading = known._loading, None
-        done.set()
+            known._loading = None
+        reading.set()

@@ -12,6 +12,7 @@ changes their own, an admin anyone's.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from labq.leader.auth import Principal
@@ -32,6 +33,8 @@ from labq.models.reservation import Reservation
 from labq.protocol import errors
 from labq.protocol.notify import SettingsRequest, decode_settings, encode_settings
 from labq.store import Change, PutRecord
+
+log = logging.getLogger("labq.leader")
 
 
 class Notify:
@@ -86,10 +89,16 @@ class Notify:
             return None  # tasks still to end (or an array of an older labq, which did not say its size)
         ids = range(array_id + 1, array_id + 1 + last.spec.array_tasks)
         wanted = [i for i in ids if i not in here]
+        readable = True
         if missing(self.state, wanted):  # tasks that ended before the leader started: the archive, read once
             with self.state.lock.outside_view():  # by a change (whose lock is held), but not by whoever only looks
-                finished_jobs.ensure(self.state, wanted)
-        before = finished_states(self.state, wanted)
+                try:
+                    finished_jobs.ensure(self.state, wanted)
+                except OSError as err:  # the notice counts the ends it knows: the change goes on
+                    log.warning("array %d's notice counts only the tasks that ended since the leader started: the "
+                                "archive of finished jobs could not be read (%s)", array_id, err)
+                    readable = False
+        before = finished_states(self.state, wanted, read=readable)
         ends: dict[str, int] = {}
         for i in ids:
             end = here.get(i) or (before[i].value if i in before else None)

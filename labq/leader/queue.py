@@ -365,7 +365,11 @@ def _with_tasks(spec: JobSpec, state: LabState) -> JobSpec:
     array's, or none at all)."""
     if not spec.depends_on:
         return spec
-    finished_jobs.ensure(state, spec.depends_on)  # the archive, read outside the locks once a leader's life if need be
+    try:  # the archive, read outside the locks once a leader's life if need be
+        finished_jobs.ensure(state, spec.depends_on)
+    except OSError as err:
+        raise errors.unavailable(f"the jobs this one waits for could not be looked up: the archive of finished jobs "
+                                 f"could not be read ({err}); nothing was submitted") from None
     with state.view:
         known = finished_states(state, spec.depends_on)
         tasks = {dep: set(state.arrays.get(dep, ())) for dep in spec.depends_on

@@ -101,16 +101,23 @@ class Scheduling:
         meanwhile), and its decisions are taken in under the lock where the lab did not change under them: a
         decision about a job or a node that changed meanwhile is dropped, and the next pass decides again."""
         state = self.state
-        finished_jobs.ensure(state)  # what waiting jobs wait for, read from the archive outside the locks if need be
+        try:  # what waiting jobs wait for, read from the archive outside the locks if need be
+            finished_jobs.ensure(state)
+            readable = True
+        except OSError as err:
+            log.warning("the archive of finished jobs could not be read (%s): jobs that wait for jobs that ended "
+                        "before the leader started go on waiting; trying again at the next pass", err)
+            readable = False
         with state.lock:
             now = state.clock()
             state.pass_by = None  # this pass takes in every change so far
             released = self.bookings.release(now)  # so no job waits for a booking that is over
             if released:
                 state.apply(released, wake=False)
-            finished = finished_states(state)
-            # nor for a job that cannot succeed
-            never = t.out_of_dependencies(state.waiting_on.values(), finished, now, live=state.jobs)
+            finished = finished_states(state, read=readable)
+            # nor for a job that cannot succeed (once what it waits for is known: a job not known may be archived)
+            never = (t.out_of_dependencies(state.waiting_on.values(), finished, now, live=state.jobs)
+                     if not missing(state) else [])
             if never:
                 state.apply(never, wake=False)
             state.decay_usage(now)
@@ -244,13 +251,14 @@ class _Unchanged:
         return all(self._now.get(name) is self._nodes.get(name) for name in names)
 
 
-def finished_states(state: LabState, wanted: Iterable[int] = ()) -> FinishedStates:
+def finished_states(state: LabState, wanted: Iterable[int] = (), *, read: bool = True) -> FinishedStates:
     """The end states of finished jobs, enough for the dependencies of every unfinished job and for ``wanted``
     (the view is held). Callers read the archive outside the lab's locks first, when it is needed
-    (``labq.leader.finished.ensure``); for one that did not, it is read here, holding them. Once it was read, a
-    job that is neither unfinished nor here does not exist."""
+    (``labq.leader.finished.ensure``); for one that did not, it is read here, holding them, unless not ``read``
+    (that read failed: what is known). Once it was read, a job that is neither unfinished nor here does not
+    exist."""
     known = state.finished
-    if missing(state, wanted):
+    if read and missing(state, wanted):
         log.warning("the archive is read for a finished job's state while the lab's view is held")
         known.take(known.read(state.store.ends()))
     return known

@@ -6,6 +6,7 @@ A leader on a real TinyDB store whose archive read (``Store.ends``) the test hol
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ from labq.leader.auth import Principal
 from labq.leader.finished import FinishedStates
 from labq.models import JobState
 from labq.protocol import errors
+from labq.protocol.requests import parse_submit
 from labq.store import TinyDBStore
 from tests.leader.labs import leader_with_ws1
 from tests.leader.test_queue_habits import act, end, submit
@@ -24,16 +26,19 @@ WAIT_S = 10.0
 
 
 class HeldArchive(TinyDBStore):
-    """A store whose archive read waits, once it has begun, until the test lets it go; it counts the reads."""
+    """A store whose archive read waits, once it has begun, until the test lets it go; it counts the reads, and
+    fails them with EIO while ``failing``."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.reading, self.go, self.reads = threading.Event(), threading.Event(), 0
+        self.reading, self.go, self.reads, self.failing = threading.Event(), threading.Event(), 0, False
 
     def ends(self):
         self.reads += 1
         self.reading.set()
         assert self.go.wait(30), "the test never let the archive go"
+        if self.failing:
+            raise OSError(errno.EIO, "Input/output error")
         yield from super().ends()
 
 
@@ -129,6 +134,53 @@ def test_jobs_that_finish_while_the_archive_is_read_are_kept_over_what_it_read(r
     reading.join(WAIT_S)
     assert leader.state.finished[waiting] is JobState.CANCELLED
     assert leader.state.finished[done] is JobState.SUCCEEDED
+
+
+def test_an_archive_that_cannot_be_read_refuses_a_submit_after_an_old_job_and_the_next_one_reads_it(restarted):
+    leader, store, (done, failed, waiting) = restarted
+    store.go.set()
+    store.failing = True
+    with pytest.raises(errors.ApiError, match="could not be looked up.*Input/output error.*nothing was submitted") \
+            as caught:
+        submit(leader, depends_on=[done])
+    assert caught.value.status == 503
+    store.failing = False
+    assert leader.state.jobs[submit(leader, depends_on=[done])].spec.depends_on == (done,)
+    assert store.reads == 2
+
+
+def test_a_pass_that_cannot_read_the_archive_leaves_the_waiting_job_waiting_and_starts_the_others(restarted):
+    leader, store, (done, failed, waiting) = restarted
+    store.go.set()
+    store.failing = True
+    other = submit(leader)
+    leader.scheduling.schedule_pass()
+    assert leader.state.jobs[waiting].state is JobState.QUEUED  # not cancelled for a job that "does not exist"
+    assert leader.state.jobs[other].state is JobState.STARTING
+    store.failing = False
+    leader.scheduling.schedule_pass()  # the next pass reads it: the job that succeeded lets the waiting one start
+    assert leader.state.jobs[waiting].state is JobState.STARTING
+    assert done in leader.state.finished and store.reads == 2
+
+
+def test_an_array_whose_last_task_ends_while_the_archive_cannot_be_read_still_ends(tmp_path):
+    first, clock = leader_with_ws1(tmp_path, TinyDBStore(tmp_path / "data"))
+    array_id, tasks = first.queue.submit_sweep(ALICE, parse_submit({"command": ["t", "{index}"], "gpus": 4,
+                                                                   "array": "0-1"}))
+    end(first, tasks[0].id, 0, clock.now)
+    first.stop()
+    first.state.store.close()
+    store = HeldArchive(tmp_path / "data")
+    store.go.set()
+    store.failing = True
+    leader, clock = leader_with_ws1(tmp_path, store)
+    try:
+        end(leader, tasks[1].id, 0, clock.now)  # its notice counts what it knows: the end is taken in all the same
+        assert leader.state.finished[tasks[1].id] is JobState.SUCCEEDED and store.reads == 1
+        assert array_id not in leader.state.arrays
+    finally:
+        leader.stop()
+        store.close()
 
 
 def test_finished_states_keep_a_byte_a_job_and_read_the_last_end_of_each():

@@ -282,6 +282,9 @@ def test_ends_match_the_head_of_labqs_own_lines_decode_others_whole_and_skip_dam
         b'{"seq":1,"job":{"id":1,"state":"succeeded","spec":{"state":"not this one"}}}',
         b'{"seq":2,"job":{"state":"failed","id":2}}',  # another shape: decoded whole
         b'{"seq":2,"job":{"id":3,"sta',  # damaged: skipped
+        b'{"seq":2,"job":{"id":5,"state":"failed","spe',  # its head whole, the rest damaged: skipped as history does
+        b'{"seq":2,"job":{"state":"failed","id":"6"}}',  # not an id
+        b'{"seq":2,"deleted":-1}',  # not an id either
         b'{"seq":3,"deleted":1}',
         b'{"seq":9,"job":{"id":4,"state":"failed"}}',  # a commit after the last one: not acknowledged
     ]))
