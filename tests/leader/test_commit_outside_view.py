@@ -13,16 +13,16 @@ import pytest
 
 from labq.leader.auth import Principal
 from labq.models import JobState
-from labq.protocol import errors
 from labq.protocol.requests import parse_action, parse_submit
 from labq.protocol.usage import UsageQuery
 from labq.store import TinyDBStore
 from labq.store.files import Disk
+from tests.leader import answers
+from tests.leader.answers import WAIT_S, in_thread
 from tests.leader.labs import leader_with_ws1
 
 ALICE = Principal("user", "alice")
 ADMIN = Principal("user", "root", admin=True)
-WAIT_S = 10.0
 
 
 class HeldDisk(Disk):
@@ -51,27 +51,8 @@ def lab(tmp_path):
     store.close()
 
 
-def in_thread(call: Callable[[], object]) -> tuple[threading.Thread, dict]:
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["value"] = call()
-        except errors.ApiError as err:
-            out["error"] = err
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, out
-
-
 def answered(call: Callable[[], object]) -> object:
-    """``call``'s answer, which must come while the disk is held."""
-    thread, out = in_thread(call)
-    thread.join(WAIT_S)
-    assert not thread.is_alive(), "a look waited for a commit on its way to disk"
-    assert "error" not in out, out.get("error")
-    return out["value"]
+    return answers.answered(call, "a look waited for a commit on its way to disk")
 
 
 def test_looks_are_answered_while_a_change_waits_for_the_disk_and_show_the_lab_as_on_disk(lab):

@@ -18,11 +18,12 @@ from labq.models import JobState
 from labq.protocol import errors
 from labq.protocol.requests import parse_submit
 from labq.store import TinyDBStore
+from tests.leader import answers
+from tests.leader.answers import WAIT_S, in_thread
 from tests.leader.labs import leader_with_ws1
 from tests.leader.test_queue_habits import act, end, submit
 
 ALICE = Principal("user", "alice")
-WAIT_S = 10.0
 
 
 class HeldArchive(TinyDBStore):
@@ -42,26 +43,8 @@ class HeldArchive(TinyDBStore):
         yield from super().ends()
 
 
-def in_thread(call: Callable[[], object]) -> tuple[threading.Thread, dict]:
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["value"] = call()
-        except errors.ApiError as err:
-            out["error"] = err
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, out
-
-
 def answered(call: Callable[[], object]) -> object:
-    thread, out = in_thread(call)
-    thread.join(WAIT_S)
-    assert not thread.is_alive(), "it waited for the archive being read"
-    assert "error" not in out, out.get("error")
-    return out["value"]
+    return answers.answered(call, "it waited for the archive being read")
 
 
 @pytest.fixture
