@@ -210,8 +210,10 @@ class Archive:
                 start = max(0, start - _TAIL_CHUNK)
         return (offset if offset != size else None), list(reversed(removed))
 
-    def read(self, committed: int, since: float | None = None, until: float | None = None) -> Iterator[dict]:
-        """Archived jobs, last version of each, without the deleted; ``since``/``until`` on ``ended_at``.
+    def read(self, committed: int, since: float | None = None, until: float | None = None,
+             arrays: set[int] | None = None) -> Iterator[dict]:
+        """Archived jobs, last version of each, without the deleted; ``since``/``until`` on ``ended_at``;
+        ``arrays``: the tasks of those arrays alone (a line that cannot be one of them is not decoded).
 
         Lines of commits after ``committed`` (one being written now) are left out.
         """
@@ -223,9 +225,10 @@ class Archive:
             # tombstones land in the month of the deletion, so read later months too
             if first is not None and month < first:
                 continue
-            latest.update(self._latest_in(path, committed)[0])
+            latest.update(self._latest_in(path, committed, arrays)[0])
         for doc in latest.values():
-            if doc is not None and ended_within(doc, since, until):
+            if doc is not None and ended_within(doc, since, until) and (
+                    arrays is None or (doc["spec"].get("array") or {}).get("id") in arrays):
                 yield doc
 
     def ends(self, committed: int) -> Iterator[tuple[int, str | None]]:
@@ -270,13 +273,19 @@ class Archive:
                                      partial(self._latest_in, path, committed)))
         return found
 
-    def _latest_in(self, path: Path, committed: int) -> tuple[dict[int, dict | None], bool]:
+    def _latest_in(self, path: Path, committed: int, arrays: set[int] | None = None
+                   ) -> tuple[dict[int, dict | None], bool]:
         """The last version of each job in one file (None: deleted there), leaving out lines of commits after
-        ``committed``; and whether nothing was left out (no such line, no damaged one)."""
+        ``committed``; and whether nothing was left out (no such line, no damaged one). ``arrays``: only lines that
+        may be a task of one of them (both ``"array":{`` and its id in them), and deletions, are decoded."""
         latest: dict[int, dict | None] = {}
         whole = True
+        needles = [(b'"id":%d,' % i, b'"id":%d}' % i) for i in arrays] if arrays is not None else None
         with open(path, "rb") as f:
             for number, raw in enumerate(f, 1):
+                if needles is not None and b'"deleted":' not in raw and not (
+                        b'"array":{' in raw and any(a in raw or b in raw for a, b in needles)):
+                    continue
                 try:
                     record = json.loads(raw)
                     if record["seq"] > committed:

@@ -136,6 +136,9 @@ class Store(Protocol):
     def history_parts(self) -> list[HistoryPart]:
         """The archive in its parts, oldest first: ``history()`` is what they read, merged in this order."""
 
+    def array_history(self, array_ids: Iterable[int]) -> list[dict]:
+        """``history()`` of the tasks of arrays ``array_ids`` alone: only their lines are decoded."""
+
     def ends(self) -> Iterator[tuple[int, str | None]]:
         """How each archived job ended, as (job id, its state; None: deleted since), in the archive's order (a
         later one of a job says it last): what depends on finished jobs needs of history, read without decoding

@@ -58,6 +58,10 @@ class MemoryStore:
             docs = [d for d in self._archive.values() if d is not None]
         return [copy.deepcopy(d) for d in docs if ended_within(d, since, until)]
 
+    def array_history(self, array_ids: Iterable[int]) -> list[dict]:
+        wanted = set(array_ids)
+        return [doc for doc in self.history() if (doc["spec"].get("array") or {}).get("id") in wanted]
+
     def ends(self) -> Iterator[tuple[int, str | None]]:
         with self._lock:
             ends = [(job_id, doc["state"] if doc is not None else None) for job_id, doc in self._archive.items()]

@@ -279,6 +279,9 @@ class TinyDBStore:
     def history_parts(self) -> list[HistoryPart]:
         return self.archive.parts(self._committed)
 
+    def array_history(self, array_ids: Iterable[int]) -> list[dict]:
+        return list(self.archive.read(self._committed, arrays=set(array_ids)))
+
     def ends(self) -> Iterator[tuple[int, str | None]]:
         return self.archive.ends(self._committed)
 

@@ -129,7 +129,7 @@ class Queue:
             for job_id in state.arrays.get(array_id, ()):
                 if state.jobs[job_id].spec.array_index == index:
                     return job_id
-        ended = [doc["id"] for doc in state.store.history() if _task_of(doc) == (array_id, index)]
+        ended = [doc["id"] for doc in state.store.array_history([array_id]) if _task_of(doc) == (array_id, index)]
         if not ended:
             raise errors.not_found(f"there is no task {array_id}.{index}")
         return max(ended)
@@ -140,7 +140,7 @@ class Queue:
         state = self.state
         with state.view:
             live = [state.jobs[i] for i in state.arrays.get(array_id, ())]
-        ended = [decode_job(doc) for doc in state.store.history() if _task_of(doc)[0] == array_id]
+        ended = [decode_job(doc) for doc in state.store.array_history([array_id])]
         by_index: dict[int, Job] = {}
         for job in sorted(ended + live, key=_BY_ID):  # a task restarted: its last job
             by_index[job.spec.array_index] = job
@@ -374,12 +374,11 @@ def _with_tasks(spec: JobSpec, state: LabState) -> JobSpec:
         known = finished_states(state, spec.depends_on)
         tasks = {dep: set(state.arrays.get(dep, ())) for dep in spec.depends_on
                  if dep not in state.jobs and dep not in known}
-    if not tasks:
+        never = {dep for dep in tasks if dep >= state.next_job_id}  # ids never handed out: no array's either
+    if not set(tasks) - never:
         return spec
-    for doc in state.store.history():
-        array_id = _task_of(doc)[0]
-        if array_id in tasks:
-            tasks[array_id].add(doc["id"])
+    for doc in state.store.array_history(set(tasks) - never):
+        tasks[_task_of(doc)[0]].add(doc["id"])
     deps: list[int] = []
     for dep in spec.depends_on:  # no such array: the dependency check says there is no such job
         deps.extend(sorted(tasks[dep]) or [dep] if dep in tasks else [dep])

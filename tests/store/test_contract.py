@@ -59,6 +59,25 @@ def test_ends_say_how_each_archived_job_ended_and_a_deletion_forgets_it(stores):
     assert dict(store.ends()) == {1: "succeeded", 2: None, 3: "cancelled"}  # in order: the last of each job says
 
 
+def test_array_history_is_the_history_of_those_arrays_tasks_alone(stores):
+    store = stores.open()
+
+    def task(job_id: int, array_id: int, index: int, state: str = "queued", **extra) -> dict:
+        return job(job_id, state, **extra) | {"spec": {"user": "alice", "gpus": 1,
+                                                       "array": {"id": array_id, "index": index}}}
+
+    store.commit([PutJob(task(11, 10, 0)), PutJob(task(12, 10, 1)), PutJob(task(21, 20, 0)), PutJob(job(10)),
+                  PutJob(job(13))])
+    store.commit([PutJob(task(i, a, x, "succeeded", ended_at=1_700_000_000.0))
+                  for i, a, x in ((11, 10, 0), (12, 10, 1), (21, 20, 0))]
+                 + [PutJob(job(10, "failed", ended_at=1_700_000_000.0)), DeleteJob(13)])
+    store.commit([DeleteJob(12)])
+    store = stores.reopen()
+    assert sorted(d["id"] for d in store.array_history([10])) == [11]  # job 10 itself is no task; 12 was deleted
+    assert sorted(d["id"] for d in store.array_history([10, 20])) == [11, 21]
+    assert store.array_history([30]) == []
+
+
 def test_history_filters_by_end_time_across_months(stores):
     store = stores.open()
     ends = {1: 1_696_118_400.0, 2: 1_698_796_800.0, 3: 1_701_388_800.0}  # 1 Oct, 1 Nov, 1 Dec 2023
