@@ -30,6 +30,8 @@ from labq.store.files import Disk, write_all
 
 _TAIL_CHUNK = 64 * 1024
 #: the head of a line as ``Archive.lines`` writes it: its commit, and its job's id and state, or a deletion
+#: the id of the array a line's job is a task of (its spec's ``"array":{"id":N,...}``; an id in a string is escaped)
+_ARRAY = re.compile(rb'"array":\{[^{}]*?"id":(\d+)[,}]')
 _HEAD = re.compile(rb'\{"seq":(\d+),(?:"job":\{"id":(\d+),"state":"([a-z_]+)"|"deleted":(\d+)\})')
 
 
@@ -276,16 +278,16 @@ class Archive:
     def _latest_in(self, path: Path, committed: int, arrays: set[int] | None = None
                    ) -> tuple[dict[int, dict | None], bool]:
         """The last version of each job in one file (None: deleted there), leaving out lines of commits after
-        ``committed``; and whether nothing was left out (no such line, no damaged one). ``arrays``: only lines that
-        may be a task of one of them (both ``"array":{`` and its id in them), and deletions, are decoded."""
+        ``committed``; and whether nothing was left out (no such line, no damaged one). ``arrays``: only the lines
+        of their tasks (``_ARRAY``), and deletions, are decoded."""
         latest: dict[int, dict | None] = {}
         whole = True
-        needles = [(b'"id":%d,' % i, b'"id":%d}' % i) for i in arrays] if arrays is not None else None
         with open(path, "rb") as f:
             for number, raw in enumerate(f, 1):
-                if needles is not None and b'"deleted":' not in raw and not (
-                        b'"array":{' in raw and any(a in raw or b in raw for a, b in needles)):
-                    continue
+                if arrays is not None and b'"deleted":' not in raw:
+                    task = _ARRAY.search(raw)
+                    if task is None or int(task.group(1)) not in arrays:
+                        continue
                 try:
                     record = json.loads(raw)
                     if record["seq"] > committed:
