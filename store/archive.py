@@ -29,9 +29,9 @@ from labq.store.contract import HistoryPart, ended_within
 from labq.store.files import Disk, write_all
 
 _TAIL_CHUNK = 64 * 1024
-#: the head of a line as ``Archive.lines`` writes it: its commit, and its job's id and state, or a deletion
 #: the id of the array a line's job is a task of (its spec's ``"array":{"id":N,...}``; an id in a string is escaped)
 _ARRAY = re.compile(rb'"array":\{[^{}]*?"id":(\d+)[,}]')
+#: the head of a line as ``Archive.lines`` writes it: its commit, and its job's id and state, or a deletion
 _HEAD = re.compile(rb'\{"seq":(\d+),(?:"job":\{"id":(\d+),"state":"([a-z_]+)"|"deleted":(\d+)\})')
 
 

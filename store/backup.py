@@ -146,7 +146,6 @@ def _snapshot(data_dir: Path) -> tuple[dict[str, bytes], dict]:
     except StoreError as err:
         raise BackupError(f"the database is damaged, and a backup of it would not restore: {err.args[0]}",
                           recover_hint(data_dir)) from None
-    seq = data[META]["1"]["seq"]
     files = {DB_NAME: raw}
     # the journal has the lines of the commits after the snapshot, and a crash may have lost them from the files
     # (a store syncs them at its next snapshot): the files' lines up to the snapshot, then the journal's
@@ -156,7 +155,7 @@ def _snapshot(data_dir: Path) -> tuple[dict[str, bytes], dict]:
     names = {p.name for p in (data_dir / ARCHIVE_DIR).glob("jobs-*.jsonl")} | set(from_journal)
     for name in sorted(names):
         month = data_dir / ARCHIVE_DIR / name
-        kept = _archive_up_to(month.read_bytes(), min(seq, journaled.after), month) if month.exists() else b""
+        kept = _archive_up_to(month.read_bytes(), journaled.after, month) if month.exists() else b""
         kept += b"".join(from_journal.get(name, ()))
         if kept:
             files[f"{ARCHIVE_DIR}/{name}"] = kept

@@ -4,7 +4,8 @@ A record is one line, ``LEN CRC PAYLOAD`` and a newline: LEN and CRC are 8 hex d
 payload's length in bytes and its CRC-32), the payload compact JSON::
 
     {"archive":[[FILE,LINE],...],"jobs":{"ID":DOC or null,...},"next_job_id":N,
-     "records":[[TABLE,KEY,RECORD or null],...],"reserved":R,"seq":S,"tasks":[[FIRST DOC,[[ID,COMMAND,ENV,INDEX],...]],...]}
+     "records":[[TABLE,KEY,RECORD or null],...],"reserved":R,"seq":S,
+     "tasks":[[FIRST DOC,[[ID,COMMAND,ENV,INDEX],...]],...]}
 
 ``archive`` holds the commit's archive lines (``labq.store.archive``: the jobs it finished or deleted), each as
 the name of the month's file and the line itself; every record has it, so that one without it tells a record of

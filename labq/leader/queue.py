@@ -374,10 +374,10 @@ def _with_tasks(spec: JobSpec, state: LabState) -> JobSpec:
         known = finished_states(state, spec.depends_on)
         tasks = {dep: set(state.arrays.get(dep, ())) for dep in spec.depends_on
                  if dep not in state.jobs and dep not in known}
-        never = {dep for dep in tasks if dep >= state.next_job_id}  # ids never handed out: no array's either
-    if not set(tasks) - never:
+        arrays = {dep for dep in tasks if dep < state.next_job_id}  # an id never handed out is no array's either
+    if not arrays:
         return spec
-    for doc in state.store.array_history(set(tasks) - never):
+    for doc in state.store.array_history(arrays):
         tasks[_task_of(doc)[0]].add(doc["id"])
     deps: list[int] = []
     for dep in spec.depends_on:  # no such array: the dependency check says there is no such job

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SEPTEMBER, OCTOBER = 1_790_000_000.0, 1_791_500_000.0  # jobs end in two months: two archive files
 
 WRITER = r"""
-import json, os, sys, time
+import json, os, sys
 from labq.store import DeleteJob, PutJob, TinyDBStore
 from labq.store.files import Disk
 
@@ -61,7 +61,7 @@ for n in range(int(sys.argv[4])):
     archived += done
     print(json.dumps({"ack": n, "finished": done, "deleted": deleted, "compactions": store.compactions}), flush=True)
 print(json.dumps({"done": True}), flush=True)
-time.sleep(600)
+sys.stdin.read()  # until the test kills it (or, gone itself, closes this)
 """
 
 
@@ -70,7 +70,7 @@ def written_then_killed(folder: Path, rounds: int, compact_bytes: int) -> tuple[
     deleted ones; the queued ones; the compactions) and each file's size at its last fsync."""
     log = folder.parent / "fsyncs.jsonl"
     child = subprocess.Popen([sys.executable, "-c", WRITER, str(folder), str(log), str(compact_bytes), str(rounds)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     said = []
     try:
         for line in child.stdout:
