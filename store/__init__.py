@@ -5,15 +5,15 @@ in memory for the simulator and demos. Both implement ``Store``.
 """
 
 from labq.store.contract import (
-    Change, CommitFailed, CorruptDatabase, DeleteJob, DeleteRecord, HistoryPart, InvalidChange, PutJob, PutRecord,
-    PutTasks, SchemaMismatch, Store, StoredState, StoreError, StoreLocked,
+    Change, CommitFailed, CorruptDatabase, DeleteJob, DeleteRecord, Ended, HistoryPart, InvalidChange, PutJob,
+    PutRecord, PutTasks, SchemaMismatch, Store, StoredState, StoreError, StoreLocked,
 )
 from labq.store.memory import MemoryStore
 from labq.store.recovery import RecoveryPlan, plan_recovery, recover
 from labq.store.tinydb_store import TinyDBStore, collector_paused
 
 __all__ = [
-    "Change", "CommitFailed", "CorruptDatabase", "DeleteJob", "DeleteRecord", "HistoryPart", "InvalidChange",
+    "Change", "CommitFailed", "CorruptDatabase", "DeleteJob", "DeleteRecord", "Ended", "HistoryPart", "InvalidChange",
     "MemoryStore",
     "PutJob", "PutRecord", "PutTasks", "RecoveryPlan", "SchemaMismatch", "Store", "StoreError", "StoreLocked",
     "StoredState",

@@ -21,11 +21,11 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
-from labq.store.contract import HistoryPart, ended_within
+from labq.store.contract import Ended, HistoryPart, ended_within
 from labq.store.files import Disk, write_all
 
 _TAIL_CHUNK = 64 * 1024
@@ -33,6 +33,13 @@ _TAIL_CHUNK = 64 * 1024
 _ARRAY = re.compile(rb'"array":\{[^{}]*?"id":(\d+)[,}]')
 #: the head of a line as ``Archive.lines`` writes it: its commit, and its job's id and state, or a deletion
 _HEAD = re.compile(rb'\{"seq":(\d+),(?:"job":\{"id":(\d+),"state":"([a-z_]+)"|"deleted":(\d+)\})')
+#: the head of a line as ``Archive.lines`` writes a job (``encode_job``), as far as its spec's first key: its
+#: commit, its job's id, state and user (a JSON string's inside)
+_LISTED = re.compile(rb'\{"seq":(\d+),"job":\{"id":(\d+),"state":"([a-z_]+)","spec":\{"user":"((?:[^"\\]|\\.)*)"')
+#: where a job's own times follow its spec (``encode_job``): only its own keys are followed by a number there, as the
+#: spec's keys that a user names (the environment's) hold strings, and the attempts come later
+_TIMES = re.compile(rb',"attempt":\d+,"submitted_at":[^,]*,"started_at":[^,]*,'
+                    rb'"ended_at":(null|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?),')
 
 
 def encode_line(line: dict) -> bytes:
@@ -213,53 +220,102 @@ class Archive:
         return (offset if offset != size else None), list(reversed(removed))
 
     def read(self, committed: int, since: float | None = None, until: float | None = None,
-             arrays: set[int] | None = None) -> Iterator[dict]:
+             arrays: set[int] | None = None, ids: set[int] | None = None) -> Iterator[dict]:
         """Archived jobs, last version of each, without the deleted; ``since``/``until`` on ``ended_at``;
-        ``arrays``: the tasks of those arrays alone (a line that cannot be one of them is not decoded).
+        ``arrays``: the tasks of those arrays alone; ``ids``: those jobs alone (either way, a line that cannot be
+        one of them is not decoded).
 
         Lines of commits after ``committed`` (one being written now) are left out.
         """
         self.problems = []
         first = time.strftime("%Y-%m", time.gmtime(since)) if since is not None else None
+        keep = _of_arrays(arrays) if arrays is not None else _of_jobs(ids) if ids is not None else None
         latest: dict[int, dict | None] = {}
         for path in self.files():
             month = path.stem.removeprefix("jobs-")
             # tombstones land in the month of the deletion, so read later months too
             if first is not None and month < first:
                 continue
-            latest.update(self._latest_in(path, committed, arrays)[0])
+            latest.update(self._latest_in(path, committed, keep)[0])
         for doc in latest.values():
             if doc is not None and ended_within(doc, since, until) and (
-                    arrays is None or (doc["spec"].get("array") or {}).get("id") in arrays):
+                    arrays is None or (doc["spec"].get("array") or {}).get("id") in arrays) and (
+                    ids is None or doc["id"] in ids):
                 yield doc
+
+    def ended(self, committed: int) -> list[Ended]:
+        """The last version of each job archived by a commit up to ``committed`` and not deleted, as ``Ended``. A
+        line of the shape labq writes is read by its head and its times (``_LISTED``, ``_TIMES``); one of another
+        shape is decoded whole, and a damaged one is skipped (``read`` reports those)."""
+        latest: dict[int, Ended | None] = {}
+        for raw in self._lines():
+            if not raw.endswith(b"}\n"):  # torn
+                continue
+            head = _LISTED.match(raw)
+            if head is not None:
+                seq, job_id, state, user = head.groups()
+                if int(seq) > committed:
+                    continue
+                ended_at = _ended_at(raw, head.end())
+                if ended_at is not None:
+                    try:
+                        name = _text(user)
+                    except ValueError:  # no JSON string: a damaged line, skipped as history skips it
+                        continue
+                    latest[int(job_id)] = Ended(int(job_id), state.decode(), name, ended_at[0])
+                    continue
+            head = _HEAD.match(raw)
+            if head is not None and head.group(4) is not None:
+                if int(head.group(1)) <= committed:
+                    latest[int(head.group(4))] = None
+                continue
+            try:
+                record = json.loads(raw)
+                if record["seq"] > committed:
+                    continue
+                if "job" not in record:
+                    latest[record["deleted"]] = None
+                    continue
+                job = record["job"]
+                ended = Ended(job["id"], job["state"], job["spec"]["user"], job.get("ended_at"))
+            except (ValueError, KeyError, TypeError):
+                continue
+            if type(ended.id) is int and ended.id >= 1 and type(ended.state) is str and type(ended.user) is str and (
+                    ended.ended_at is None or type(ended.ended_at) in (int, float)):
+                latest[ended.id] = ended
+        return [ended for ended in latest.values() if ended is not None]
 
     def ends(self, committed: int) -> Iterator[tuple[int, str | None]]:
         """(job id, state; None: deleted) of each line of a commit up to ``committed``, file by file, in order.
         A line's head is matched where it has the shape labq writes (``{"seq":N,"job":{"id":I,"state":"S"``); a
         line of another shape is decoded whole, and a damaged one is skipped (``read`` reports those)."""
+        for raw in self._lines():
+            head = _HEAD.match(raw) if raw.endswith(b"}\n") else None  # else torn, or of another shape
+            if head is not None:
+                seq, job_id, state, deleted = head.groups()
+                if int(seq) <= committed:
+                    yield (int(job_id), state.decode()) if deleted is None else (int(deleted), None)
+                continue
+            try:
+                record = json.loads(raw)
+                if record["seq"] > committed:
+                    continue
+                job_id, state = ((record["job"]["id"], record["job"]["state"]) if "job" in record
+                                 else (record["deleted"], None))
+            except (ValueError, KeyError, TypeError):
+                continue
+            if type(job_id) is int and job_id >= 1 and (state is None or type(state) is str):
+                yield job_id, state
+
+    def _lines(self) -> Iterator[bytes]:
+        """Every line of the archive's files, oldest first."""
         for path in self.files():
             try:
                 f = open(path, "rb")
             except FileNotFoundError:  # cut away by a recovery meanwhile
                 continue
             with f:
-                for raw in f:
-                    head = _HEAD.match(raw) if raw.endswith(b"}\n") else None  # else torn, or of another shape
-                    if head is not None:
-                        seq, job_id, state, deleted = head.groups()
-                        if int(seq) <= committed:
-                            yield (int(job_id), state.decode()) if deleted is None else (int(deleted), None)
-                        continue
-                    try:
-                        record = json.loads(raw)
-                        if record["seq"] > committed:
-                            continue
-                        job_id, state = ((record["job"]["id"], record["job"]["state"]) if "job" in record
-                                         else (record["deleted"], None))
-                    except (ValueError, KeyError, TypeError):
-                        continue
-                    if type(job_id) is int and job_id >= 1 and (state is None or type(state) is str):
-                        yield job_id, state
+                yield from f
 
     def parts(self, committed: int) -> list[HistoryPart]:
         """The archive's files, oldest first, as parts (``HistoryPart``) that read as ``read`` does."""
@@ -275,19 +331,17 @@ class Archive:
                                      partial(self._latest_in, path, committed)))
         return found
 
-    def _latest_in(self, path: Path, committed: int, arrays: set[int] | None = None
+    def _latest_in(self, path: Path, committed: int, keep: Callable[[bytes], bool] | None = None
                    ) -> tuple[dict[int, dict | None], bool]:
         """The last version of each job in one file (None: deleted there), leaving out lines of commits after
-        ``committed``; and whether nothing was left out (no such line, no damaged one). ``arrays``: only the lines
-        of their tasks (``_ARRAY``), and deletions, are decoded."""
+        ``committed``; and whether nothing was left out (no such line, no damaged one). ``keep``: only the lines
+        it keeps are decoded."""
         latest: dict[int, dict | None] = {}
         whole = True
         with open(path, "rb") as f:
             for number, raw in enumerate(f, 1):
-                if arrays is not None and b'"deleted":' not in raw:
-                    task = _ARRAY.search(raw)
-                    if task is None or int(task.group(1)) not in arrays:
-                        continue
+                if keep is not None and not keep(raw):
+                    continue
                 try:
                     record = json.loads(raw)
                     if record["seq"] > committed:
@@ -302,3 +356,44 @@ class Archive:
                 elif "job" in record:
                     latest[record["job"]["id"]] = record["job"]
         return latest, whole
+
+
+def _of_arrays(arrays: set[int]) -> Callable[[bytes], bool]:
+    """Whether a line may be of a task of ``arrays``, or a deletion: only such lines are decoded."""
+
+    def keep(raw: bytes) -> bool:
+        if b'"deleted":' in raw:
+            return True
+        task = _ARRAY.search(raw)
+        return task is not None and int(task.group(1)) in arrays
+
+    return keep
+
+
+def _of_jobs(ids: set[int]) -> Callable[[bytes], bool]:
+    """Whether a line may be of one of the jobs ``ids``: one of labq's shape names its job in its head
+    (``_HEAD``); one of another shape is decoded to see."""
+
+    def keep(raw: bytes) -> bool:
+        head = _HEAD.match(raw)
+        return head is None or int(head.group(2) or head.group(4)) in ids
+
+    return keep
+
+
+def _ended_at(raw: bytes, start: int) -> tuple[float | None] | None:
+    """When the job of a line of labq's shape ended, as a 1-tuple (None in it: it has no end), from its times past
+    ``start`` (its spec's first key, ``_TIMES``); None: they are not there (a line of another shape)."""
+    at = raw.find(b',"attempt":', start)
+    while at != -1:
+        times = _TIMES.match(raw, at)
+        if times is not None:
+            value = times.group(1)
+            return (None if value == b"null" else float(value),)
+        at = raw.find(b',"attempt":', at + 1)
+    return None
+
+
+def _text(quoted: bytes) -> str:
+    """A JSON string's inside, as text."""
+    return json.loads(b'"%s"' % quoted) if b"\\" in quoted else quoted.decode()

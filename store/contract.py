@@ -118,6 +118,16 @@ class HistoryPart(NamedTuple):
     read: Callable[[], tuple[dict[int, dict | None], bool]]
 
 
+class Ended(NamedTuple):
+    """An archived job as a listing of finished jobs filters, sorts and pages it, before it reads the page's jobs
+    whole (``Store.archived``)."""
+
+    id: int
+    state: str
+    user: str
+    ended_at: float | None
+
+
 class Store(Protocol):
     """What the leader needs from persistence. Only the leader process writes."""
 
@@ -138,6 +148,14 @@ class Store(Protocol):
 
     def array_history(self, array_ids: Iterable[int]) -> list[dict]:
         """``history()`` of the tasks of arrays ``array_ids`` alone: only their lines are decoded."""
+
+    def ended(self) -> list[Ended]:
+        """The last version of each archived job that was not deleted, as ``Ended``: read without decoding whole
+        jobs (``ls --history`` of 100,000 archived jobs reads the 20 it shows whole)."""
+
+    def archived(self, job_ids: Iterable[int]) -> dict[int, dict]:
+        """The last versions of the archived jobs ``job_ids``, by id (one not there, or deleted, is left out):
+        only their lines are decoded."""
 
     def ends(self) -> Iterator[tuple[int, str | None]]:
         """How each archived job ended, as (job id, its state; None: deleted since), in the archive's order (a

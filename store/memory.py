@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from labq.store.contract import Batch, Change, HistoryPart, Ids, StoredState, ended_within, whole
+from labq.store.contract import Batch, Change, Ended, HistoryPart, Ids, StoredState, ended_within, whole
 
 
 class MemoryStore:
@@ -61,6 +61,16 @@ class MemoryStore:
     def array_history(self, array_ids: Iterable[int]) -> list[dict]:
         wanted = set(array_ids)
         return [doc for doc in self.history() if (doc["spec"].get("array") or {}).get("id") in wanted]
+
+    def ended(self) -> list[Ended]:
+        with self._lock:
+            return [Ended(d["id"], d["state"], d["spec"]["user"], d.get("ended_at"))
+                    for d in self._archive.values() if d is not None]
+
+    def archived(self, job_ids: Iterable[int]) -> dict[int, dict]:
+        with self._lock:
+            docs = [self._archive.get(i) for i in set(job_ids)]
+        return {d["id"]: copy.deepcopy(d) for d in docs if d is not None}
 
     def ends(self) -> Iterator[tuple[int, str | None]]:
         with self._lock:

@@ -47,8 +47,8 @@ from pathlib import Path
 
 from labq.store.archive import Archive, encode_line
 from labq.store.contract import (
-    META, Batch, Change, Ids, CommitFailed, CorruptDatabase, HistoryPart, SchemaMismatch, StoredState, StoreError,
-    StoreLocked, whole,
+    META, Batch, Change, Ids, CommitFailed, CorruptDatabase, Ended, HistoryPart, SchemaMismatch, StoredState,
+    StoreError, StoreLocked, whole,
 )
 from labq.store.files import Disk, remove_stale_temp_files, replace_atomically, replace_atomically_with
 from labq.store.hot import PREFIX, SCHEMA, HotState, stamp
@@ -281,6 +281,13 @@ class TinyDBStore:
 
     def array_history(self, array_ids: Iterable[int]) -> list[dict]:
         return list(self.archive.read(self._committed, arrays=set(array_ids)))
+
+    def ended(self) -> list[Ended]:
+        return self.archive.ended(self._committed)
+
+    def archived(self, job_ids: Iterable[int]) -> dict[int, dict]:
+        ids = set(job_ids)
+        return {doc["id"]: doc for doc in self.archive.read(self._committed, ids=ids)} if ids else {}
 
     def ends(self) -> Iterator[tuple[int, str | None]]:
         return self.archive.ends(self._committed)

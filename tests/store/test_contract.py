@@ -78,6 +78,21 @@ def test_array_history_is_the_history_of_those_arrays_tasks_alone(stores):
     assert store.array_history([30]) == []
 
 
+def test_ended_lists_the_last_version_of_each_archived_job_and_archived_reads_those_asked_for(stores):
+    store = stores.open()
+    store.commit([PutJob(job(i, user=("alice", "bob", 'd"é')[i % 3])) for i in (1, 2, 3, 4, 5)])
+    store.commit([PutJob(job(1, "succeeded", user="bob", ended_at=1_700_000_000.0)),
+                  PutJob(job(2, "failed", user='d"é', ended_at=1_700_000_100.5)),
+                  PutJob(job(3, "cancelled", user='d"é'))])  # ended with no time: an older labq's
+    store.commit([DeleteJob(2), PutJob(job(4, "cancelled", user="bob", ended_at=1_703_000_000.0))])
+    store = stores.reopen()
+    assert sorted(store.ended()) == [(1, "succeeded", "bob", 1_700_000_000.0), (3, "cancelled", 'd"é', None),
+                                     (4, "cancelled", "bob", 1_703_000_000.0)]
+    docs = store.archived([4, 2, 5, 99, 1])  # 2 was deleted; 5 is unfinished; 99 was never a job
+    assert sorted(docs) == [1, 4] and docs[4] == job(4, "cancelled", user="bob", ended_at=1_703_000_000.0)
+    assert store.archived([]) == {}
+
+
 def test_history_filters_by_end_time_across_months(stores):
     store = stores.open()
     ends = {1: 1_696_118_400.0, 2: 1_698_796_800.0, 3: 1_701_388_800.0}  # 1 Oct, 1 Nov, 1 Dec 2023
