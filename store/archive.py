@@ -243,26 +243,30 @@ class Archive:
                     ids is None or doc["id"] in ids):
                 yield doc
 
-    def ended(self, committed: int) -> list[Ended]:
-        """The last version of each job archived by a commit up to ``committed`` and not deleted, as ``Ended``. A
-        line of the shape labq writes is read by its head and its times (``_LISTED``, ``_TIMES``); one of another
-        shape is decoded whole, and a damaged one is skipped (``read`` reports those)."""
+    def ended(self, committed: int, user: str | None = None) -> list[Ended]:
+        """The last version of each job archived by a commit up to ``committed`` and not deleted (``user``: of that
+        user's jobs alone), as ``Ended``. A line of the shape labq writes is read by its head and its times
+        (``_LISTED``, ``_TIMES``), and no further when its user is another; one of another shape is decoded whole,
+        and a damaged one is skipped (``read`` reports those)."""
+        #: ``user`` as a line of labq's writes it (a name that JSON escapes is compared as text)
+        named = json.dumps(user, ensure_ascii=False)[1:-1].encode() if user is not None else None
         latest: dict[int, Ended | None] = {}
         for raw in self._lines():
             if not raw.endswith(b"}\n"):  # torn
                 continue
             head = _LISTED.match(raw)
             if head is not None:
-                seq, job_id, state, user = head.groups()
-                if int(seq) > committed:
+                seq, job_id, state, quoted = head.groups()
+                if int(seq) > committed or named is not None and quoted != named and b"\\" not in quoted:
                     continue
                 ended_at = _ended_at(raw, head.end())
                 if ended_at is not None:
                     try:
-                        name = _text(user)
+                        name = _text(quoted)
                     except ValueError:  # no JSON string: a damaged line, skipped as history skips it
                         continue
-                    latest[int(job_id)] = Ended(int(job_id), state.decode(), name, ended_at[0])
+                    if user is None or name == user:
+                        latest[int(job_id)] = Ended(int(job_id), state.decode(), name, ended_at[0])
                     continue
             head = _HEAD.match(raw)
             if head is not None and head.group(4) is not None:
@@ -281,7 +285,7 @@ class Archive:
             except (ValueError, KeyError, TypeError):
                 continue
             if type(ended.id) is int and ended.id >= 1 and type(ended.state) is str and type(ended.user) is str and (
-                    ended.ended_at is None or type(ended.ended_at) in (int, float)):
+                    ended.ended_at is None or type(ended.ended_at) in (int, float)) and user in (None, ended.user):
                 latest[ended.id] = ended
         return [ended for ended in latest.values() if ended is not None]
 

@@ -149,9 +149,10 @@ class Store(Protocol):
     def array_history(self, array_ids: Iterable[int]) -> list[dict]:
         """``history()`` of the tasks of arrays ``array_ids`` alone: only their lines are decoded."""
 
-    def ended(self) -> list[Ended]:
-        """The last version of each archived job that was not deleted, as ``Ended``: read without decoding whole
-        jobs (``ls --history`` of 100,000 archived jobs reads the 20 it shows whole)."""
+    def ended(self, user: str | None = None) -> list[Ended]:
+        """The last version of each archived job that was not deleted (``user``: of that user's jobs alone), as
+        ``Ended``: read without decoding whole jobs (``ls --history`` of 100,000 archived jobs reads the 20 it
+        shows whole)."""
 
     def archived(self, job_ids: Iterable[int]) -> dict[int, dict]:
         """The last versions of the archived jobs ``job_ids``, by id (one not there, or deleted, is left out):

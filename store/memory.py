@@ -62,10 +62,10 @@ class MemoryStore:
         wanted = set(array_ids)
         return [doc for doc in self.history() if (doc["spec"].get("array") or {}).get("id") in wanted]
 
-    def ended(self) -> list[Ended]:
+    def ended(self, user: str | None = None) -> list[Ended]:
         with self._lock:
             return [Ended(d["id"], d["state"], d["spec"]["user"], d.get("ended_at"))
-                    for d in self._archive.values() if d is not None]
+                    for d in self._archive.values() if d is not None and user in (None, d["spec"]["user"])]
 
     def archived(self, job_ids: Iterable[int]) -> dict[int, dict]:
         with self._lock:

@@ -282,8 +282,8 @@ class TinyDBStore:
     def array_history(self, array_ids: Iterable[int]) -> list[dict]:
         return list(self.archive.read(self._committed, arrays=set(array_ids)))
 
-    def ended(self) -> list[Ended]:
-        return self.archive.ended(self._committed)
+    def ended(self, user: str | None = None) -> list[Ended]:
+        return self.archive.ended(self._committed, user)
 
     def archived(self, job_ids: Iterable[int]) -> dict[int, dict]:
         ids = set(job_ids)

@@ -27,7 +27,7 @@ from labq.protocol.requests import ActionRequest, SubmitRequest
 from labq.scheduler import why_never_fits, why_no_node_runs_user
 from labq.scheduler.inert import waits_whatever_the_order
 from labq.scheduler.queues import lab_gpus, why_never_in_queue
-from labq.store import CommitFailed, PutJob, PutRecord, PutTasks, collector_paused
+from labq.store import CommitFailed, Ended, PutJob, PutRecord, PutTasks, collector_paused
 
 #: what ``labq cancel|hold|release|prio 12`` may do to a whole array
 ARRAY_ACTIONS = ("cancel", "hold", "release", "prio")
@@ -228,20 +228,26 @@ class Queue:
         if not (ids or history or finished or states):  # paged by the ids alone: only the page's jobs are looked at
             page, after_page = _page(unfinished, after, limit)
             return Listing([live[i] for i in page], live, len(unfinished), after_page)
-        jobs = [live[i] for i in unfinished]
-        if history or finished:
-            jobs += [j for j in map(decode_job, self.state.store.history()) if not self._cleaned(j)]
-        if owner is not None and (ids or history or finished):  # ``spec.user`` and members, not properties
+        jobs: list[Job | Ended] = [live[i] for i in unfinished]
+        if owner is not None and ids:  # ``spec.user`` and members, not properties
             jobs = [j for j in jobs if j.spec.user == owner]
+        if history or finished:  # the archive's jobs by their heads: only the page's are read whole
+            shown, wanted = set(unfinished), set(ids)  # a job that ended since ``live`` was taken is listed once
+            jobs += [e for e in self.state.store.ended(owner) if e.id not in shown and (not wanted or e.id in wanted)
+                     and not self._cleaned(e)]
         if states:
-            wanted = {s for s in JobState if s.value in states}
-            jobs = [j for j in jobs if j.state in wanted]
+            jobs = [j for j in jobs if (j.state if type(j) is Ended else j.state.value) in states]
         if ids or history or finished:
             jobs.sort(key=(lambda j: (j.ended_at or 0.0, j.id)) if finished else _BY_ID)
         page, after_page = _page(jobs, after, limit, _BY_ID)
-        return Listing(page, live, len(jobs), after_page)
+        return Listing(self._whole(page), live, len(jobs), after_page)
 
-    def _cleaned(self, job: Job) -> bool:
+    def _whole(self, page: list[Job | Ended]) -> list[Job]:
+        """The jobs of a page, the archived ones read whole (one that a deletion took meanwhile is left out)."""
+        docs = self.state.store.archived([j.id for j in page if type(j) is Ended])
+        return [decode_job(docs[j.id]) if type(j) is Ended else j for j in page if type(j) is not Ended or j.id in docs]
+
+    def _cleaned(self, job: Job | Ended) -> bool:
         mark = self.cleaned.get(job.user)
         return mark is not None and job.ended_at is not None and job.ended_at <= mark
 
@@ -254,9 +260,8 @@ class Queue:
             now = state.clock()
             state.commit([PutRecord(CLEANED, who.name, {"up_to": now})])
             before, self.cleaned[who.name] = self.cleaned.get(who.name), now
-        hidden = sum(1 for doc in state.store.history() if doc["spec"]["user"] == who.name
-                     and (before is None or (doc.get("ended_at") or 0.0) > before)
-                     and (doc.get("ended_at") or 0.0) <= now)
+        hidden = sum(1 for ended in state.store.ended(who.name)
+                     if (before is None or (ended.ended_at or 0.0) > before) and (ended.ended_at or 0.0) <= now)
         return now, hidden
 
     def pending_of(self, ids) -> dict[int, Pending]:
@@ -269,10 +274,10 @@ class Queue:
             job = self.state.jobs.get(job_id)
             if job is not None:
                 return job, self.state.pending.get(job_id)
-        for doc in self.state.store.history():
-            if doc["id"] == job_id:
-                return decode_job(doc), None
-        raise errors.not_found(f"there is no job {job_id}")
+        doc = self.state.store.archived([job_id]).get(job_id) if 1 <= job_id < self.state.next_job_id else None
+        if doc is None:
+            raise errors.not_found(f"there is no job {job_id}")
+        return decode_job(doc), None
 
     def act(self, who: Principal, job_id: int, request: ActionRequest) -> Job:
         user_only(who)

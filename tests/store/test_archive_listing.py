@@ -66,6 +66,12 @@ def test_the_heads_and_times_of_labqs_lines_say_what_decoding_them_whole_says(tm
     assert listed == [Ended(2, "failed", 'bo"b\\', 1_700_000_001.0), Ended(3, "cancelled", "zoë", None),
                       Ended(4, "failed", "dora", 1.5e9), Ended(5, "succeeded", "eve", 1_700_000_009.0),
                       Ended(6, "failed", "fay", 17), Ended(7, "failed", "gus", None)]
+    for user in ('bo"b\\', "zoë", "fay", "gus", "eve", "alice", "nobody"):
+        assert sorted(archive.ended(committed=3, user=user)) == [e for e in listed if e.user == user], user
+    (folder / "jobs-2024-01.jsonl").write_bytes(  # a line of another writer's JSON: its user escaped as ASCII
+        json.dumps({"seq": 3, "job": labq_job(11, "zoë", JobState.FAILED, 2e9)}, separators=(",", ":")).encode()
+        + b"\n")
+    assert [e.id for e in archive.ended(committed=3, user="zoë")] == [3, 11]
     assert sorted(archive.ended(committed=1)) == as_decoded(archive, committed=1)
     assert [e.id for e in sorted(archive.ended(committed=1))] == [1, 2, 3, 4, 5]
 

@@ -88,6 +88,8 @@ def test_ended_lists_the_last_version_of_each_archived_job_and_archived_reads_th
     store = stores.reopen()
     assert sorted(store.ended()) == [(1, "succeeded", "bob", 1_700_000_000.0), (3, "cancelled", 'd"é', None),
                                      (4, "cancelled", "bob", 1_703_000_000.0)]
+    assert sorted(store.ended("bob")) == [(1, "succeeded", "bob", 1_700_000_000.0), (4, "cancelled", "bob", 1.703e9)]
+    assert store.ended('d"é') == [(3, "cancelled", 'd"é', None)] and store.ended("carol") == []
     docs = store.archived([4, 2, 5, 99, 1])  # 2 was deleted; 5 is unfinished; 99 was never a job
     assert sorted(docs) == [1, 4] and docs[4] == job(4, "cancelled", user="bob", ended_at=1_703_000_000.0)
     assert store.archived([]) == {}
