@@ -393,7 +393,8 @@ def _ended_at(raw: bytes, start: int) -> tuple[float | None] | None:
         times = _TIMES.match(raw, at)
         if times is not None:
             value = times.group(1)
-            return (None if value == b"null" else float(value),)
+            return (None if value == b"null" else int(value) if value.isdigit() or value[1:].isdigit()
+                    else float(value),)
         at = raw.find(b',"attempt":', at + 1)
     return None
 

@@ -6,11 +6,16 @@ A leader on a real TinyDB store that fails if anything decodes the whole archive
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import pytest
 
 from labq.leader.auth import Principal
+from labq.models import transitions as t
 from labq.protocol.errors import ApiError
 from labq.store import TinyDBStore
+from tests.leader.answers import WAIT_S
 from tests.leader.labs import leader_with_ws1
 from tests.leader.test_queue_habits import end, submit
 
@@ -24,6 +29,17 @@ class PageReads(TinyDBStore):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.read_whole: list[list[int]] = []
+        self.after_commit: Callable[[], None] | None = None  #: once, after the next commit, from another thread
+
+    def commit(self, changes):
+        seq = super().commit(changes)
+        if self.after_commit is not None:
+            then, self.after_commit = self.after_commit, None
+            looker = threading.Thread(target=then)
+            looker.start()
+            looker.join(WAIT_S)
+            assert not looker.is_alive(), "the look waited for the change"
+        return seq
 
     def history(self, *args, **kwargs):
         raise AssertionError("the whole archive was decoded")
@@ -92,3 +108,36 @@ def test_show_and_clean_read_one_job_whole_or_none(lab):
     assert listed(leader, finished=True) == [j["e"], j["c"]]
     assert leader.queue.clean(BOB) == (1450.0, 0)  # h ended later
     assert store.read_whole == [sorted([j["c"], j["e"]])]
+
+
+def test_a_job_archived_while_a_listing_is_taken_is_listed_once_as_it_ended(lab):
+    leader, store, _, j = lab
+    leader.scheduling.schedule_pass()  # places g
+    seen = {}
+
+    def look() -> None:  # its commit is on disk; the leader has not taken it in yet
+        assert leader.state.jobs[j["g"]].state.value == "starting"
+        for states in (("failed",), ()):
+            found = leader.queue.visible(ALICE, user=None, states=states, everyone=False, history=True, limit=None)
+            seen[states] = [(job.id, job.state.value) for job in found.jobs if job.id == j["g"]], found.total
+
+    store.after_commit = look
+    with leader.state.lock:
+        job = leader.state.jobs[j["g"]]
+        leader.state.apply([t.exited(t.running(job, 1790.0), 1, 1800.0)])
+    assert seen == {("failed",): ([(j["g"], "failed")], 3), (): ([(j["g"], "failed")], 7)}
+
+
+def test_an_archived_job_whose_line_is_damaged_past_its_head_is_not_listed_nor_counted(lab, tmp_path):
+    leader, store, _, j = lab
+    month = next((tmp_path / "data" / "archive").glob("jobs-*.jsonl"))
+    text = month.read_bytes()
+    head = b'{"seq":'
+    lines = text.split(b"\n")
+    damaged = [line.replace(b'"placement":', b'"placement":nul\xff,"x":') if b'"job":{"id":%d,' % j["c"] in line
+               else line for line in lines]
+    assert damaged != lines and all(line.startswith(head) for line in damaged if line)
+    month.write_bytes(b"\n".join(damaged))
+    found = leader.queue.visible(ALICE, user=None, states=(), everyone=False, history=False, limit=2, finished=True)
+    assert [job.id for job in found.jobs] == [j["f"], j["e"]] and found.total == 5  # as history, without c
+    assert [e.id for e in store.ended("alice")] == [j[x] for x in "abcdef"]  # its head and times are whole

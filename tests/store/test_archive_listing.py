@@ -44,6 +44,7 @@ def test_the_heads_and_times_of_labqs_lines_say_what_decoding_them_whole_says(tm
         labq_job(3, "zoë", JobState.CANCELLED, None),  # no end: a job of an older labq
         labq_job(4, "dora", JobState.FAILED, 1.5e9, env=tricky_env),  # the times' keys in its environment
         labq_job(5, "eve", JobState.SUCCEEDED, 1_700_000_002.0),
+        labq_job(9, "ida", JobState.SUCCEEDED, 1_700_000_003),  # a whole number stays one
     ]
     lines = [encode_line({"seq": 1, "job": doc}) for doc in docs]
     lines += [
@@ -65,15 +66,17 @@ def test_the_heads_and_times_of_labqs_lines_say_what_decoding_them_whole_says(tm
     assert listed == as_decoded(archive, committed=3)
     assert listed == [Ended(2, "failed", 'bo"b\\', 1_700_000_001.0), Ended(3, "cancelled", "zoë", None),
                       Ended(4, "failed", "dora", 1.5e9), Ended(5, "succeeded", "eve", 1_700_000_009.0),
-                      Ended(6, "failed", "fay", 17), Ended(7, "failed", "gus", None)]
-    for user in ('bo"b\\', "zoë", "fay", "gus", "eve", "alice", "nobody"):
+                      Ended(6, "failed", "fay", 17), Ended(7, "failed", "gus", None),
+                      Ended(9, "succeeded", "ida", 1_700_000_003)]
+    assert [type(e.ended_at) for e in listed if e.ended_at is not None] == [float, float, float, int, int]
+    for user in ('bo"b\\', "zoë", "fay", "gus", "eve", "ida", "alice", "nobody"):
         assert sorted(archive.ended(committed=3, user=user)) == [e for e in listed if e.user == user], user
     (folder / "jobs-2024-01.jsonl").write_bytes(  # a line of another writer's JSON: its user escaped as ASCII
         json.dumps({"seq": 3, "job": labq_job(11, "zoë", JobState.FAILED, 2e9)}, separators=(",", ":")).encode()
         + b"\n")
     assert [e.id for e in archive.ended(committed=3, user="zoë")] == [3, 11]
     assert sorted(archive.ended(committed=1)) == as_decoded(archive, committed=1)
-    assert [e.id for e in sorted(archive.ended(committed=1))] == [1, 2, 3, 4, 5]
+    assert [e.id for e in sorted(archive.ended(committed=1))] == [1, 2, 3, 4, 5, 9]
 
 
 def test_reading_some_jobs_decodes_only_their_lines(tmp_path, monkeypatch):
