@@ -11,12 +11,13 @@ What it measures
   for an admin asking for the whole lab, and ``encode_usage`` (what ``GET /v1/usage`` answers; the HTTP around
   it is not timed), over the whole history: the last 365 days of the one-year lab, the last 5 x 365 days of the
   five-year lab. The first report after the leader starts reads the archive (``labq.leader.accounting``); the
-  later ones (best of ``--repeats``, 3) do not. Then a leader started again on the same folder: its first report
-  reads each closed month from the digest the first leader wrote (``labq.leader.digests``) and the newest month
-  from the archive (``first_report_again``, checked to give the same figures). The five-year lab's first report
-  is split into its parts (reading the archive, reducing the documents to ``JobUse``, the tally), and a report of
-  its last month and of one user's five years are timed too, with the memory the leader keeps for its finished
-  jobs.
+  later ones (best of ``--repeats``, 3) read the months the leader does not keep (it keeps those a report of the
+  default 30-day window spans) from the digests the first one wrote. Then a leader started again on the same
+  folder: its first report reads each closed month from the digest the first leader wrote
+  (``labq.leader.digests``) and the newest month from the archive (``first_report_again``, checked to give the
+  same figures). The five-year lab's first report is split into its parts (reading the archive, reducing the
+  documents to ``JobUse``, the tally), and a report of its last month and of one user's five years are timed
+  too, with the memory the leader keeps for its finished jobs (``y5_cached_mib``: the kept months').
 
 Then the ``/metrics`` scrape of a lab of 10 nodes x 8 GPUs and 10,000 jobs (``bench/metrics.py``'s ``measure``).
 
@@ -190,7 +191,8 @@ def measure(folder: Path, years: int, repeats: int) -> dict:
             one_user, _ = best(lambda: leader.accounting.usage(Principal("user", USERS[0]), alice), repeats)
             fig |= {"y5_read_archive_s": read, "y5_decode_s": decoding, "y5_tally_s": tally,
                     "y5_last_month_s": last_month, "y5_one_user_s": one_user,
-                    "y5_cached_mib": _size(leader.accounting._finished) / 2**20}
+                    "y5_cached_mib": _size({i: use for uses in leader.accounting._kept.values()
+                                            for i, use in uses.items()}) / 2**20}
     finally:
         leader.stop()
         leader.state.store.close()

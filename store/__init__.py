@@ -6,7 +6,7 @@ in memory for the simulator and demos. Both implement ``Store``.
 
 from labq.store.contract import (
     Change, CommitFailed, CorruptDatabase, DeleteJob, DeleteRecord, Ended, HistoryPart, InvalidChange, PutJob,
-    PutRecord, PutTasks, SchemaMismatch, Store, StoredState, StoreError, StoreLocked,
+    PutRecord, PutTasks, SchemaMismatch, Store, StoredState, StoreError, StoreLocked, month_at,
 )
 from labq.store.memory import MemoryStore
 from labq.store.recovery import RecoveryPlan, plan_recovery, recover
@@ -17,5 +17,5 @@ __all__ = [
     "MemoryStore",
     "PutJob", "PutRecord", "PutTasks", "RecoveryPlan", "SchemaMismatch", "Store", "StoreError", "StoreLocked",
     "StoredState",
-    "TinyDBStore", "collector_paused", "plan_recovery", "recover",
+    "TinyDBStore", "collector_paused", "month_at", "plan_recovery", "recover",
 ]

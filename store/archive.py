@@ -20,12 +20,11 @@ import json
 import os
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
-from labq.store.contract import Ended, HistoryPart, ended_within
+from labq.store.contract import Ended, HistoryPart, ended_within, month_at
 from labq.store.files import Disk, write_all
 
 _TAIL_CHUNK = 64 * 1024
@@ -49,9 +48,7 @@ def encode_line(line: dict) -> bytes:
 
 def month_of(doc: dict, now: float) -> str:
     """The archive file a record goes to: the month its job ended, else now (UTC)."""
-    ended = doc.get("ended_at")
-    stamp = ended if isinstance(ended, (int, float)) and not isinstance(ended, bool) else now
-    return time.strftime("%Y-%m", time.gmtime(stamp))
+    return month_at(doc.get("ended_at"), now)
 
 
 class Archive:
@@ -77,7 +74,7 @@ class Archive:
         lines = []
         for entry in entries:
             if "deleted" in entry:
-                line, month = {"seq": seq, "deleted": entry["deleted"]}, time.strftime("%Y-%m", time.gmtime(now))
+                line, month = {"seq": seq, "deleted": entry["deleted"]}, month_at(None, now)
             else:
                 line, month = {"seq": seq, "job": entry}, month_of(entry, now)
             lines.append((f"jobs-{month}.jsonl", encode_line(line)))
@@ -228,7 +225,7 @@ class Archive:
         Lines of commits after ``committed`` (one being written now) are left out.
         """
         self.problems = []
-        first = time.strftime("%Y-%m", time.gmtime(since)) if since is not None else None
+        first = month_at(since, 0.0) if since is not None else None
         keep = _of_arrays(arrays) if arrays is not None else _of_jobs(ids) if ids is not None else None
         latest: dict[int, dict | None] = {}
         for path in self.files():
@@ -332,7 +329,7 @@ class Archive:
             except FileNotFoundError:  # cut away by a recovery meanwhile
                 continue
             found.append(HistoryPart(path.name, stat.st_size, stat.st_mtime_ns, number < len(files),
-                                     partial(self._latest_in, path, committed)))
+                                     partial(self._latest_in, path, committed), path.stem.removeprefix("jobs-")))
         return found
 
     def _latest_in(self, path: Path, committed: int, keep: Callable[[bytes], bool] | None = None

@@ -16,6 +16,7 @@ Rules, the same for every store:
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -116,6 +117,16 @@ class HistoryPart(NamedTuple):
     #: its jobs, the last version of each in it (None: deleted there), and whether that is all of it: no line was
     #: damaged or of a commit still being made (then nothing derived of it should be kept)
     read: Callable[[], tuple[dict[int, dict | None], bool]]
+    #: the month (``month_at``) whose finished jobs it holds, and the deletions made in it; None: a part of every
+    #: month (a memory store's one part)
+    month: str | None = None
+
+
+def month_at(ended_at: object, now: float) -> str:
+    """The month of the archive a finished job is kept in (``YYYY-MM``, UTC): the one it ended in (``ended_at``), else
+    ``now``'s (a deletion's, or a job with no end)."""
+    stamp = ended_at if isinstance(ended_at, (int, float)) and not isinstance(ended_at, bool) else now
+    return time.strftime("%Y-%m", time.gmtime(stamp))
 
 
 class Ended(NamedTuple):

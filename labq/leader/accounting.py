@@ -1,18 +1,22 @@
 """``labq usage``: the lab's accounting over a window, from the finished jobs and the jobs on GPUs now.
 
-Finished jobs never change, and a report of years needs hundreds of thousands of them: reading and decoding the
-archive for every report would take seconds a year of history. So the first report reads the archive once (each
-closed month from its digest, ``labq.leader.digests``, when it has a fresh one), into
-what a report needs of each job (``labq.models.usage.JobUse``, about half a kilobyte a job), and from then on
-each job that finishes is added as ``LabState.apply`` commits it (``LabState.watchers``); a later report reads no file.
-The jobs that finish while the archive is being read are kept aside and added after it, so a job is never lost
-between the two; a job read twice is one entry, by id.
+Finished jobs never change, and a report of years needs hundreds of thousands of them: decoding the archive's job
+documents for every report would take seconds a year of history, and keeping what a report needs of every one of
+them (``labq.models.usage.JobUse``, a kilobyte and more a job in the leader's memory) would grow the leader with the
+lab's history. So the leader keeps the months a report of the default window spans (``DEFAULT_WINDOW_S`` back from
+now: this month and the last), read once as it starts, and each job that finishes is added as ``LabState.apply``
+commits it (``LabState.watchers``): the default report reads no file. A report that reaches further back reads the
+older months it spans, each from its digest (``labq.leader.digests``; a fifth of the time of its documents), and
+keeps none of them: its cost grows with its window, and the leader's memory with the jobs of two months. The jobs
+that finish while the kept months are being read are kept aside and added after, so a job is never lost between
+the two; a job read twice is one entry, by id.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from labq.leader.auth import Principal
 from labq.leader.bookings import Bookings
@@ -23,7 +27,7 @@ from labq.models.job import Job
 from labq.models.usage import JobUse, UsageReport, job_use, node_gpu_models, report
 from labq.protocol import errors
 from labq.protocol.usage import DEFAULT_WINDOW_S, UsageQuery
-from labq.store import collector_paused
+from labq.store import collector_paused, month_at
 
 log = logging.getLogger("labq.leader")
 
@@ -31,8 +35,11 @@ log = logging.getLogger("labq.leader")
 class Accounting:
     def __init__(self, state: LabState, bookings: Bookings) -> None:
         self.state, self.bookings = state, bookings
-        self._finished: dict[int, JobUse] | None = None  #: by job id, once the archive was read
-        self._while_reading: list[Job] | None = None  #: the jobs that finished while it was read
+        #: what a report needs of the jobs of each month kept (``month_at``; None: a part of every month, which a
+        #: memory store has), by job id (None: deleted in that month), once the kept months were read
+        self._kept: dict[str | None, dict[int, JobUse | None]] | None = None
+        self._kept_from = ""  #: the first month kept; "": every one (a store whose parts are of every month)
+        self._while_reading: list[Job] | None = None  #: the jobs that finished while the kept months were read
         self._reading = threading.Lock()  #: one reading of the archive at a time
         self.digests = Digests(state.config.data_dir)  #: each closed month of the archive, as a report needs it
         state.watchers.append(self._watch)
@@ -50,18 +57,24 @@ class Accounting:
                                        "(`labq usage --me`)")
         self._read_archive()
         state = self.state
-        with state.view:  # a job leaves ``jobs`` and enters ``_finished`` under it: each is in one of the two
+        with state.view:  # a job leaves ``jobs`` and enters the kept months under it: each is in one of the two
             now = state.clock()
+            until = now if query.until is None else min(query.until, now)
+            since = until - DEFAULT_WINDOW_S if query.since is None else query.since
+            if not since < until:
+                raise errors.bad_request("the window is empty: since must be before until, and before now", "since")
+            self._forget_before(_keep_from(now))
+            first = month_at(since, now)  # a job that ended before the window ran before it: its month is not read
+            kept = [list(uses.items()) for month, uses in sorted(self._kept.items(), key=_in_order)
+                    if month is None or month >= first]
+            kept_from = self._kept_from
             live = [state.with_measure(job) for job in state.jobs.values() if user is None or job.spec.user == user]
-            finished = list(self._finished.values())
             gpus = node_gpu_models(state.nodes())
             booked = [b for b in self.bookings.bookings() if user is None or b.owner == user]
-        until = now if query.until is None else min(query.until, now)
-        since = until - DEFAULT_WINDOW_S if query.since is None else query.since
-        if not since < until:
-            raise errors.bad_request("the window is empty: since must be before until, and before now", "since")
-        if user is not None:
-            finished = [use for use in finished if use.user == user]
+        found = self._months(lambda month: first <= month < kept_from, now) if first < kept_from else {}
+        for uses in kept:  # merged in order: the last version of a job wins
+            found.update(uses)
+        finished = [use for use in found.values() if use is not None and (user is None or use.user == user)]
         groups: dict[str, list[str]] = {}
         for group, members in sorted(state.config.groups.items()):
             for member in members:
@@ -76,10 +89,35 @@ class Accounting:
 
     def _ended(self, job: Job) -> None:
         """A job finished and is committed (the lab's view is held)."""
-        if self._finished is not None:
-            self._finished[job.id] = job_use(job, job.ended_at or self.state.clock())
+        if self._kept is not None:
+            self._keep(job, self.state.clock())
         elif self._while_reading is not None:
             self._while_reading.append(job)
+
+    def _keep(self, job: Job, now: float) -> None:
+        """Keep what a report needs of a finished ``job`` when its month is kept (the lab's view is held)."""
+        month = month_at(job.ended_at, now)
+        if month not in self._kept:  # the first to end in a new month: the oldest one kept may go
+            self._forget_before(_keep_from(now))
+        if month >= self._kept_from:
+            self._kept.setdefault(month, {})[job.id] = job_use(job, job.ended_at or now)
+
+    def _forget_before(self, month: str) -> None:
+        """Let go of the months before ``month``: the default report no longer spans them (the view is held)."""
+        if self._kept_from and month > self._kept_from:
+            self._kept_from = month
+            for old in [m for m in self._kept if m is not None and m < month]:
+                del self._kept[old]
+
+    def _months(self, wanted: Callable[[str], bool], now: float) -> dict[int, JobUse | None]:
+        """What a report needs of the jobs of the archive's months ``wanted`` picks, merged in order (each closed one
+        from its digest when it has a fresh one), and of the parts of every month; outside the lab's view."""
+        found: dict[int, JobUse | None] = {}
+        with collector_paused():  # it makes many objects and frees none
+            for part in self.state.store.history_parts():
+                if part.month is None or wanted(part.month):
+                    found.update(self.digests.uses(part, now))
+        return found
 
     def warm_up(self) -> threading.Thread:
         """Read the archive in the background now (the leader just started), so the first report is as quick as
@@ -96,27 +134,41 @@ class Accounting:
         return thread
 
     def _read_archive(self) -> None:
-        """Read the archive into ``_finished``, the first time (outside the lab's lock: it takes a while)."""
-        if self._finished is not None:
+        """Read the kept months (``_keep_from``) the first time (outside the lab's view: it takes a while)."""
+        if self._kept is not None:
             return
         state = self.state
         with self._reading:
-            if self._finished is not None:
+            if self._kept is not None:
                 return
             with state.view:
                 self._while_reading = []
             try:
                 now = state.clock()
-                found: dict[int, JobUse | None] = {}
+                kept_from = _keep_from(now)
+                kept: dict[str | None, dict[int, JobUse | None]] = {}
+                every_month = False
                 with collector_paused():  # it makes many objects and frees none
-                    for part in state.store.history_parts():  # merged in order: the last version of a job wins
-                        found.update(self.digests.uses(part, now))
-                found = {job_id: use for job_id, use in found.items() if use is not None}
+                    for part in state.store.history_parts():
+                        every_month |= part.month is None
+                        if part.month is None or part.month >= kept_from:
+                            kept.setdefault(part.month, {}).update(self.digests.uses(part, now))
             except BaseException:
                 with state.view:
                     self._while_reading = None
                 raise
             with state.view:
+                self._kept, self._kept_from = kept, "" if every_month else kept_from
                 for job in self._while_reading:
-                    found[job.id] = job_use(job, job.ended_at or now)
-                self._finished, self._while_reading = found, None
+                    self._keep(job, now)
+                self._while_reading = None
+
+
+def _keep_from(now: float) -> str:
+    """The first month kept at ``now``: the one a report of the default window starts in."""
+    return month_at(now - DEFAULT_WINDOW_S, now)
+
+
+def _in_order(item: tuple[str | None, object]) -> str:
+    """Parts of every month first (a memory store's one part), then the months in order."""
+    return item[0] or ""

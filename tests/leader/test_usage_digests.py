@@ -24,13 +24,16 @@ pytestmark = pytest.mark.timeout(60)
 
 def report_of(data: Path) -> tuple[dict, int, dict]:
     """A leader on ``data`` as it starts: its whole-history report, how many archive files it read (no fresh
-    digest), and what it keeps of each finished job."""
+    digest), and what a report needs of each finished job (the months it keeps, the others from their digests)."""
     lb = start_loopback_leader(data, clock=FakeClock(NOW))
     try:
         accounting = lb.leader.accounting
         accounting.warm_up().join(timeout=30)
         doc = encode_usage(accounting.usage(Principal("user", "root", admin=True), UsageQuery(0.0, None, None)))
-        return doc, accounting.digests.read_again, dict(accounting._finished)
+        read = accounting.digests.read_again
+        assert sorted(accounting._kept) == ["2026-10", "2026-11"]  # a default report's: from 3 October, NOW's 30 days
+        every = accounting._months(lambda month: True, NOW)
+        return doc, read, {job_id: use for job_id, use in every.items() if use is not None}
     finally:
         lb.stop()
 
@@ -69,6 +72,38 @@ def test_a_month_that_changed_or_a_damaged_digest_is_read_again(tmp_path):
     assert after["total"]["gpu_hours"] == pytest.approx(before["total"]["gpu_hours"] + 2.0)
     _, read, again = report_of(data)
     assert read == 1 and again == kept  # both digests made again
+
+
+def test_the_leader_keeps_the_default_windows_months_and_reads_older_ones_for_the_reports_that_reach_them(tmp_path):
+    store_history(tmp_path / "data")
+    lb = start_loopback_leader(tmp_path / "data", clock=FakeClock(NOW))
+    admin = Principal("user", "root", admin=True)
+    read = []
+
+    def report(since: float, until: float | None = None) -> dict[str, float]:
+        doc = encode_usage(accounting.usage(admin, UsageQuery(since, until, None)))
+        return {row["name"]: row["gpu_hours"] for row in doc["by"]["user"]}
+
+    try:
+        accounting, state = lb.leader.accounting, lb.leader.state
+        accounting.warm_up().join(timeout=30)
+        assert sorted(accounting._kept) == ["2026-10", "2026-11"]  # NOW's 30 days start on 3 October
+        assert {i for uses in accounting._kept.values() for i in uses} == {1, 2, 3, 5, 7, 8}  # 6 ended in September
+        parts = state.store.history_parts
+        state.store.history_parts = lambda: read.append(1) or parts()
+        assert report(NOW - 30 * 86400)["alice"] == 224.0 and read == []  # job 4's 28 h x 8, and no file read
+        # from 1 September: job 6's 24 h x 2 in September too, and job 1's hour there, read from September's file
+        since_september = {"alice": 8.0 + 48.0 + 224.0, "bob": 64.0, "carol": 4.0, "dave": 6.0}
+        assert report(at(1, 0, 9)) == since_september and read == [1]
+
+        state.clock.now = at(5, 0, 12)  # a month on: job 4 ends in December, and October is no longer kept
+        with state.lock:
+            state.apply([t.exited(state.jobs[4], 0, at(4, 0, 12))])
+        assert sorted(accounting._kept) == ["2026-11", "2026-12"]
+        assert report(at(1, 0, 9), NOW) == since_september and read == [1, 1]  # October from its file now
+        assert report(at(5, 0, 12) - 30 * 86400) == {"alice": 29 * 24 * 8.0} and read == [1, 1]  # 5 Nov - 4 Dec
+    finally:
+        lb.stop()
 
 
 def test_a_job_use_survives_its_row_through_json():

@@ -158,16 +158,17 @@ def test_a_job_that_finishes_after_the_first_report_is_in_the_next(tmp_path):
 
 
 def test_a_leader_reads_the_archive_for_usage_as_it_starts_so_the_first_report_reads_no_file(tmp_path):
-    from tests.leader.usage_history import store_history
+    from tests.conftest import FakeClock
+    from tests.leader.usage_history import NOW, store_history
     from tests.leader.loopback_leader import start_loopback_leader
 
     store_history(tmp_path / "data")
-    lb = start_loopback_leader(tmp_path / "data")
+    lb = start_loopback_leader(tmp_path / "data", clock=FakeClock(NOW))
     try:
         accounting = lb.leader.accounting
-        assert accounting._finished is None
+        assert accounting._kept is None
         accounting.warm_up().join(timeout=30)  # what Leader.start does
-        assert accounting._finished is not None and len(accounting._finished) > 0
+        assert accounting._kept is not None and sorted(accounting._kept) == ["2026-10", "2026-11"]
         read = []
         store = lb.leader.state.store
         for name in ("history", "history_parts"):
