@@ -3,13 +3,14 @@
 Finished jobs never change, and a report of years needs hundreds of thousands of them: decoding the archive's job
 documents for every report would take seconds a year of history, and keeping what a report needs of every one of
 them (``labq.models.usage.JobUse``, a kilobyte and more a job in the leader's memory) would grow the leader with the
-lab's history. So the leader keeps the months a report of the default window spans (``DEFAULT_WINDOW_S`` back from
-now: this month and the last), read once as it starts, and each job that finishes is added as ``LabState.apply``
-commits it (``LabState.watchers``): the default report reads no file. A report that reaches further back reads the
-older months it spans, each from its digest (``labq.leader.digests``; a fifth of the time of its documents), and
-keeps none of them: its cost grows with its window, and the leader's memory with the jobs of two months. The jobs
-that finish while the kept months are being read are kept aside and added after, so a job is never lost between
-the two; a job read twice is one entry, by id.
+lab's history. So the leader keeps the months a report of the default window spans (from the month
+``DEFAULT_WINDOW_S`` ago to now: two, or three), read once as it starts, and each job that finishes is added as
+``LabState.apply`` commits it (``LabState.watchers``): the default report reads no file. A report that reaches
+further back reads the older months it spans, each from its digest (``labq.leader.digests``, which the leader makes
+of each closed month as it starts; a fifth of the time of its documents), and keeps none of them: its cost grows
+with its window, and the leader's memory with the jobs of two or three months. The jobs that finish while the kept
+months are being read are kept aside and added after, so a job is never lost between the two; a job read twice is
+one entry, by id, and a job that a report saw running and then read finished is counted as it finished.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Accounting:
         for uses in kept:  # merged in order: the last version of a job wins
             found.update(uses)
         finished = [use for use in found.values() if use is not None and (user is None or use.user == user)]
+        live = [job for job in live if job.id not in found]  # it finished since the view was let go: counted so
         groups: dict[str, list[str]] = {}
         for group, members in sorted(state.config.groups.items()):
             for member in members:
@@ -120,14 +122,20 @@ class Accounting:
         return found
 
     def warm_up(self) -> threading.Thread:
-        """Read the archive in the background now (the leader just started), so the first report is as quick as
-        the later ones. A read that fails is logged; the first report then reads it itself, and says why not."""
+        """Read the kept months in the background now (the leader just started), so the first report is as quick as
+        the later ones, and then make the digests of the older closed months that have none. A read that fails is
+        logged; the first report then reads what it needs itself, and says why not."""
 
         def read() -> None:
             try:
                 self._read_archive()
             except Exception:  # noqa: BLE001 - only a head start: the first report tries again and answers
                 log.exception("reading the archive for labq usage failed; the first report will read it")
+
+            try:  # the older months' digests, so that a report reaching back reads no job document
+                self._months(lambda month: month < self._kept_from, self.state.clock())
+            except Exception:  # noqa: BLE001 - only a head start: a report that needs a month reads it
+                log.exception("making the usage digests of the archive's older months failed")
 
         thread = threading.Thread(target=read, name="labq-usage-warm-up", daemon=True)
         thread.start()

@@ -1,8 +1,9 @@
 """What ``labq usage`` keeps of each month of the archive, beside it: a digest of that month's finished jobs, as
 the report needs them (``labq.models.usage.JobUse``), in rows of a few numbers each.
 
-A leader reads the whole archive for its first report (``labq.leader.accounting``): years of whole job documents,
-seconds of parsing. A month's digest is read in about a fifth of the time (``bench/usage.py``). A digest names the
+A report that reaches back months or years reads the months the leader does not keep (``labq.leader.accounting``):
+years of whole job documents, seconds of parsing. A month's digest is read in about a fifth of the time
+(``bench/usage.py``); the leader makes those of the closed months as it starts. A digest names the
 archive file it was made of with that file's size and modification time; when either differs (a job archived
 late, a recovery that cut the file) it is stale, and the file is read again and a new digest written. The newest
 file, still being written to, and a file with a damaged line (``labq store check`` reports it) get none. A digest
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 
 from labq.models.usage import JobUse
@@ -33,6 +35,7 @@ class Digests:
         self.folder = Path(data_dir) / CACHE_DIR
         self.disk = disk or Disk()
         self.read_again = 0  #: parts read from the archive (no digest, or a stale one), for tests and benchmarks
+        self._saving = threading.Lock()  #: two reports that read the same month write its digest one after the other
 
     def uses(self, part: HistoryPart, now: float) -> dict[int, JobUse | None]:
         """What a report needs of each job of ``part`` (None: deleted there): from its digest when that is fresh,
@@ -73,7 +76,8 @@ class Digests:
         doc = {"format": FORMAT, "of": part.name, "size": part.size, "mtime_ns": part.mtime_ns, "jobs": rows}
         try:
             os.makedirs(self.folder, mode=0o700, exist_ok=True)
-            replace_atomically(self._path(part), json.dumps(doc, separators=(",", ":")).encode(), self.disk)
+            with self._saving:
+                replace_atomically(self._path(part), json.dumps(doc, separators=(",", ":")).encode(), self.disk)
         except OSError as err:
             log.warning("the usage digest of %s was not written (%s): the next leader reads that month again",
                         part.name, err)
