@@ -74,62 +74,64 @@ def test_a_month_that_changed_or_a_damaged_digest_is_read_again(tmp_path):
     assert read == 1 and again == kept  # both digests made again
 
 
-def test_the_leader_keeps_the_default_windows_months_and_reads_older_ones_for_the_reports_that_reach_them(tmp_path):
+@pytest.fixture
+def started(tmp_path):
+    """A leader on the history at ``NOW`` that has read it as a leader does as it starts (``warm_up``)."""
     store_history(tmp_path / "data")
     lb = start_loopback_leader(tmp_path / "data", clock=FakeClock(NOW))
+    try:
+        lb.leader.accounting.warm_up().join(timeout=30)
+        yield lb
+    finally:
+        lb.stop()
+
+
+def gpu_hours_by_user(lb, since: float, until: float | None = None) -> dict[str, float]:
+    """The whole lab's GPU-hours from ``since``, by user, as the admin's report has them."""
     admin = Principal("user", "root", admin=True)
-    read = []
+    doc = encode_usage(lb.leader.accounting.usage(admin, UsageQuery(since, until, None)))
+    return {row["name"]: row["gpu_hours"] for row in doc["by"]["user"]}
 
-    def report(since: float, until: float | None = None) -> dict[str, float]:
-        doc = encode_usage(accounting.usage(admin, UsageQuery(since, until, None)))
-        return {row["name"]: row["gpu_hours"] for row in doc["by"]["user"]}
 
-    try:
-        accounting, state = lb.leader.accounting, lb.leader.state
-        accounting.warm_up().join(timeout=30)
-        assert sorted(accounting._kept) == ["2026-10", "2026-11"]  # NOW's 30 days start on 3 October
-        assert {i for uses in accounting._kept.values() for i in uses} == {1, 2, 3, 5, 7, 8}  # 6 ended in September
-        # and the closed months have their digests: a report reaching back reads no job document
-        assert digests(tmp_path / "data") == ["jobs-2026-09.jsonl.usage", "jobs-2026-10.jsonl.usage"]
-        documents_read = accounting.digests.read_again
-        parts = state.store.history_parts
-        state.store.history_parts = lambda: read.append(1) or parts()
-        assert report(NOW - 30 * 86400)["alice"] == 224.0 and read == []  # job 4's 28 h x 8, and no file read
-        # from 1 September: job 6's 24 h x 2 in September too, and job 1's hour there, read from September's file
-        since_september = {"alice": 8.0 + 48.0 + 224.0, "bob": 64.0, "carol": 4.0, "dave": 6.0}
-        assert report(at(1, 0, 9)) == since_september and read == [1]
-        assert accounting.digests.read_again == documents_read
+def test_the_leader_keeps_the_default_windows_months_and_a_report_reaching_back_reads_the_others(started, tmp_path):
+    lb, read = started, []
+    accounting, state = lb.leader.accounting, lb.leader.state
+    assert sorted(accounting._kept) == ["2026-10", "2026-11"]  # NOW's 30 days start on 3 October
+    assert {i for uses in accounting._kept.values() for i in uses} == {1, 2, 3, 5, 7, 8}  # 6 ended in September
+    # and the closed months have their digests: a report reaching back reads no job document
+    assert digests(tmp_path / "data") == ["jobs-2026-09.jsonl.usage", "jobs-2026-10.jsonl.usage"]
+    documents_read = accounting.digests.read_again
+    parts = state.store.history_parts
+    state.store.history_parts = lambda: read.append(1) or parts()
+    # the default window: job 4's 28 h x 8, and no file read
+    assert gpu_hours_by_user(lb, NOW - 30 * 86400)["alice"] == 224.0 and read == []
+    # from 1 September: job 6's 24 h x 2 in September too, and job 1's hour there, read from September's file
+    since_september = {"alice": 8.0 + 48.0 + 224.0, "bob": 64.0, "carol": 4.0, "dave": 6.0}
+    assert gpu_hours_by_user(lb, at(1, 0, 9)) == since_september and read == [1]
+    assert accounting.digests.read_again == documents_read
 
-        state.clock.now = at(5, 0, 12)  # a month on: job 4 ends in December, and October is no longer kept
+    state.clock.now = at(5, 0, 12)  # a month on: job 4 ends in December, and October is no longer kept
+    with state.lock:
+        state.apply([t.exited(state.jobs[4], 0, at(4, 0, 12))])
+    assert sorted(accounting._kept) == ["2026-11", "2026-12"]
+    assert gpu_hours_by_user(lb, at(1, 0, 9), NOW) == since_september and read == [1, 1]  # October from its file now
+    # the default window, 5 November to 5 December: job 4's 29 days x 8 until it ended, and no file read
+    assert gpu_hours_by_user(lb, at(5, 0, 12) - 30 * 86400) == {"alice": 29 * 24 * 8.0} and read == [1, 1]
+
+
+def test_a_job_a_report_saw_running_and_then_read_finished_in_an_older_month_is_counted_once(started):
+    state = started.leader.state
+    state.clock.now = at(20, 0, 12)  # November and December are kept now
+    parts = state.store.history_parts
+
+    def job_4_ends_meanwhile():  # its node, silent for weeks, says it ended on 31 October: October's file
         with state.lock:
-            state.apply([t.exited(state.jobs[4], 0, at(4, 0, 12))])
-        assert sorted(accounting._kept) == ["2026-11", "2026-12"]
-        assert report(at(1, 0, 9), NOW) == since_september and read == [1, 1]  # October from its file now
-        assert report(at(5, 0, 12) - 30 * 86400) == {"alice": 29 * 24 * 8.0} and read == [1, 1]  # 5 Nov - 4 Dec
-    finally:
-        lb.stop()
+            state.apply([t.exited(state.jobs[4], 0, at(31, 23))])
+        return parts()
 
-
-def test_a_job_a_report_saw_running_and_then_read_finished_in_an_older_month_is_counted_once(tmp_path):
-    store_history(tmp_path / "data")
-    lb = start_loopback_leader(tmp_path / "data", clock=FakeClock(NOW))
-    try:
-        accounting, state = lb.leader.accounting, lb.leader.state
-        accounting.warm_up().join(timeout=30)
-        state.clock.now = at(20, 0, 12)  # November and December are kept now
-        parts = state.store.history_parts
-
-        def job_4_ends_meanwhile():  # its node, silent for weeks, says it ended on 31 October: October's file
-            with state.lock:
-                state.apply([t.exited(state.jobs[4], 0, at(31, 23))])
-            return parts()
-
-        state.store.history_parts = job_4_ends_meanwhile
-        doc = encode_usage(accounting.usage(Principal("user", "root", admin=True), UsageQuery(at(1, 0, 9), None, None)))
-        # jobs 1 (8) and 6 (48), and 4 as it ended: 3 h x 8, not also as it ran until now
-        assert {row["name"]: row["gpu_hours"] for row in doc["by"]["user"]}["alice"] == 8.0 + 48.0 + 24.0
-    finally:
-        lb.stop()
+    state.store.history_parts = job_4_ends_meanwhile
+    # jobs 1 (8) and 6 (48), and 4 as it ended: 3 h x 8, not also as it ran until now
+    assert gpu_hours_by_user(started, at(1, 0, 9))["alice"] == 8.0 + 48.0 + 24.0
 
 
 def test_a_job_use_survives_its_row_through_json():
