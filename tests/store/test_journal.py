@@ -44,9 +44,9 @@ store = TinyDBStore(sys.argv[1])
 next_id = store.load().next_job_id
 while True:
     doc = {"id": next_id, "state": "queued", "spec": {"user": "ann", "gpus": 1}, "note": "x" * (next_id % 300)}
-    print(json.dumps({"try": next_id}), flush=True)
+    say({"try": next_id})
     store.commit([PutJob(doc)])
-    print(json.dumps({"ack": next_id}), flush=True)
+    say({"ack": next_id})
     next_id += 1
 """
 
@@ -179,27 +179,33 @@ from labq.store import PutJob, TinyDBStore
 from labq.store.files import Disk
 
 where = sys.argv[2]
+lines = threading.Lock()
+
+def say(doc):  # one whole line at a time: the compactor's thread and the committing one both speak
+    with lines:
+        sys.stdout.write(json.dumps(doc) + "\n")
+        sys.stdout.flush()
 
 class StopsInCompaction(Disk):
     snapshot_synced = False
     def fsync(self, fd):
         if os.readlink(f"/proc/self/fd/{fd}").endswith("labq.json.tmp"):
             if where == "before rename":
-                print(json.dumps({"at": where}), flush=True); threading.Event().wait()  # until the test kills it
+                say({"at": where}); threading.Event().wait()  # until the test kills it
             self.snapshot_synced = True
         os.fsync(fd)
     def fsync_folder(self, folder):
         if where == "after rename" and self.snapshot_synced:
-            print(json.dumps({"at": where}), flush=True); threading.Event().wait()  # until the test kills it
+            say({"at": where}); threading.Event().wait()  # until the test kills it
         super().fsync_folder(folder)
 
 store = TinyDBStore(sys.argv[1], disk=StopsInCompaction(), compact_bytes=4000)
 next_id = store.load().next_job_id
 while True:
     doc = {"id": next_id, "state": "queued", "spec": {"user": "ann", "gpus": 1}}
-    print(json.dumps({"try": next_id}), flush=True)
+    say({"try": next_id})
     store.commit([PutJob(doc)])
-    print(json.dumps({"ack": next_id}), flush=True)
+    say({"ack": next_id})
     next_id += 1
     time.sleep(0.002)
 """
