@@ -44,9 +44,9 @@ store = TinyDBStore(sys.argv[1])
 next_id = store.load().next_job_id
 while True:
     doc = {"id": next_id, "state": "queued", "spec": {"user": "ann", "gpus": 1}, "note": "x" * (next_id % 300)}
-    say({"try": next_id})
+    print(json.dumps({"try": next_id}), flush=True)
     store.commit([PutJob(doc)])
-    say({"ack": next_id})
+    print(json.dumps({"ack": next_id}), flush=True)
     next_id += 1
 """
 
