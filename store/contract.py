@@ -151,6 +151,14 @@ class Store(Protocol):
         Raises InvalidChange (the changes break a rule) or CommitFailed (not saved).
         """
 
+    def stage(self, changes: Iterable[Change]) -> Staged:
+        """``commit``, returning once the changes are written and the next commit may be checked against them,
+        before they are durable: ``wait()`` on the answer for that. A caller that takes them in meanwhile is ahead
+        of the disk if they are lost on the way: the store then refuses changes until a restart."""
+
+    def newest(self) -> Staged | None:
+        """The last commit written and not yet durable, if any: whatever was read now is on disk once it is."""
+
     def history(self, since: float | None = None, until: float | None = None) -> list[dict]:
         """Finished jobs that left the hot state, newest version of each."""
 
@@ -175,6 +183,27 @@ class Store(Protocol):
         whole jobs."""
 
     def close(self) -> None: ...
+
+
+class Staged(Protocol):
+    """Commits written, on their way to disk (``Store.stage``)."""
+
+    #: whether a caller took one of them in before it was on disk (``stage``, not ``commit``)
+    taken_in: bool
+
+    def wait(self) -> int:
+        """The commit number once on disk; CommitFailed if it never will be."""
+
+
+@dataclass(frozen=True)
+class Durable:
+    """A commit on disk already: what a store that waits for nothing stages."""
+
+    seq: int
+    taken_in: bool = False
+
+    def wait(self) -> int:
+        return self.seq
 
 
 class StoreError(Exception):
@@ -245,6 +274,13 @@ class Ids:
         at = job_id - self.floor
         return at < len(self.spent) and self.spent[at] != 0
 
+    def unspend(self, ids: Iterable[int]) -> None:
+        """``ids`` did not leave after all: the commit that spent them was lost on its way to disk."""
+        for job_id in ids:
+            at = job_id - self.floor
+            if 0 <= at < len(self.spent):
+                self.spent[at] = 0
+
     def spend(self, ids: Iterable[int]) -> None:
         """``ids`` left the hot state for good."""
         for job_id in ids:
@@ -275,6 +311,8 @@ class Batch:
     records: dict[tuple[str, str], dict | None] = field(default_factory=dict)
     archive: list[dict] = field(default_factory=list)
     tasks: list[tuple[dict, list[tuple[int, list[str], dict[str, str], int]]]] = field(default_factory=list)
+    #: what ``settle`` changed, as it was: hot or not by id, the next id, a key or not by (table, key)
+    _before: tuple = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         self.next_job_id = max(self.next_job_id, self.ids.next_job_id)
@@ -304,7 +342,11 @@ class Batch:
         return ids
 
     def settle(self) -> None:
-        """Take the batch's effect into the store's ids and record keys (after it is on disk)."""
+        """Take the batch's effect into the store's ids and record keys (once written: the next batches are
+        checked against it); ``unsettle`` undoes it if it is lost on its way to disk."""
+        keys = self.record_keys
+        self._before = ({job_id: job_id in self.ids.hot for job_id in self.jobs}, self.ids.next_job_id,
+                        {(table, key): key in keys.get(table, ()) for table, key in self.records})
         for job_id, doc in self.jobs.items():
             if doc is None:
                 self.ids.hot.discard(job_id)
@@ -318,6 +360,23 @@ class Batch:
                 keys.discard(key)
             else:
                 keys.add(key)
+
+    def unsettle(self) -> None:
+        """Undo ``settle``: the batch never reached the disk."""
+        hot, next_job_id, had = self._before
+        for job_id, was in hot.items():
+            if was:
+                self.ids.hot.add(job_id)
+            else:
+                self.ids.hot.discard(job_id)
+        self.ids.unspend(self.left)
+        self.ids.next_job_id = next_job_id
+        for (table, key), was in had.items():
+            keys = self.record_keys.setdefault(table, set())
+            if was:
+                keys.add(key)
+            else:
+                keys.discard(key)
 
 
 @dataclass

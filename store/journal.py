@@ -182,27 +182,47 @@ class JournalWriter:
             if good_bytes is not None and good_bytes < os.fstat(self.fd).st_size:
                 os.ftruncate(self.fd, good_bytes)
                 disk.fsync(self.fd)
-            if made:
-                disk.fsync_folder(path.parent)
         except BaseException:
             os.close(self.fd)
             raise
+        #: the file is new: its name is made durable (the folder synced) with its first record's sync, so that
+        #: a compaction swaps journals without waiting for the disk
+        self.folder_unsynced = made
         self.size = os.fstat(self.fd).st_size
+        self.synced = self.size  #: what the last sync made durable (what opening found is, or was cut to)
 
-    def append(self, payload: bytes) -> None:
-        """One record, on disk when this returns; on an error the file is as it was, or the error says
-        it could not be cut back (``JournalStuck``)."""
+    def write(self, payload: bytes) -> None:
+        """One record, written but not yet durable (``sync``); on an error the file is as it was, or the error
+        says it could not be cut back (``JournalStuck``)."""
         record = frame(payload)
         try:
             write_all(self.fd, record)
-            self.disk.fsync(self.fd)
         except OSError as err:
-            try:
-                os.ftruncate(self.fd, self.size)
-            except OSError as again:
-                raise JournalStuck(again) from err
+            self._cut(self.size, err)
             raise
         self.size += len(record)
+
+    def sync(self) -> None:
+        """Make every record written so far durable. An error propagates, and what was written since the last
+        sync is not to be trusted on disk (Linux does not report a failed write-back twice): ``cut_back``."""
+        size = self.size
+        self.disk.fsync(self.fd)
+        if self.folder_unsynced:
+            self.disk.fsync_folder(self.path.parent)
+            self.folder_unsynced = False
+        self.synced = max(self.synced, size)
+
+    def cut_back(self, err: OSError) -> None:
+        """Cut off what was written since the last sync that succeeded (a sync of it failed with ``err``), or
+        raise ``JournalStuck``: the records after that sync are written again or not at all."""
+        self._cut(self.synced, err)
+        self.size = self.synced
+
+    def _cut(self, size: int, err: OSError) -> None:
+        try:
+            os.ftruncate(self.fd, size)
+        except OSError as again:
+            raise JournalStuck(again) from err
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -211,4 +231,4 @@ class JournalWriter:
 
 
 class JournalStuck(OSError):
-    """An append failed and the part written could not be cut off: the journal takes no more records."""
+    """A write or a sync failed and the part written could not be cut off: the journal takes no more records."""

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from labq.store.contract import Batch, Change, Ended, HistoryPart, Ids, StoredState, ended_within, whole
+from labq.store.contract import Batch, Change, Durable, Ended, HistoryPart, Ids, StoredState, ended_within, whole
 
 
 class MemoryStore:
@@ -29,6 +29,13 @@ class MemoryStore:
         with self._lock:
             return StoredState(copy.deepcopy(self._jobs), copy.deepcopy(self._records), self._ids.next_job_id,
                                self._seq)
+
+    def stage(self, changes: Iterable[Change]) -> Durable:
+        """Nothing goes to disk here: staged is committed."""
+        return Durable(self.commit(changes))
+
+    def newest(self) -> None:
+        return None
 
     def commit(self, changes: Iterable[Change]) -> int:
         with self._lock:

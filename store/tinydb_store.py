@@ -15,8 +15,11 @@ A commit returns only once it is on disk: its archive lines are appended, then o
 journal record that carries them too, and that one record is fsynced (the archive files
 are fsynced by the next compaction, before the journals that carry their lines may go;
 opening writes those lines again from the journal: ``labq.store.archive``). Commits
-arriving while one is being written wait and then go to disk together (group commit): one
-append and one fsync for all of them. A commit
+arriving while one is being written wait and are then written together (group commit), and
+the records written while one fsync runs share the next. ``stage`` returns once a commit is
+written (the next is checked against it) and leaves its fsync to a later ``wait``: the
+leader takes a change in meanwhile. A failed fsync cuts off everything written since the
+last good one; if a caller had taken any of it in, the store refuses changes until a restart. A commit
 costs what it changed, not the size of the lab: only its documents are encoded.
 
 When the journal has grown to the snapshot's size, a background thread compacts: it
@@ -35,6 +38,7 @@ import errno
 import fcntl
 import gc
 import hashlib
+import itertools
 import logging
 import json
 import os
@@ -62,6 +66,8 @@ COMPACT_MIN_BYTES = 8 * 1024 * 1024
 #: Each commit records that ids up to this many past its next id may have been handed out,
 #: so that a recovery to the previous copy never hands out an id a lost commit used.
 ID_RESERVE = 1000
+#: how many syncs a compaction lets commits overtake before it makes them wait for the one before its swap
+SWAP_TRIES = 3
 DB_NAME = "labq.json"
 PREVIOUS_NAME = "labq.json.prev"
 LOCK_NAME = "leader.lock"
@@ -178,12 +184,47 @@ def decode(raw: bytes, path: Path) -> dict:
     return data
 
 
-@dataclass
+@dataclass(eq=False)
+class _Written:
+    """A group commit written to the journal, not yet synced: what the sync takes into the hot state, or what a
+    failed sync undoes."""
+
+    seq: int
+    record: dict
+    texts: dict[int, bytes]
+    batch: Batch  #: settled into the ids and record keys once written; unsettled if lost
+    archive_sizes: dict[Path, int]  #: the archive's files before its lines
+    reserved_before: int
+    staged: bool  #: a caller took one of its commits in before it was on disk (``stage``)
+    done: bool = False  #: synced, or lost (``error``)
+    error: StoreError | None = None
+
+
+@dataclass(eq=False)
 class _Ticket:
     changes: list[Change]
-    seq: int | None = None
+    staged: bool
+    written: _Written | None = None
     error: StoreError | None = None
-    done: bool = False
+    done: bool = False  #: written, or refused (``error``)
+
+
+class OnTheWay:
+    """Commits written and on their way to disk (``TinyDBStore.stage``)."""
+
+    def __init__(self, store: TinyDBStore, written: _Written) -> None:
+        self._store, self._written = store, written
+
+    @property
+    def taken_in(self) -> bool:
+        return self._written.staged
+
+    def wait(self) -> int:
+        """The commit number once on disk; CommitFailed if its sync failed (nothing of it was acknowledged)."""
+        self._store._sync(self._written)
+        if self._written.error is not None:
+            raise self._written.error
+        return self._written.seq
 
 
 class TinyDBStore:
@@ -203,7 +244,9 @@ class TinyDBStore:
         self.archive = Archive(self.data_dir / ARCHIVE_DIR, self.disk)
         self._cond = threading.Condition()
         self._queue: list[_Ticket] = []
-        self._writing = False
+        self._writing = False  #: a batch is being written (the writer's turn)
+        self._syncing = False  #: the journal is being synced (the syncer's turn)
+        self._unsynced: list[_Written] = []  #: batches written, in order, and not yet synced
         self._swap_wanted = False  #: a compaction waits to swap the journal: commits wait for it
         self._broken: str | None = None
         self._hot_lock = threading.Lock()  #: the hot state changes or is captured; never held across a write
@@ -253,7 +296,7 @@ class TinyDBStore:
             self._journal = JournalWriter(journals[-1][1], self.disk, good_bytes=good_bytes)
         else:
             self._journal = JournalWriter(self.data_dir / journal_name(self._hot.seq + 1), self.disk)
-        self._committed = self._hot.seq
+        self._committed = self._written_seq = self._hot.seq  #: the last commit on disk; the last written
         self._reserved = self._hot.reserved
         try:  # the lines a crash lost of them come back, and nothing more
             self.archive.rewrite_after(journaled.after, journaled.lines)
@@ -274,23 +317,23 @@ class TinyDBStore:
 
     def history(self, since: float | None = None, until: float | None = None) -> list[dict]:
         """Finished jobs from the archive (newest version of each), by when they ended."""
-        return list(self.archive.read(self._committed, since, until))
+        return list(self.archive.read(self._written_seq, since, until))
 
     def history_parts(self) -> list[HistoryPart]:
-        return self.archive.parts(self._committed)
+        return self.archive.parts(self._written_seq)
 
     def array_history(self, array_ids: Iterable[int]) -> list[dict]:
-        return list(self.archive.read(self._committed, arrays=set(array_ids)))
+        return list(self.archive.read(self._written_seq, arrays=set(array_ids)))
 
     def ended(self, user: str | None = None) -> list[Ended]:
-        return self.archive.ended(self._committed, user)
+        return self.archive.ended(self._written_seq, user)
 
     def archived(self, job_ids: Iterable[int]) -> dict[int, dict]:
         ids = set(job_ids)
-        return {doc["id"]: doc for doc in self.archive.read(self._committed, ids=ids)} if ids else {}
+        return {doc["id"]: doc for doc in self.archive.read(self._written_seq, ids=ids)} if ids else {}
 
     def ends(self) -> Iterator[tuple[int, str | None]]:
-        return self.archive.ends(self._committed)
+        return self.archive.ends(self._written_seq)
 
     @property
     def journal_bytes(self) -> int:
@@ -304,35 +347,49 @@ class TinyDBStore:
         Raises InvalidChange (this commit broke a rule; others are unaffected)
         or CommitFailed (the disk refused; nothing was acknowledged).
         """
-        ticket = _Ticket(list(changes))
+        return self._write_turn(list(changes), staged=False).wait()
+
+    def stage(self, changes: Iterable[Change]) -> OnTheWay:
+        """``commit``, returning once the changes are written (the next commit is checked against them), before
+        their sync: ``wait()`` on the answer. Raises as ``commit`` does if the write fails. A caller takes the
+        changes in meanwhile, so if their sync fails the store refuses changes until a restart (which reads what
+        is on disk): that caller's memory is ahead of the disk."""
+        return self._write_turn(list(changes), staged=True)
+
+    def newest(self) -> OnTheWay | None:
+        with self._cond:
+            return OnTheWay(self, self._unsynced[-1]) if self._unsynced else None
+
+    def _write_turn(self, changes: list[Change], staged: bool) -> OnTheWay:
+        """Queue ``changes`` and wait until they are written: the first waiting takes the writer's turn and writes
+        all that queued meanwhile as one record (group commit). A commit that will wait for its sync at once
+        (``commit``) also waits while a sync runs, so that those arriving meanwhile are written together."""
+        ticket = _Ticket(changes, staged)
         with self._cond:
             self._queue.append(ticket)
-            while not ticket.done and (self._writing or self._swap_wanted):
+            while not ticket.done and (self._writing or self._swap_wanted or (self._syncing and not staged)):
                 self._cond.wait()
-            if ticket.done:
-                return self._result(ticket)
-            self._writing = True
-            batch, self._queue = self._queue, []
-        try:
-            self._write(batch)
-        finally:
-            with self._cond:
-                self._writing = False
-                for t in batch:
-                    t.done = True
-                self._cond.notify_all()
-        return self._result(ticket)
-
-    @staticmethod
-    def _result(ticket: _Ticket) -> int:
+            batch = None
+            if not ticket.done:
+                self._writing = True
+                batch, self._queue = self._queue, []
+        if batch is not None:
+            try:
+                self._write(batch)
+            finally:
+                with self._cond:
+                    self._writing = False
+                    for t in batch:
+                        t.done = True
+                    self._cond.notify_all()
         if ticket.error is not None:
             raise ticket.error
-        assert ticket.seq is not None
-        return ticket.seq
+        assert ticket.written is not None
+        return OnTheWay(self, ticket.written)
 
     def _write(self, tickets: list[_Ticket]) -> None:
-        """One group commit: the batch's archive lines, then its journal record, which carries them too and is
-        the one fsync."""
+        """One group commit's write: the batch's archive lines, then its journal record, which carries them too;
+        its sync, the commit's one fsync, comes after (``_sync``), while the next batch may be written."""
         if self._broken:
             for t in tickets:
                 t.error = CommitFailed(f"the store refuses changes until the leader restarts: {self._broken}")
@@ -347,7 +404,7 @@ class TinyDBStore:
                 t.error = err
         if not accepted:
             return
-        seq = self._committed + 1
+        seq = self._written_seq + 1
         reserved = max(self._reserved, batch.next_job_id + ID_RESERVE)  # a backup or recovery continues past it
         told = batch.told()  # an array's tasks: told as their differences, and encoded whole only by a compaction
         texts = {job_id: dumps(doc) for job_id, doc in batch.jobs.items() if doc is not None and job_id not in told}
@@ -364,34 +421,113 @@ class TinyDBStore:
         try:
             if lines:
                 sizes = self.archive.write(lines)  # durable by the journal's record, which carries them too
-            self._journal.append(payload)
+            self._journal.write(payload)
         except OSError as err:
             if isinstance(err, JournalStuck):
-                self._broken = f"the journal could not be cut back after a failed append ({err.strerror})"
+                self._broken = f"the journal could not be cut back after a failed write ({err.strerror})"
             try:
                 self.archive.roll_back(sizes)
             except OSError as again:
                 self._broken = f"the archive could not be rolled back ({again.strerror})"
-            cause = err.__cause__ if isinstance(err, JournalStuck) else err
-            failure = CommitFailed(
-                f"the change was not saved: {getattr(cause, 'strerror', None) or cause} "
-                f"({getattr(cause, 'filename', None) or self._journal.path})",
-                "Nothing was acknowledged and the data on disk is as it was. "
-                + ("Free some space in " + str(self.data_dir) if getattr(cause, "errno", None) == errno.ENOSPC
-                   else "Check the disk (dmesg) before retrying."))
+            failure = self._not_saved(err.__cause__ if isinstance(err, JournalStuck) else err)
             for t in accepted:
                 t.error = failure
             return
         record = {"jobs": {str(job_id): doc for job_id, doc in batch.jobs.items()}, "records": records,
                   "next_job_id": batch.next_job_id, "reserved": reserved, "seq": seq}
-        with self._hot_lock:
-            self._hot.take(record, texts)
-        self._committed, self._reserved = seq, reserved
+        written = _Written(seq, record, texts, batch, sizes, self._reserved, any(t.staged for t in accepted))
         batch.settle()
+        self._reserved = reserved
+        with self._cond:
+            self._unsynced.append(written)
+            self._written_seq = seq
         for t in accepted:
-            t.seq = seq
+            t.written = written
         if self._journal.size >= self._compact_at():
             self._compact_wanted.set()
+
+    def _not_saved(self, cause: BaseException | None) -> CommitFailed:
+        return CommitFailed(
+            f"the change was not saved: {getattr(cause, 'strerror', None) or cause} "
+            f"({getattr(cause, 'filename', None) or self._journal.path})",
+            "Nothing was acknowledged and the data on disk is as it was. "
+            + ("Free some space in " + str(self.data_dir) if getattr(cause, "errno", None) == errno.ENOSPC
+               else "Check the disk (dmesg) before retrying."))
+
+    def _sync(self, written: _Written) -> None:
+        """Return once ``written`` is on disk or lost: whoever comes first syncs every commit written by then, the
+        others wait for that sync (group commit: one fsync for all of them)."""
+        with self._cond:
+            while not written.done and self._syncing:
+                self._cond.wait()
+            if written.done:
+                return
+            self._syncing = True
+            batches = list(self._unsynced)
+        self._flush(batches, turn_held=False)
+
+    def _flush(self, batches: list[_Written], *, turn_held: bool) -> None:
+        """Sync the journal (the caller has set ``_syncing``): ``batches``, every commit written before, are then
+        durable and the hot state takes them in. ``turn_held``: the caller has the writer's turn too."""
+        try:
+            self._journal.sync()
+        except OSError as err:
+            self._lose_unsynced(err, turn_held)
+            return
+        except BaseException:
+            with self._cond:
+                self._syncing = False
+                self._cond.notify_all()
+            raise
+        try:
+            with self._hot_lock:
+                for w in batches:
+                    self._hot.take(w.record, w.texts)
+        finally:
+            with self._cond:
+                self._committed = batches[-1].seq
+                del self._unsynced[:len(batches)]
+                for w in batches:
+                    w.done = True
+                self._syncing = False
+                self._cond.notify_all()
+
+    def _lose_unsynced(self, err: OSError, turn_held: bool) -> None:
+        """A sync failed: what was written since the last good one is cut off the journal and the archive and
+        undone in the ids and record keys, and every commit of it fails. Taken with the writer's turn. If a caller
+        had taken one of those commits in (``stage``), the store refuses changes until a restart."""
+        with self._cond:
+            if not turn_held:
+                while self._writing:
+                    self._cond.wait()
+                self._writing = True
+            lost, self._unsynced = self._unsynced, []
+        try:
+            failure = self._not_saved(err)
+            try:
+                self._journal.cut_back(err)
+            except JournalStuck as stuck:
+                self._broken = f"the journal could not be cut back after a failed sync ({stuck.strerror})"
+            for w in reversed(lost):
+                try:
+                    self.archive.roll_back(w.archive_sizes)
+                except OSError as again:
+                    self._broken = f"the archive could not be rolled back ({again.strerror})"
+                w.batch.unsettle()
+            self._written_seq, self._reserved = self._committed, lost[0].reserved_before
+            if not self._broken and any(w.staged for w in lost):
+                self._broken = (f"a change the leader had taken in was lost on its way to disk "
+                                f"({getattr(err, 'strerror', None) or err}); a restart reads what is on disk")
+            for w in lost:
+                w.error = failure
+        finally:
+            with self._cond:
+                if not turn_held:
+                    self._writing = False
+                self._syncing = False
+                for w in lost:
+                    w.done = True
+                self._cond.notify_all()
 
     def _compact_at(self) -> int:
         if self.compact_bytes is not None:
@@ -400,19 +536,43 @@ class TinyDBStore:
 
     # -- compaction ------------------------------------------------------------------------
 
+    def _take_swap_turn(self) -> None:
+        """Take the writer's turn with nothing written that is not synced: the new journal starts after the last
+        commit on disk. What was written is synced first while commits go on; after ``SWAP_TRIES`` syncs that
+        others' writes overtook, while they wait (so steady commits never starve a compaction)."""
+        for tries in itertools.count(1):
+            with self._cond:
+                self._swap_wanted = True  # no commit takes the writer's turn first
+                try:
+                    while self._writing or self._syncing:
+                        self._cond.wait()
+                except BaseException:
+                    self._swap_wanted = False
+                    self._cond.notify_all()
+                    raise
+                if not self._unsynced:
+                    self._swap_wanted = False
+                    self._writing = True  # the writer waits while the journal is swapped
+                    return
+                self._swap_wanted = tries >= SWAP_TRIES  # from then on, commits wait while it syncs
+                self._syncing = True
+                unsynced = list(self._unsynced)
+                self._cond.notify_all()
+            try:
+                self._flush(unsynced, turn_held=False)
+            except BaseException:
+                with self._cond:
+                    self._swap_wanted = False
+                    self._cond.notify_all()
+                raise
+
     def compact(self) -> bool:
         """Write a snapshot of the state now and start a new journal; commits wait only while the journal
-        is swapped, never while the snapshot is encoded or written. Journals that neither the new snapshot
+        is swapped (no fsync: the new journal's folder is synced with its first record), never while the
+        snapshot is encoded or written. Journals that neither the new snapshot
         nor the previous copy needs are removed. False when there was nothing to compact."""
         with self._compacting:
-            with self._cond:
-                self._swap_wanted = True  # no commit takes the writer's turn first: steady commits never starve it
-                try:
-                    while self._writing:
-                        self._cond.wait()
-                finally:
-                    self._swap_wanted = False
-                self._writing = True  # the writer waits while the journal is swapped
+            self._take_swap_turn()
             try:
                 if self._broken or self._committed == self._snapshot_seq:
                     return False

@@ -180,6 +180,7 @@ from labq.store.files import Disk
 
 where = sys.argv[2]
 lines = threading.Lock()
+COMPACTOR = "labq-store-compactor"
 
 def say(doc):  # one whole line at a time: the compactor's thread and the committing one both speak
     with lines:
@@ -194,8 +195,8 @@ class StopsInCompaction(Disk):
                 say({"at": where}); threading.Event().wait()  # until the test kills it
             self.snapshot_synced = True
         os.fsync(fd)
-    def fsync_folder(self, folder):
-        if where == "after rename" and self.snapshot_synced:
+    def fsync_folder(self, folder):  # the compaction's (a new journal's first sync makes its name durable too)
+        if where == "after rename" and self.snapshot_synced and threading.current_thread().name == COMPACTOR:
             say({"at": where}); threading.Event().wait()  # until the test kills it
         super().fsync_folder(folder)
 

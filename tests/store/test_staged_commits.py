@@ -1,0 +1,142 @@
+"""Staged commits (``TinyDBStore.stage``): written at once, so that the next commit is checked against them,
+and synced together afterwards; a sync that fails loses everything written since the last good one, and since
+the caller had taken it in, the store refuses changes until a restart, which reads what is on disk.
+
+Real files; the disk counts its fsyncs and fails them with EIO when told to."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from pathlib import Path
+
+import pytest
+
+from labq.store import CommitFailed, PutJob, TinyDBStore
+from labq.store.files import Disk
+from tests.store.conftest import job
+
+ENDED = 1_700_000_000.0
+WAIT_S = 10.0
+
+
+class CountingDisk(Disk):
+    def __init__(self) -> None:
+        self.syncs = 0
+        self.failing = False
+
+    def fsync(self, fd: int) -> None:
+        self.syncs += 1
+        if self.failing:
+            raise OSError(errno.EIO, "Input/output error")
+        super().fsync(fd)
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    folder = tmp_path / "data"
+    with TinyDBStore(folder) as store:
+        store.commit([PutJob(job(1)), PutJob(job(2)), PutJob(job(3))])
+    return folder
+
+
+def test_a_staged_commit_is_checked_by_the_next_and_their_syncs_are_one(data):
+    disk = CountingDisk()
+    with TinyDBStore(data, disk=disk) as store:
+        before = disk.syncs
+        started = store.stage([PutJob(job(4)), PutJob(job(1, "running"))])
+        ended = store.stage([PutJob(job(1, "succeeded", ended_at=ENDED))])  # job 1 is hot: its end is checked on it
+        assert disk.syncs == before, "a stage waited for the disk"
+        assert [doc["id"] for doc in store.history()] == [1]  # written: reads see it
+        assert store.newest() is not None
+        assert ended.wait() == 3 and started.wait() == 2
+        assert disk.syncs == before + 1, "two commits written one after the other took more than one fsync"
+        assert store.newest() is None
+    with TinyDBStore(data) as again:
+        assert sorted(again.load().jobs) == [2, 3, 4]
+        assert [doc["id"] for doc in again.history()] == [1]
+
+
+def test_a_lost_sync_undoes_all_written_since_the_last_good_one_and_stops_changes_until_a_restart(data):
+    disk = CountingDisk()
+    with TinyDBStore(data, disk=disk) as store:
+        disk.failing = True
+        new = store.stage([PutJob(job(4))])
+        ended = store.stage([PutJob(job(2, "failed", ended_at=ENDED))])
+        assert store.newest() is not None
+        for staged in (ended, new):
+            with pytest.raises(CommitFailed, match="not saved: Input/output error"):
+                staged.wait()
+        assert store.newest() is None
+        disk.failing = False
+        with pytest.raises(CommitFailed, match="refuses changes until the leader restarts: a change the leader had "
+                                               "taken in was lost on its way to disk"):
+            store.commit([PutJob(job(5))])
+        assert sorted(store.load().jobs) == [1, 2, 3] and store.history() == []  # reads go on, as on disk
+    with TinyDBStore(data) as again:
+        assert sorted(again.load().jobs) == [1, 2, 3] and again.history() == []
+        assert again.commit([PutJob(job(4)), PutJob(job(2, "failed", ended_at=ENDED))]) == 2  # its number, again
+        assert [doc["id"] for doc in again.history()] == [2]
+
+
+def test_a_compaction_syncs_what_was_written_before_it_starts_a_new_journal(data):
+    with TinyDBStore(data) as store:
+        staged = store.stage([PutJob(job(4))])
+        assert store.compact()
+        assert staged.wait() == 2
+        assert store.newest() is None
+    with TinyDBStore(data) as again:
+        assert sorted(again.load().jobs) == [1, 2, 3, 4]
+
+
+class HeldDisk(Disk):
+    """fsync (of a file or a folder) waits while the test holds the disk."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def _wait(self) -> None:
+        if self.holding:
+            self.entered.set()
+            assert self.go.wait(30), "the test never let the disk go"
+
+    def fsync(self, fd: int) -> None:
+        self._wait()
+        super().fsync(fd)
+
+    def fsync_folder(self, folder) -> None:
+        self._wait()
+        super().fsync_folder(folder)
+
+
+def written_at_once(store: TinyDBStore, doc: dict):
+    """``store.stage`` of ``doc``, which must come back while the disk is held."""
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.setdefault("staged", store.stage([PutJob(doc)])), daemon=True)
+    thread.start()
+    thread.join(WAIT_S)
+    assert not thread.is_alive(), "a commit waited for the disk to be written"
+    return out["staged"]
+
+
+@pytest.mark.parametrize("written_before", [True, False], ids=["its sync", "its snapshot"])
+def test_commits_are_written_while_a_compaction_waits_for_the_disk(data, written_before):
+    disk = HeldDisk()
+    with TinyDBStore(data, disk=disk) as store:
+        store.commit([PutJob(job(4))])  # something to compact
+        first = store.stage([PutJob(job(5))]) if written_before else None
+        disk.holding = True
+        compaction = threading.Thread(target=store.compact, daemon=True)
+        compaction.start()
+        assert disk.entered.wait(WAIT_S), "the compaction never reached the disk"
+        # what was written is synced before the swap, and the swap makes no fsync: neither holds the writer's turn
+        later = written_at_once(store, job(6))
+        disk.holding = False
+        disk.go.set()
+        compaction.join(WAIT_S)
+        assert not compaction.is_alive()
+        assert later.wait() and (first is None or first.wait())
+    with TinyDBStore(data) as again:
+        assert sorted(again.load().jobs) == sorted([1, 2, 3, 4, 6] + ([5] if written_before else []))
