@@ -201,7 +201,9 @@ class Agents:
                     state.lock.wait(left)  # waiting is not hearing: last_seen stays at the report
             session.delivered = self._orders_for(session)
             self._replies += 1
-            return replace(session.delivered, seq=self._replies, epoch=self.epoch)
+            reply = replace(session.delivered, seq=self._replies, epoch=self.epoch)
+        state.on_disk()  # orders go out once the changes they come of are on disk
+        return reply
 
     def _take_report(self, session: AgentSession, report: SyncReport) -> bool:
         """Learn from an agent's report; True if anything changed."""

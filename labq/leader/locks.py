@@ -1,14 +1,18 @@
 """The lab's two locks: one that makes changes one at a time, and one that guards the lab in memory.
 
-A change reads the lab, decides, commits to the store and then takes the new versions in; no other change
-may come between, or two of them would work from the same version of a job. But the commit waits for the
-disk, and nobody who only looks should wait with it. So:
+A change reads the lab, decides, writes its commit to the store and then takes the new versions in; no other
+change may come between, or two of them would work from the same version of a job. Neither lock is held
+while a commit waits for the disk: a change lets both go once its commit is written, and only then waits for
+the sync, so the next change is decided meanwhile and their syncs are shared. So:
 
 - ``view`` guards what is in memory. Whoever reads or changes the lab holds it, briefly; it is never held
-  across a write to disk: a change steps out of it for its commit (``LabLock.outside_view``).
-- ``with lab.lock:`` is a change: it takes ``writing`` (changes one at a time, held across their commits)
-  and then ``view``. Reads (listings, tokens, long polls, scrapes) and submits (a new job changes no other
-  version) take ``view`` alone, so they never wait for a commit in flight.
+  across a write to disk: a change steps out of it to write its commit (``LabLock.outside_view``).
+- ``with lab.lock:`` is a change: it takes ``writing`` (changes one at a time) and then ``view``. Reads
+  (listings, tokens, long polls, scrapes) and submits (a new job changes no other version) take ``view``
+  alone, so they never wait for a commit in flight.
+- A change answers only once what it wrote and what it read is on disk: as it lets go of the locks it asks
+  the store for its newest commit written (``newest``), and waits for that and for its own (``staged``)
+  with ``settle``, which raises if one of them was lost on the way after a change had taken it in.
 
 Taken in that order only: a thread that holds ``view`` alone and asks for ``writing`` is a bug (it could
 deadlock with a change stepping back in), and raises at once. Nobody waits for news (``Condition.wait``)
@@ -18,13 +22,16 @@ while holding ``writing``: every change would wait too.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
 class _Held(threading.local):
     view = 0  #: how deep this thread is in ``view``
     writing = 0  #: how deep this thread is in ``writing``
+
+    def __init__(self) -> None:
+        self.staged: list = []  #: the commits this thread's change wrote, on their way to disk
 
 
 class LabLock:
@@ -37,6 +44,10 @@ class LabLock:
         self._held = _Held()
         self.view = _View(self)
         self.condition = threading.Condition(self._view)
+        #: the newest commit written and not yet on disk, if any (what a change read may be ahead of the disk)
+        self.newest: Callable[[], object | None] = lambda: None
+        #: wait until a change's own commits and the newest one are on disk (raise if it was lost): as it ends
+        self.settle: Callable[[list, object | None], None] = lambda staged, newest: None
 
     def __enter__(self) -> LabLock:
         held = self._held
@@ -49,9 +60,23 @@ class LabLock:
         return self
 
     def __exit__(self, *exc) -> None:
+        held = self._held
         self.view.__exit__()
-        self._held.writing -= 1
+        held.writing -= 1
+        if held.writing:
+            self._writing.release()
+            return
+        staged, held.staged = held.staged, []
+        newest = self.newest()
         self._writing.release()
+        if staged or newest is not None:
+            self.settle(staged, newest)
+
+    def staged(self, commit) -> None:
+        """This thread's change wrote ``commit`` (the store's ``Staged``): it ends once that is on disk."""
+        if not self._held.writing:
+            raise RuntimeError("only a change (with the lab's lock) commits: a look (the lab's view) may not")
+        self._held.staged.append(commit)
 
     @property
     def changing(self) -> bool:

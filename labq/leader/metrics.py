@@ -105,8 +105,27 @@ class TimedStore:
         finally:
             self._histogram.observe(time.perf_counter() - began)
 
+    def stage(self, changes):
+        return _TimedCommit(self._store.stage(changes), time.perf_counter(), self._histogram)
+
     def __getattr__(self, name: str):
         return getattr(self._store, name)
+
+
+class _TimedCommit:
+    """A staged commit whose latency, from its write to its sync, is observed when it is first waited for."""
+
+    def __init__(self, staged, began: float, histogram: Histogram) -> None:
+        self._staged, self._began, self._histogram = staged, began, histogram
+        self.taken_in = staged.taken_in
+
+    def wait(self) -> int:
+        try:
+            return self._staged.wait()
+        finally:
+            if self._histogram is not None:
+                self._histogram.observe(time.perf_counter() - self._began)
+                self._histogram = None
 
 
 class LabCollector:

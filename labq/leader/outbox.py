@@ -205,6 +205,8 @@ class Outbox:
         with state.view:
             due = sorted((d for d in line.pending.values() if not d.sent and d.next_at <= state.clock()),
                          key=lambda d: (d.next_at, d.created_at, d.key))[:ROUND]
+        if due:
+            state.on_disk()  # the change that made them may still be on its way there
         sent: list[Delivery] = []
         failed: tuple[Delivery, Exception] | None = None
         for delivery in due:

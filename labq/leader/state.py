@@ -2,12 +2,17 @@
 
 Two locks guard everything here (``labq.leader.locks``): each service takes
 ``lock`` around a change (what it reads, decides and commits) and ``view``
-alone around a look; a change steps out of ``view`` while its commit waits for
-the disk, so looks never wait for one. ``apply`` commits new versions of jobs (and any records,
-and the outbox records of the notices they cause: ``notify``) to the store
-first, and only then takes them in, accounts finished work for fair share,
-tells the agents whose orders changed, wakes long polls and publishes the
-jobs' events: a change that is not on disk never happened.
+alone around a look; a change steps out of ``view`` to write its commit, and
+lets go of both before waiting for the disk, so looks never wait for one and the
+next change is decided meanwhile. ``apply`` writes new versions of jobs (and any
+records, and the outbox records of the notices they cause: ``notify``) to the
+store first, and only then takes them in, accounts finished work for fair share,
+tells the agents whose orders changed, wakes long polls and publishes the jobs'
+events. Nothing that leaves the leader comes of a change before it is on disk:
+the change answers once it is (``LabLock``), and so do an agent's orders and a
+notice (``on_disk``). Looks may show a change written and not yet synced, which
+a crash of the leader keeps; a sync that fails after the leader took its change
+in stops every change until a restart, which reads what is on disk.
 
 Time is injected: ``clock`` is the wall clock that jobs, leases and timers are
 stamped with; ``monotonic`` times long polls. Tests step both.
@@ -50,7 +55,7 @@ QUIET_PASS_S = 1.0
 #: ``QUIET_SUBMIT_MAX_S``, within which such a submit's reason to wait is shown.
 QUIET_SUBMIT_SHARE = 0.2
 QUIET_SUBMIT_MAX_S = 5.0
-from labq.store import Change, CommitFailed, InvalidChange, PutJob, PutRecord, Store
+from labq.store import Change, CommitFailed, InvalidChange, PutJob, PutRecord, Staged, Store
 
 
 class Notifier(Protocol):
@@ -95,6 +100,8 @@ class LabState:
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.config, self.store, self.clock, self.monotonic = config, store, clock, monotonic
         self.lock = LabLock()  #: ``with lock:`` makes a change: what it reads, decides and commits
+        self.lock.newest = lambda: self.store.newest()
+        self.lock.settle = self._settle
         self.view = self.lock.view  #: ``with view:`` looks (never waits for a commit)
         self.changed = self.lock.condition  #: notified (``view`` held) when what agents or long polls wait on changes
         self.events = EventHub()
@@ -180,15 +187,40 @@ class LabState:
             self.pass_by = due
 
     def commit(self, changes: list[Change]) -> None:
-        """Put ``changes`` on disk (the lock is held, and the view let go while the disk works), or raise the API's
-        error saying it did not happen."""
+        """Write ``changes`` to the store (the lock is held, and the view let go while the disk works), or raise the
+        API's error saying it did not happen. The change takes them in at once, so that the next one is decided
+        meanwhile, and answers once they are on disk (``LabLock.settle``)."""
         try:
             with self.lock.outside_view():
-                self.store.commit(changes)
+                staged = self.store.stage(changes)
         except CommitFailed as err:
             raise errors.unavailable(f"the change was not saved, so it did not happen: {err}") from None
         except InvalidChange as err:
             raise errors.ApiError(500, "internal", f"the leader made an invalid change: {err}") from None
+        self.lock.staged(staged)
+
+    def _settle(self, staged: list[Staged], newest: Staged | None) -> None:
+        """A change ends (no lock held): wait until what it wrote (``staged``) and what it read (``newest``: the last
+        commit written then) are on disk. A commit lost on the way that a change had taken in leaves the lab in
+        memory ahead of the disk: the store refuses changes from then on, and a restart reads what is on disk."""
+        for commit in [*staged, *([newest] if newest is not None else [])]:
+            try:
+                commit.wait()
+            except CommitFailed as err:
+                if commit is newest and not commit.taken_in:
+                    continue  # a submit's, taken in by nobody: nothing this change read came of it
+                log.error("a change the leader had taken in was lost on its way to disk; the leader refuses changes "
+                          "until it restarts: %s", err)
+                raise errors.unavailable(
+                    f"the change was lost on its way to disk: {err}\nThe leader refuses changes until it is "
+                    f"restarted, and then reads what is on disk") from None
+
+    def on_disk(self) -> None:
+        """Wait (no lock held) until what was read of the lab so far is on disk: before something leaves the leader
+        (an agent's orders, a notice) that a change not yet on disk may have made."""
+        newest = self.store.newest()
+        if newest is not None:
+            self._settle([], newest)
 
     def apply(self, jobs: Iterable[Job], records: Iterable[Change] = (), *, wake: bool = True) -> None:
         """Commit new versions of ``jobs`` and ``records``, then take them in (the lock is held); ``wake``: the

@@ -4,6 +4,7 @@ answered meanwhile."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from labq.protocol import errors
@@ -33,3 +34,12 @@ def answered(call: Callable[[], object], waited: str) -> object:
     assert not thread.is_alive(), waited
     assert "error" not in out, out.get("error")
     return out["value"]
+
+
+def wait_until(seen: Callable[[], object], never: str) -> object:
+    """``seen()`` once it is true, looked at every few milliseconds for up to ``WAIT_S`` (else ``never``)."""
+    deadline = time.monotonic() + WAIT_S
+    while not (found := seen()):
+        assert time.monotonic() < deadline, never
+        time.sleep(0.005)
+    return found

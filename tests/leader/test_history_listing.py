@@ -29,17 +29,18 @@ class PageReads(TinyDBStore):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.read_whole: list[list[int]] = []
-        self.after_commit: Callable[[], None] | None = None  #: once, after the next commit, from another thread
+        #: once, after the next commit is written (the leader stages its changes), from another thread
+        self.after_commit: Callable[[], None] | None = None
 
-    def commit(self, changes):
-        seq = super().commit(changes)
+    def stage(self, changes):
+        staged = super().stage(changes)
         if self.after_commit is not None:
             then, self.after_commit = self.after_commit, None
             looker = threading.Thread(target=then)
             looker.start()
             looker.join(WAIT_S)
             assert not looker.is_alive(), "the look waited for the change"
-        return seq
+        return staged
 
     def history(self, *args, **kwargs):
         raise AssertionError("the whole archive was decoded")
@@ -115,7 +116,7 @@ def test_a_job_archived_while_a_listing_is_taken_is_listed_once_as_it_ended(lab)
     leader.scheduling.schedule_pass()  # places g
     seen = {}
 
-    def look() -> None:  # its commit is on disk; the leader has not taken it in yet
+    def look() -> None:  # its commit is written; the leader has not taken it in yet
         assert leader.state.jobs[j["g"]].state.value == "starting"
         for states in (("failed",), ()):
             found = leader.queue.visible(ALICE, user=None, states=states, everyone=False, history=True, limit=None)
