@@ -311,7 +311,8 @@ class Batch:
     records: dict[tuple[str, str], dict | None] = field(default_factory=dict)
     archive: list[dict] = field(default_factory=list)
     tasks: list[tuple[dict, list[tuple[int, list[str], dict[str, str], int]]]] = field(default_factory=list)
-    #: what ``settle`` changed, as it was: hot or not by id, the next id, a key or not by (table, key)
+    #: what ``settle`` changed, as it was: hot or not by id, the next id, a key or not by (table, key), the ids it
+    #: spent that were not spent before
     _before: tuple = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
@@ -346,7 +347,8 @@ class Batch:
         checked against it); ``unsettle`` undoes it if it is lost on its way to disk."""
         keys = self.record_keys
         self._before = ({job_id: job_id in self.ids.hot for job_id in self.jobs}, self.ids.next_job_id,
-                        {(table, key): key in keys.get(table, ()) for table, key in self.records})
+                        {(table, key): key in keys.get(table, ()) for table, key in self.records},
+                        [job_id for job_id in self.left if not self.ids.is_spent(job_id)])
         for job_id, doc in self.jobs.items():
             if doc is None:
                 self.ids.hot.discard(job_id)
@@ -363,13 +365,13 @@ class Batch:
 
     def unsettle(self) -> None:
         """Undo ``settle``: the batch never reached the disk."""
-        hot, next_job_id, had = self._before
+        hot, next_job_id, had, spent_here = self._before
         for job_id, was in hot.items():
             if was:
                 self.ids.hot.add(job_id)
             else:
                 self.ids.hot.discard(job_id)
-        self.ids.unspend(self.left)
+        self.ids.unspend(spent_here)
         self.ids.next_job_id = next_job_id
         for (table, key), was in had.items():
             keys = self.record_keys.setdefault(table, set())

@@ -26,6 +26,7 @@ it) is damage, and the store refuses to open until ``labq store recover`` has sa
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import zlib
@@ -40,6 +41,8 @@ HEADER_BYTES = 18
 _HEADER_SHAPE = b"xxxxxxxx xxxxxxxx "  #: x: a hex digit
 _NAME = re.compile(r"^journal-(\d{12})\.log$")
 _IDS = re.compile(rb'"(?:next_job_id|reserved)":(\d+)')
+
+log = logging.getLogger("labq.store")
 
 
 def journal_name(first_seq: int) -> str:
@@ -179,17 +182,19 @@ class JournalWriter:
         made = not path.exists()
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            if good_bytes is not None and good_bytes < os.fstat(self.fd).st_size:
+            size = os.fstat(self.fd).st_size
+            if good_bytes is not None and good_bytes < size:
                 os.ftruncate(self.fd, good_bytes)
-                disk.fsync(self.fd)
+                size = good_bytes
+            if size and not made:  # what opening read (a tail a stopped writer never synced, a cut) is on disk
+                disk.fsync(self.fd)  # before anything is built on it
         except BaseException:
             os.close(self.fd)
             raise
         #: the file is new: its name is made durable (the folder synced) with its first record's sync, so that
         #: a compaction swaps journals without waiting for the disk
         self.folder_unsynced = made
-        self.size = os.fstat(self.fd).st_size
-        self.synced = self.size  #: what the last sync made durable (what opening found is, or was cut to)
+        self.size = self.synced = size  #: ``synced``: what the last sync made durable
 
     def write(self, payload: bytes) -> None:
         """One record, written but not yet durable (``sync``); on an error the file is as it was, or the error
@@ -202,21 +207,26 @@ class JournalWriter:
             raise
         self.size += len(record)
 
-    def sync(self) -> None:
-        """Make every record written so far durable. An error propagates, and what was written since the last
-        sync is not to be trusted on disk (Linux does not report a failed write-back twice): ``cut_back``."""
-        size = self.size
+    def sync(self, upto: int) -> None:
+        """Make the records up to byte ``upto`` durable (the fsync may take later ones too, but those count as
+        synced only by a sync of their own). An error propagates, and what was written since the last sync is not
+        to be trusted on disk (Linux does not report a failed write-back twice): ``cut_back``."""
         self.disk.fsync(self.fd)
         if self.folder_unsynced:
             self.disk.fsync_folder(self.path.parent)
             self.folder_unsynced = False
-        self.synced = max(self.synced, size)
+        self.synced = max(self.synced, upto)
 
     def cut_back(self, err: OSError) -> None:
         """Cut off what was written since the last sync that succeeded (a sync of it failed with ``err``), or
         raise ``JournalStuck``: the records after that sync are written again or not at all."""
         self._cut(self.synced, err)
         self.size = self.synced
+        try:  # the cut is durable with the next good sync; this one makes it so now, if the disk lets it
+            self.disk.fsync(self.fd)
+        except OSError as again:
+            log.warning("the journal %s was cut back after a failed sync, but the cut could not be synced (%s): "
+                        "the next sync makes it durable", self.path, again.strerror or again)
 
     def _cut(self, size: int, err: OSError) -> None:
         try:

@@ -190,12 +190,15 @@ class _Written:
     failed sync undoes."""
 
     seq: int
+    end: int  #: the journal's size once its record was written: a sync of it makes the journal durable to there
     record: dict
     texts: dict[int, bytes]
     batch: Batch  #: settled into the ids and record keys once written; unsettled if lost
     archive_sizes: dict[Path, int]  #: the archive's files before its lines
     reserved_before: int
-    staged: bool  #: a caller took one of its commits in before it was on disk (``stage``)
+    #: a caller took one of its commits in before it was on disk (``stage``), or it was lost with one that was
+    #: (whatever was built on the lost state may be built on it)
+    staged: bool
     done: bool = False  #: synced, or lost (``error``)
     error: StoreError | None = None
 
@@ -247,6 +250,7 @@ class TinyDBStore:
         self._writing = False  #: a batch is being written (the writer's turn)
         self._syncing = False  #: the journal is being synced (the syncer's turn)
         self._unsynced: list[_Written] = []  #: batches written, in order, and not yet synced
+        self._lost: _Written | None = None  #: the last of the batches a failed sync lost after a caller took them in
         self._swap_wanted = False  #: a compaction waits to swap the journal: commits wait for it
         self._broken: str | None = None
         self._hot_lock = threading.Lock()  #: the hot state changes or is captured; never held across a write
@@ -357,8 +361,11 @@ class TinyDBStore:
         return self._write_turn(list(changes), staged=True)
 
     def newest(self) -> OnTheWay | None:
+        """The last commit written and not yet on disk; once a commit a caller had taken in was lost, that one, for
+        good (whatever is read of the caller may come of it: nothing it makes may leave it until a restart)."""
         with self._cond:
-            return OnTheWay(self, self._unsynced[-1]) if self._unsynced else None
+            last = self._unsynced[-1] if self._unsynced else self._lost
+            return OnTheWay(self, last) if last is not None else None
 
     def _write_turn(self, changes: list[Change], staged: bool) -> OnTheWay:
         """Queue ``changes`` and wait until they are written: the first waiting takes the writer's turn and writes
@@ -435,7 +442,8 @@ class TinyDBStore:
             return
         record = {"jobs": {str(job_id): doc for job_id, doc in batch.jobs.items()}, "records": records,
                   "next_job_id": batch.next_job_id, "reserved": reserved, "seq": seq}
-        written = _Written(seq, record, texts, batch, sizes, self._reserved, any(t.staged for t in accepted))
+        written = _Written(seq, self._journal.size, record, texts, batch, sizes, self._reserved,
+                           any(t.staged for t in accepted))
         batch.settle()
         self._reserved = reserved
         with self._cond:
@@ -470,7 +478,7 @@ class TinyDBStore:
         """Sync the journal (the caller has set ``_syncing``): ``batches``, every commit written before, are then
         durable and the hot state takes them in. ``turn_held``: the caller has the writer's turn too."""
         try:
-            self._journal.sync()
+            self._journal.sync(batches[-1].end)
         except OSError as err:
             self._lose_unsynced(err, turn_held)
             return
@@ -504,6 +512,9 @@ class TinyDBStore:
             lost, self._unsynced = self._unsynced, []
         try:
             failure = self._not_saved(err)
+            taken_in = any(w.staged for w in lost)
+            for w in lost:  # before anything else here may fail: none of them may read as on disk
+                w.error, w.staged = failure, taken_in
             try:
                 self._journal.cut_back(err)
             except JournalStuck as stuck:
@@ -515,11 +526,11 @@ class TinyDBStore:
                     self._broken = f"the archive could not be rolled back ({again.strerror})"
                 w.batch.unsettle()
             self._written_seq, self._reserved = self._committed, lost[0].reserved_before
-            if not self._broken and any(w.staged for w in lost):
-                self._broken = (f"a change the leader had taken in was lost on its way to disk "
-                                f"({getattr(err, 'strerror', None) or err}); a restart reads what is on disk")
-            for w in lost:
-                w.error = failure
+            if taken_in:
+                self._lost = lost[-1]  # what the caller took in is not on disk, and never will be: until a restart
+                if not self._broken:
+                    self._broken = (f"a change the leader had taken in was lost on its way to disk "
+                                    f"({getattr(err, 'strerror', None) or err}); a restart reads what is on disk")
         finally:
             with self._cond:
                 if not turn_held:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from labq.store import CommitFailed, PutJob, TinyDBStore
+from labq.store import CommitFailed, DeleteJob, InvalidChange, PutJob, TinyDBStore
 from labq.store.files import Disk
 from tests.store.conftest import job
 
@@ -67,7 +67,10 @@ def test_a_lost_sync_undoes_all_written_since_the_last_good_one_and_stops_change
         for staged in (ended, new):
             with pytest.raises(CommitFailed, match="not saved: Input/output error"):
                 staged.wait()
-        assert store.newest() is None
+        lost = store.newest()  # for good: whatever the caller makes now may come of what it took in
+        assert lost is not None and lost.taken_in
+        with pytest.raises(CommitFailed, match="not saved"):
+            lost.wait()
         disk.failing = False
         with pytest.raises(CommitFailed, match="refuses changes until the leader restarts: a change the leader had "
                                                "taken in was lost on its way to disk"):
@@ -140,3 +143,54 @@ def test_commits_are_written_while_a_compaction_waits_for_the_disk(data, written
         assert later.wait() and (first is None or first.wait())
     with TinyDBStore(data) as again:
         assert sorted(again.load().jobs) == sorted([1, 2, 3, 4, 6] + ([5] if written_before else []))
+
+
+class FirstSyncHeld(Disk):
+    """The first fsync waits until the test lets it go; once ``failing``, the later ones fail with EIO."""
+
+    def __init__(self) -> None:
+        self.syncs = 0
+        self.failing = False
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def fsync(self, fd: int) -> None:
+        self.syncs += 1
+        if self.syncs == 1:
+            self.entered.set()
+            assert self.go.wait(30), "the test never let the disk go"
+        elif self.failing:
+            raise OSError(errno.EIO, "Input/output error")
+        super().fsync(fd)
+
+
+def test_a_commit_written_during_a_sync_is_durable_only_by_a_sync_of_its_own(data):
+    disk = FirstSyncHeld()
+    with TinyDBStore(data, disk=disk) as store:
+        first = store.stage([PutJob(job(4))])
+        syncing = threading.Thread(target=first.wait, daemon=True)
+        syncing.start()
+        assert disk.entered.wait(WAIT_S)
+        second = written_at_once(store, job(5))  # its record is in the file the held fsync will sync
+        disk.failing = True
+        disk.go.set()
+        syncing.join(WAIT_S)
+        assert first.wait() == 2
+        with pytest.raises(CommitFailed):  # its own sync failed: it is cut off, though the first sync took it
+            second.wait()
+    with TinyDBStore(data) as again:
+        assert sorted(again.load().jobs) == [1, 2, 3, 4]
+
+
+def test_an_id_spent_before_a_lost_commit_stays_spent(data):
+    disk = CountingDisk()
+    with TinyDBStore(data, disk=disk) as store:
+        store.commit([PutJob(job(4))])
+        store.commit([PutJob(job(4, "succeeded", ended_at=ENDED))])  # 4 is spent
+        disk.failing = True
+        with pytest.raises(CommitFailed):
+            store.commit([DeleteJob(4)])
+        disk.failing = False
+        with pytest.raises(InvalidChange):
+            store.commit([PutJob(job(4))])  # an id is never handed out twice
+        assert store.commit([DeleteJob(4)])
