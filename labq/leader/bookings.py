@@ -200,7 +200,7 @@ class Bookings:
         self.by_name.update((r.name, r) for r in told)
         if notices:
             state.notify.committed(notices, outbox)
-        for r, moment in heard:  # once on disk, for whoever keeps the lab's story (``labq.leader.lab_trail``)
+        for r, moment in heard:  # once written, for whoever keeps the lab's story (``labq.leader.lab_trail``)
             for hear in self.moment_heard:
                 try:
                     hear(r, moment)

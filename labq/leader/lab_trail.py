@@ -1,7 +1,9 @@
 """The lab's own steps in the audit trail, beside the requests people made: a job placed, started, asked to
 make room, requeued or ended (``labq.models.story``), and a reservation's start and end. So ``labq events
 --job 12`` tells the job's whole story, and ``--kind lab`` what the lab did on its own. Entries have
-``kind: "lab"``, the job's or booking's ``owner`` (who sees them besides the admins), and no user."""
+``kind: "lab"``, the job's or booking's ``owner`` (who sees them besides the admins), and no user. A step is told
+as the leader takes it in, written and not yet synced (``labq.leader.state``): if its sync is lost, which stops the
+leader's changes until a restart, the trail tells a step the restarted leader does not have."""
 
 from __future__ import annotations
 

@@ -106,14 +106,16 @@ class TimedStore:
             self._histogram.observe(time.perf_counter() - began)
 
     def stage(self, changes):
-        return _TimedCommit(self._store.stage(changes), time.perf_counter(), self._histogram)
+        began = time.perf_counter()
+        return _TimedCommit(self._store.stage(changes), began, self._histogram)
 
     def __getattr__(self, name: str):
         return getattr(self._store, name)
 
 
 class _TimedCommit:
-    """A staged commit whose latency, from its write to its sync, is observed when it is first waited for."""
+    """A staged commit whose latency, from its turn to write to its sync, is observed when it is first waited for
+    (what the change did meanwhile, holding the lock, is in it too)."""
 
     def __init__(self, staged, began: float, histogram: Histogram) -> None:
         self._staged, self._began, self._histogram = staged, began, histogram

@@ -2,9 +2,10 @@
 
 ``LabState.apply`` asks ``notices_for`` which notices the jobs it takes in cause (``labq.models.notify``: what
 their owners asked for, per job or by default), adds their deliveries (``records``) to the same commit as the
-jobs, and hands them over once on disk (``committed``): to the outbox (``labq.leader.outbox``), whose channel
-threads deliver them, and to the owner's terminals as a ``notify`` event of the event stream (``labq ls --watch``
-rings). The timers ask ``reservation_moments`` each second for the starts and ends of reservations.
+jobs, and hands them over once written (``committed``): to the outbox (``labq.leader.outbox``), whose channel
+threads deliver them once on disk (``LabState.on_disk``), and to the owner's terminals as a ``notify`` event of
+the event stream (``labq ls --watch`` rings), which shows what the leader took in, as every look does. The
+timers ask ``reservation_moments`` each second for the starts and ends of reservations.
 
 A person's settings (``labq notify``) live in their record of the ``users`` table, under ``notify``; a user
 changes their own, an admin anyone's.

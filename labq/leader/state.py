@@ -60,7 +60,7 @@ from labq.store import Change, CommitFailed, InvalidChange, PutJob, PutRecord, S
 
 class Notifier(Protocol):
     """What ``apply`` asks of the notifications (``labq.leader.notify.Notify``), the lock held: the notices a
-    commit of jobs causes, their outbox records (committed with the jobs), and their hand-over once on disk; the
+    commit of jobs causes, their outbox records (committed with the jobs), and their hand-over once written; the
     reservations' timers ask which starts and ends are new."""
 
     def notices_for(self, changes: list[tuple[Job | None, Job]]) -> list[Notice]: ...
@@ -207,13 +207,17 @@ class LabState:
             try:
                 commit.wait()
             except CommitFailed as err:
-                if commit is newest and not commit.taken_in:
-                    continue  # a submit's, taken in by nobody: nothing this change read came of it
-                log.error("a change the leader had taken in was lost on its way to disk; the leader refuses changes "
-                          "until it restarts: %s", err)
-                raise errors.unavailable(
-                    f"the change was lost on its way to disk: {err}\nThe leader refuses changes until it is "
-                    f"restarted, and then reads what is on disk") from None
+                if commit is not newest:
+                    log.error("a change the leader had taken in was lost on its way to disk; the leader refuses "
+                              "changes until it restarts: %s", err)
+                    raise errors.unavailable(
+                        f"the change was lost on its way to disk: {err}\nThe leader refuses changes until it is "
+                        f"restarted, and then reads what is on disk") from None
+                if commit.taken_in:  # what this change read may come of it
+                    raise errors.unavailable(
+                        f"a change the leader had taken in was lost on its way to disk ({err.args[0]}): nothing "
+                        f"it decides goes out until the leader restarts, which reads what is on disk") from None
+                # else a submit's, taken in by nobody: nothing this change read came of it
 
     def on_disk(self) -> None:
         """Wait (no lock held) until what was read of the lab so far is on disk: before something leaves the leader

@@ -174,6 +174,12 @@ def test_a_change_lost_on_its_way_to_disk_stops_changes_until_a_restart_reads_th
         with pytest.raises(errors.ApiError) as refused:
             change()
         assert refused.value.status == 503 and "until the leader restarts" in refused.value.message
+    # nothing the leader decides from now on goes out: no orders, no answer that may come of the lost change
+    for call in (lambda: leader.agents.sync(WS1, "ws1", SyncReport((), None, 0.0)),
+                 lambda: leader.queue.act(ALICE, job, CANCEL)):
+        with pytest.raises(errors.ApiError) as refused:
+            call()
+        assert refused.value.status == 503 and "until the leader restarts" in refused.value.message
     # looks go on, with the lab as the leader took it in
     assert answered(lambda: leader.queue.job(ALICE, kept))[0].state is JobState.QUEUED
     leader.stop()
