@@ -74,8 +74,8 @@ class AuditLog:
         return found[::-1] if newest_first else found
 
     def record(self, entry: dict) -> None:
-        """Append ``entry`` with its time and seq. A disk that refuses is logged, and the leader goes on: the
-        request it records has been answered already."""
+        """Append ``entry`` with its time and seq. A disk that refuses is logged, and the leader goes on: what
+        the request it records did is done, and it is answered next."""
         with self._lock:
             self._seq += 1
             line = json.dumps({"seq": self._seq, "at": self.clock(), **entry}, separators=(",", ":")).encode() + b"\n"

@@ -115,24 +115,34 @@ class _Handler(JsonHandler):
             result = handler(*args, body) if method in ("POST", "PUT") else handler(*args)
             if result is not None:
                 status, doc = result
-                outcome = (status, None)
+                outcome = self._audited(handler, match, who, status, None)
                 self.send_json(status, doc)
         except ApiError as err:
-            outcome = (err.status, err.message)
+            outcome = self._audited(handler, match, who, err.status, err.message)
             self.send_json(err.status, err.to_json())
         except (ConnectionError, TimeoutError):
             self.close_connection = True
         except Exception as err:  # a bug: answer 500, keep serving
             log.exception("internal error on %s %s", method, self.path)
-            outcome = (500, "internal error")
             self.close_connection = True
+            if outcome is None:
+                outcome = self._audited(handler, match, who, 500, "internal error")
             self.send_json(500, ApiError(500, "internal", f"internal error in the leader: {type(err).__name__}").to_json())
         finally:
-            if handler in AUDITED and outcome is not None:
-                self._audit(handler, match, who, *outcome)
             self._counted_as = None  # a request that got no answer (the client went away) is not counted
             if self._unread:
                 self._drain()
+
+    def _audited(self, handler: Callable | None, match: re.Match | None, who, status: int,
+                 error: str | None) -> tuple[int, str | None]:
+        """The answer's (status, refusal), written to the audit trail first if the route is audited: whoever has
+        the answer finds the request in the trail."""
+        if handler in AUDITED:
+            try:
+                self._audit(handler, match, who, status, error)
+            except Exception:  # noqa: BLE001 - what happened has happened: the trail's bug must not change the answer
+                log.exception("the audit trail could not record %s %s", self.command, self.path)
+        return status, error
 
     def _audit(self, handler: Callable, match: re.Match, who, status: int, error: str | None) -> None:
         """One line of the audit trail for this request: who, how, from where, what, the answer."""
