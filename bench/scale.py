@@ -17,8 +17,8 @@ and 30,000 queued jobs (1 to 4 GPUs each), and at each level, in this order:
   * acknowledged submits per second with 8 and with 32 clients (threads, each with its own ``Client``):
     each submits one after the other for 2 s; acks over the wall time until the last answer, and the
     median and p99 of one submit under that load. The 8-client burst's jobs are then cancelled by 8 clients,
-    timed (``qN_cancels_per_s_8_clients``): actions are changes, which take turns (``labq.leader.locks``),
-    where submits share the store's group commit.
+    timed (``qN_cancels_per_s_8_clients``): actions are changes, decided and written in turn
+    (``labq.leader.locks``) and synced together, where submits are also written together.
   The jobs each submit measurement added are cancelled after it (the others untimed), so every measurement starts
   at its level. The clients run in this process, on the same CPUs as the leader. The fill's own rate is a
   figure (``qN_fill_acks_per_s_16_clients``): where submits slow down as the queue grows, the fill is most
