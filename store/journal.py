@@ -191,9 +191,9 @@ class JournalWriter:
         except BaseException:
             os.close(self.fd)
             raise
-        #: the file is new: its name is made durable (the folder synced) with its first record's sync, so that
-        #: a compaction swaps journals without waiting for the disk
-        self.folder_unsynced = made
+        #: its name is made durable (the folder synced) with its first record's sync, so that a compaction swaps
+        #: journals without waiting for the disk; a journal found at opening may be one whose name never was
+        self.folder_unsynced = True
         self.size = self.synced = size  #: ``synced``: what the last sync made durable
 
     def write(self, payload: bytes) -> None:

@@ -510,11 +510,13 @@ class TinyDBStore:
                     self._cond.wait()
                 self._writing = True
             lost, self._unsynced = self._unsynced, []
-        try:
             failure = self._not_saved(err)
             taken_in = any(w.staged for w in lost)
-            for w in lost:  # before anything else here may fail: none of them may read as on disk
+            for w in lost:  # at once: none of them may read as on disk, nor be missed by ``newest`` meanwhile
                 w.error, w.staged = failure, taken_in
+            if taken_in:
+                self._lost = lost[-1]  # what the caller took in is not on disk, and never will be: until a restart
+        try:
             try:
                 self._journal.cut_back(err)
             except JournalStuck as stuck:
@@ -526,11 +528,9 @@ class TinyDBStore:
                     self._broken = f"the archive could not be rolled back ({again.strerror})"
                 w.batch.unsettle()
             self._written_seq, self._reserved = self._committed, lost[0].reserved_before
-            if taken_in:
-                self._lost = lost[-1]  # what the caller took in is not on disk, and never will be: until a restart
-                if not self._broken:
-                    self._broken = (f"a change the leader had taken in was lost on its way to disk "
-                                    f"({getattr(err, 'strerror', None) or err}); a restart reads what is on disk")
+            if taken_in and not self._broken:
+                self._broken = (f"a change the leader had taken in was lost on its way to disk "
+                                f"({getattr(err, 'strerror', None) or err}); a restart reads what is on disk")
         finally:
             with self._cond:
                 if not turn_held:

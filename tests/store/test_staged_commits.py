@@ -43,13 +43,14 @@ def data(tmp_path) -> Path:
 def test_a_staged_commit_is_checked_by_the_next_and_their_syncs_are_one(data):
     disk = CountingDisk()
     with TinyDBStore(data, disk=disk) as store:
+        store.commit([PutJob(job(2, "running"))])  # the journal's first sync after opening syncs its folder too
         before = disk.syncs
         started = store.stage([PutJob(job(4)), PutJob(job(1, "running"))])
         ended = store.stage([PutJob(job(1, "succeeded", ended_at=ENDED))])  # job 1 is hot: its end is checked on it
         assert disk.syncs == before, "a stage waited for the disk"
         assert [doc["id"] for doc in store.history()] == [1]  # written: reads see it
         assert store.newest() is not None
-        assert ended.wait() == 3 and started.wait() == 2
+        assert ended.wait() == 4 and started.wait() == 3
         assert disk.syncs == before + 1, "two commits written one after the other took more than one fsync"
         assert store.newest() is None
     with TinyDBStore(data) as again:
@@ -145,18 +146,19 @@ def test_commits_are_written_while_a_compaction_waits_for_the_disk(data, written
         assert sorted(again.load().jobs) == sorted([1, 2, 3, 4, 6] + ([5] if written_before else []))
 
 
-class FirstSyncHeld(Disk):
-    """The first fsync waits until the test lets it go; once ``failing``, the later ones fail with EIO."""
+class NextSyncHeld(Disk):
+    """Once ``holding``, the next fsync waits until the test lets it go; once ``failing``, the later ones fail
+    with EIO."""
 
     def __init__(self) -> None:
-        self.syncs = 0
+        self.holding = False
         self.failing = False
         self.entered = threading.Event()
         self.go = threading.Event()
 
     def fsync(self, fd: int) -> None:
-        self.syncs += 1
-        if self.syncs == 1:
+        if self.holding:
+            self.holding = False
             self.entered.set()
             assert self.go.wait(30), "the test never let the disk go"
         elif self.failing:
@@ -165,8 +167,10 @@ class FirstSyncHeld(Disk):
 
 
 def test_a_commit_written_during_a_sync_is_durable_only_by_a_sync_of_its_own(data):
-    disk = FirstSyncHeld()
+    disk = NextSyncHeld()
     with TinyDBStore(data, disk=disk) as store:
+        store.commit([PutJob(job(3, "running"))])  # the journal's first sync after opening syncs its folder too
+        disk.holding = True
         first = store.stage([PutJob(job(4))])
         syncing = threading.Thread(target=first.wait, daemon=True)
         syncing.start()
@@ -175,7 +179,7 @@ def test_a_commit_written_during_a_sync_is_durable_only_by_a_sync_of_its_own(dat
         disk.failing = True
         disk.go.set()
         syncing.join(WAIT_S)
-        assert first.wait() == 2
+        assert first.wait() == 3
         with pytest.raises(CommitFailed):  # its own sync failed: it is cut off, though the first sync took it
             second.wait()
     with TinyDBStore(data) as again:
@@ -194,3 +198,60 @@ def test_an_id_spent_before_a_lost_commit_stays_spent(data):
         with pytest.raises(InvalidChange):
             store.commit([PutJob(job(4))])  # an id is never handed out twice
         assert store.commit([DeleteJob(4)])
+
+
+class FolderSyncs(Disk):
+    def __init__(self) -> None:
+        self.folders: list[Path] = []
+
+    def fsync_folder(self, folder) -> None:
+        self.folders.append(Path(folder))
+        super().fsync_folder(folder)
+
+
+def test_the_first_sync_of_a_journal_found_at_opening_makes_its_name_durable(data):
+    """A compaction makes a journal without syncing the folder, which the journal's first sync does; a leader
+    stopped before that sync leaves a journal whose name is not durable, and the next one to open it syncs it."""
+    disk = FolderSyncs()
+    with TinyDBStore(data, disk=disk) as store:
+        opened = len(disk.folders)
+        store.commit([PutJob(job(4))])
+        assert disk.folders[opened:] == [data]
+        store.commit([PutJob(job(5))])
+        assert disk.folders[opened + 1:] == []  # once
+
+
+class FailsThenHolds(Disk):
+    """Once ``armed``: the next fsync fails with EIO, and the one after it (the cut's) waits until let go."""
+
+    def __init__(self) -> None:
+        self.armed = 0
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def fsync(self, fd: int) -> None:
+        if self.armed == 1:
+            self.armed = 2
+            raise OSError(errno.EIO, "Input/output error")
+        if self.armed == 2:
+            self.armed = 0
+            self.entered.set()
+            assert self.go.wait(30), "the test never let the disk go"
+        super().fsync(fd)
+
+
+def test_a_lost_commit_a_caller_took_in_is_the_newest_from_the_moment_its_sync_fails(data):
+    disk = FailsThenHolds()
+    with TinyDBStore(data, disk=disk) as store:
+        store.commit([PutJob(job(4))])
+        disk.armed = 1
+        staged = store.stage([PutJob(job(5))])
+        waiting = threading.Thread(target=lambda: pytest.raises(CommitFailed, staged.wait), daemon=True)
+        waiting.start()
+        assert disk.entered.wait(WAIT_S), "the failed sync's cut never reached the disk"
+        lost = store.newest()  # while the cut is on its way: whatever is read now may come of the lost commit
+        assert lost is not None and lost.taken_in
+        disk.go.set()
+        waiting.join(WAIT_S)
+        with pytest.raises(CommitFailed):
+            lost.wait()
