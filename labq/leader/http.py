@@ -12,6 +12,7 @@ a request has a time limit, and one address may hold only so many connections.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import time
@@ -115,8 +116,9 @@ class _Handler(JsonHandler):
             result = handler(*args, body) if method in ("POST", "PUT") else handler(*args)
             if result is not None:
                 status, doc = result
+                payload = doc if isinstance(doc, bytes) else json.dumps(doc, separators=(",", ":")).encode()
                 outcome = self._audited(handler, match, who, status, None)
-                self.send_json(status, doc)
+                self.send_json(status, payload)
         except ApiError as err:
             outcome = self._audited(handler, match, who, err.status, err.message)
             self.send_json(err.status, err.to_json())

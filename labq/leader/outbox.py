@@ -175,6 +175,9 @@ class Outbox:
             line.woken.clear()
         try:
             self._save(line, [])
+        except ApiError as err:  # the store refuses: the next start sends these again (at least once)
+            log.warning("notifications: could not note what the %s channel delivered before stopping: %s", name,
+                        err.message)
         except Exception:  # noqa: BLE001 - the next start sends these again: at least once
             log.exception("notifications: could not note what the %s channel delivered before stopping", name)
 
@@ -266,7 +269,7 @@ class Outbox:
 
     def _save(self, line: Line, gone: list[Delivery]) -> None:
         """Commit the removal of what was delivered and of what was ``gone`` (given up), with the channel's status
-        (the lock is taken); in memory they leave the queue only once that is on disk."""
+        (the lock is taken); in memory they leave the queue only once that is written."""
         with self.state.lock:
             done = [d for d in line.pending.values() if d.sent]
             if not done and not gone:
