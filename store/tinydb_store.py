@@ -370,16 +370,18 @@ class TinyDBStore:
     def _write_turn(self, changes: list[Change], staged: bool) -> OnTheWay:
         """Queue ``changes`` and wait until they are written: the first waiting takes the writer's turn and writes
         all that queued meanwhile as one record (group commit). A commit that will wait for its sync at once
-        (``commit``) also waits while a sync runs, so that those arriving meanwhile are written together."""
+        (``commit``) also waits while a sync runs, so that those arriving meanwhile are written together, and its
+        writer syncs at once what it wrote."""
         ticket = _Ticket(changes, staged)
         with self._cond:
             self._queue.append(ticket)
-            while not ticket.done and (self._writing or self._swap_wanted or (self._syncing and not staged)):
+            while self._must_wait(ticket):
                 self._cond.wait()
             batch = None
             if not ticket.done:
                 self._writing = True
                 batch, self._queue = self._queue, []
+        flush = None
         if batch is not None:
             try:
                 self._write(batch)
@@ -388,11 +390,23 @@ class TinyDBStore:
                     self._writing = False
                     for t in batch:
                         t.done = True
+                    if not staged and ticket.written is not None and not self._syncing:
+                        self._syncing, flush = True, list(self._unsynced)
                     self._cond.notify_all()
         if ticket.error is not None:
             raise ticket.error
         assert ticket.written is not None
+        if flush:
+            self._flush(flush, turn_held=False)
         return OnTheWay(self, ticket.written)
+
+    def _must_wait(self, ticket: _Ticket) -> bool:
+        """Whether ``ticket`` waits (``_cond`` held): for its turn to write, or, written by another and to be
+        synced at once, for the sync that runs (which may take it)."""
+        if ticket.done:
+            return (not ticket.staged and ticket.error is None and ticket.written is not None
+                    and not ticket.written.done and self._syncing)
+        return self._writing or self._swap_wanted or (self._syncing and not ticket.staged)
 
     def _write(self, tickets: list[_Ticket]) -> None:
         """One group commit's write: the batch's archive lines, then its journal record, which carries them too;
