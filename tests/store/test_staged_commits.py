@@ -14,7 +14,6 @@ import pytest
 
 from labq.store import CommitFailed, DeleteJob, InvalidChange, PutJob, TinyDBStore
 from labq.store.files import Disk
-from labq.store.journal import journal_files
 from tests.store.conftest import job
 
 ENDED = 1_700_000_000.0
@@ -256,46 +255,3 @@ def test_a_lost_commit_a_caller_took_in_is_the_newest_from_the_moment_its_sync_f
         waiting.join(WAIT_S)
         with pytest.raises(CommitFailed):
             lost.wait()
-
-
-def test_a_commit_lost_after_a_compaction_swapped_journals_leaves_the_journal_it_was_in(data):
-    """A compaction starts the next journal at once and syncs what the old one has afterwards; if that sync fails,
-    the new journal, which holds nothing that reached the disk, goes, and the old one is the current one again."""
-    disk = CountingDisk()
-    with TinyDBStore(data, disk=disk) as store:
-        store.commit([PutJob(job(4))])
-        before = [path.name for _, path in journal_files(data)]
-        staged = store.stage([PutJob(job(5))])
-        disk.failing = True
-        assert store.compact() is False
-        with pytest.raises(CommitFailed, match="not saved"):
-            staged.wait()
-        assert [path.name for _, path in journal_files(data)] == before
-    with TinyDBStore(data) as again:
-        assert sorted(again.load().jobs) == [1, 2, 3, 4]
-        assert again.commit([PutJob(job(5))]) == 3
-        again.compact()
-    with TinyDBStore(data) as reopened:
-        assert sorted(reopened.load().jobs) == [1, 2, 3, 4, 5]
-
-
-def test_commits_from_many_threads_through_many_compactions_are_all_there_after_a_restart(tmp_path):
-    folder = tmp_path / "data"
-    acknowledged: list[int] = []
-    with TinyDBStore(folder, compact_bytes=2000) as store:
-        def client(first: int) -> None:
-            for job_id in range(first, first + 100):
-                if job_id % 2:
-                    store.stage([PutJob(job(job_id))]).wait()
-                else:
-                    store.commit([PutJob(job(job_id))])
-                acknowledged.append(job_id)
-
-        threads = [threading.Thread(target=client, args=(1 + 100 * n,)) for n in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert store.compactions >= 3, f"{store.compactions} compactions: too few to have raced the commits"
-    with TinyDBStore(folder) as again:
-        assert sorted(again.load().jobs) == sorted(acknowledged) == list(range(1, 801))
