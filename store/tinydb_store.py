@@ -390,7 +390,8 @@ class TinyDBStore:
                     self._writing = False
                     for t in batch:
                         t.done = True
-                    if not staged and ticket.written is not None and not self._syncing:
+                    # not if another's sync took it meanwhile: a turn claimed for nothing would never end
+                    if not staged and ticket.written is not None and not ticket.written.done and not self._syncing:
                         self._syncing, flush = True, list(self._unsynced)
                     self._cond.notify_all()
         if ticket.error is not None:

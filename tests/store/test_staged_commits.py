@@ -255,3 +255,40 @@ def test_a_lost_commit_a_caller_took_in_is_the_newest_from_the_moment_its_sync_f
         waiting.join(WAIT_S)
         with pytest.raises(CommitFailed):
             lost.wait()
+
+
+class PausedAfterWrite(TinyDBStore):
+    """A store that, once ``pausing``, stops its next writer right after its write (where it checks whether a
+    compaction is due), until let go."""
+
+    pausing = False
+
+    def _compact_at(self) -> int:
+        if self.pausing:
+            self.pausing = False
+            self.paused.set()
+            assert self.go.wait(30), "the test never let the writer go"
+        return super()._compact_at()
+
+
+def test_a_commit_synced_by_another_before_its_writer_looks_leaves_no_sync_turn_taken(data):
+    store = PausedAfterWrite(data)
+    store.paused, store.go = threading.Event(), threading.Event()
+    after = None
+    try:
+        store.pausing = True
+        writer = threading.Thread(target=lambda: store.commit([PutJob(job(4))]), daemon=True)
+        writer.start()
+        assert store.paused.wait(WAIT_S)
+        store.newest().wait()  # another thread syncs the writer's commit before the writer looks
+        store.go.set()
+        writer.join(WAIT_S)
+        assert not writer.is_alive()
+        after = threading.Thread(target=lambda: store.commit([PutJob(job(5))]), daemon=True)
+        after.start()
+        after.join(WAIT_S)
+        assert not after.is_alive(), "the next commit waited for a sync that nobody runs"
+    finally:
+        store.go.set()
+        if after is None or not after.is_alive():  # else closing would wait for that sync too
+            store.close()
