@@ -173,12 +173,24 @@ def ids_mentioned(raw: bytes) -> int:
     return max((int(m.group(1)) for m in _IDS.finditer(raw)), default=0)
 
 
+#: what a journal is named until its first sync (``JournalWriter``)
+TEMP_SUFFIX = ".unsynced"
+
+
 class JournalWriter:
     """The journal commits append to: one at a time, from the store's single writer."""
 
-    def __init__(self, path: Path, disk: Disk, *, good_bytes: int | None = None) -> None:
-        """Open ``path`` for appending, made if missing; ``good_bytes``: cut a torn tail off first."""
-        self.path, self.disk = path, disk
+    def __init__(self, path: Path, disk: Disk, *, good_bytes: int | None = None, unnamed: bool = False) -> None:
+        """Open ``path`` for appending, made if missing; ``good_bytes``: cut a torn tail off first. ``unnamed``: a
+        new journal that follows one whose last records may not be on disk yet: it is made under a temporary name
+        (``TEMP_SUFFIX``, which opening removes) and takes ``path`` at its first sync, which comes after theirs, so
+        that no journal follows one whose end a power loss may have cut off."""
+        self.disk = disk
+        self.named: Path | None = None
+        if unnamed:
+            self.named, path = path, path.with_name(path.name + TEMP_SUFFIX)
+            path.unlink(missing_ok=True)
+        self.path = path
         made = not path.exists()
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
@@ -212,6 +224,9 @@ class JournalWriter:
         synced only by a sync of their own). An error propagates, and what was written since the last sync is not
         to be trusted on disk (Linux does not report a failed write-back twice): ``cut_back``."""
         self.disk.fsync(self.fd)
+        if self.named is not None:  # what went before it is on disk: it may be found now
+            os.rename(self.path, self.named)
+            self.path, self.named = self.named, None
         if self.folder_unsynced:
             self.disk.fsync_folder(self.path.parent)
             self.folder_unsynced = False

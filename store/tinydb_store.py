@@ -38,7 +38,6 @@ import errno
 import fcntl
 import gc
 import hashlib
-import itertools
 import logging
 import json
 import os
@@ -57,7 +56,7 @@ from labq.store.contract import (
 from labq.store.files import Disk, remove_stale_temp_files, replace_atomically, replace_atomically_with
 from labq.store.hot import PREFIX, SCHEMA, HotState, stamp
 from labq.store.journal import (
-    JournalDamaged, JournalStuck, JournalWriter, dumps, journal_files, journal_name, read_journal,
+    TEMP_SUFFIX, JournalDamaged, JournalStuck, JournalWriter, dumps, journal_files, journal_name, read_journal,
 )
 
 log = logging.getLogger("labq.store")
@@ -66,8 +65,6 @@ COMPACT_MIN_BYTES = 8 * 1024 * 1024
 #: Each commit records that ids up to this many past its next id may have been handed out,
 #: so that a recovery to the previous copy never hands out an id a lost commit used.
 ID_RESERVE = 1000
-#: how many syncs a compaction lets commits overtake before it makes them wait for the one before its swap
-SWAP_TRIES = 3
 DB_NAME = "labq.json"
 PREVIOUS_NAME = "labq.json.prev"
 LOCK_NAME = "leader.lock"
@@ -190,7 +187,8 @@ class _Written:
     failed sync undoes."""
 
     seq: int
-    end: int  #: the journal's size once its record was written: a sync of it makes the journal durable to there
+    journal: JournalWriter  #: the journal its record is in (a compaction may have started the next one since)
+    end: int  #: that journal's size once its record was written: a sync of it makes the journal durable to there
     record: dict
     texts: dict[int, bytes]
     batch: Batch  #: settled into the ids and record keys once written; unsettled if lost
@@ -210,6 +208,15 @@ class _Ticket:
     written: _Written | None = None
     error: StoreError | None = None
     done: bool = False  #: written, or refused (``error``)
+
+
+def _ends(batches: list[_Written]) -> list[tuple[JournalWriter, int, int]]:
+    """Each journal ``batches`` are in, in order, with the end of the last of them there, and how many of
+    ``batches`` are in it or before it."""
+    ends: dict[int, tuple[JournalWriter, int, int]] = {}
+    for count, w in enumerate(batches, 1):
+        ends[id(w.journal)] = (w.journal, w.end, count)
+    return list(ends.values())
 
 
 class OnTheWay:
@@ -270,6 +277,8 @@ class TinyDBStore:
 
     def _open(self) -> None:
         remove_stale_temp_files(self.data_dir, [DB_NAME, PREVIOUS_NAME])
+        for unsynced in self.data_dir.glob("journal-*.log" + TEMP_SUFFIX):  # never synced: nothing acknowledged
+            unsynced.unlink()
         journals = journal_files(self.data_dir)
         if self.path.exists():
             raw = self.path.read_bytes()
@@ -457,7 +466,7 @@ class TinyDBStore:
             return
         record = {"jobs": {str(job_id): doc for job_id, doc in batch.jobs.items()}, "records": records,
                   "next_job_id": batch.next_job_id, "reserved": reserved, "seq": seq}
-        written = _Written(seq, self._journal.size, record, texts, batch, sizes, self._reserved,
+        written = _Written(seq, self._journal, self._journal.size, record, texts, batch, sizes, self._reserved,
                            any(t.staged for t in accepted))
         batch.settle()
         self._reserved = reserved
@@ -492,9 +501,14 @@ class TinyDBStore:
     def _flush(self, batches: list[_Written], *, turn_held: bool) -> None:
         """Sync the journal (the caller has set ``_syncing``): ``batches``, every commit written before, are then
         durable and the hot state takes them in. ``turn_held``: the caller has the writer's turn too."""
+        synced = 0  #: how many of ``batches`` are on disk (a sync is made journal by journal, in order)
         try:
-            self._journal.sync(batches[-1].end)
+            for journal, end, count in _ends(batches):
+                journal.sync(end)
+                synced = count
         except OSError as err:
+            if synced:
+                self._take_synced(batches[:synced])
             self._lose_unsynced(err, turn_held)
             return
         except BaseException:
@@ -502,6 +516,16 @@ class TinyDBStore:
                 self._syncing = False
                 self._cond.notify_all()
             raise
+        try:
+            self._take_synced(batches)
+        finally:
+            with self._cond:
+                self._syncing = False
+                self._cond.notify_all()
+
+    def _take_synced(self, batches: list[_Written]) -> None:
+        """``batches``, the first of ``_unsynced``, are on disk: the hot state takes them in (the syncer's turn
+        is held)."""
         try:
             with self._hot_lock:
                 for w in batches:
@@ -512,7 +536,6 @@ class TinyDBStore:
                 del self._unsynced[:len(batches)]
                 for w in batches:
                     w.done = True
-                self._syncing = False
                 self._cond.notify_all()
 
     def _lose_unsynced(self, err: OSError, turn_held: bool) -> None:
@@ -532,10 +555,13 @@ class TinyDBStore:
             if taken_in:
                 self._lost = lost[-1]  # what the caller took in is not on disk, and never will be: until a restart
         try:
-            try:
-                self._journal.cut_back(err)
-            except JournalStuck as stuck:
-                self._broken = f"the journal could not be cut back after a failed sync ({stuck.strerror})"
+            for journal, _, _ in _ends(lost):
+                try:
+                    journal.cut_back(err)
+                except JournalStuck as stuck:
+                    self._broken = f"the journal could not be cut back after a failed sync ({stuck.strerror})"
+            if lost[0].journal is not self._journal:
+                self._journal_back(lost[0].journal)
             for w in reversed(lost):
                 try:
                     self.archive.roll_back(w.archive_sizes)
@@ -555,6 +581,18 @@ class TinyDBStore:
                     w.done = True
                 self._cond.notify_all()
 
+    def _journal_back(self, journal: JournalWriter) -> None:
+        """Every record of the current journal was lost, and ``journal``, which a compaction swapped out before
+        its last records were synced, was cut back: it is the current one again, and the other goes (the writer's
+        turn is held)."""
+        fresh, self._journal = self._journal, journal
+        fresh.close()
+        try:
+            fresh.path.unlink()
+            self.disk.fsync_folder(self.data_dir)
+        except OSError as err:
+            self._broken = f"a journal whose records were lost could not be removed ({err.strerror})"
+
     def _compact_at(self) -> int:
         if self.compact_bytes is not None:
             return self.compact_bytes
@@ -562,55 +600,38 @@ class TinyDBStore:
 
     # -- compaction ------------------------------------------------------------------------
 
-    def _take_swap_turn(self) -> None:
-        """Take the writer's turn with nothing written that is not synced: the new journal starts after the last
-        commit on disk. What was written is synced first while commits go on; after ``SWAP_TRIES`` syncs that
-        others' writes overtook, while they wait (so steady commits never starve a compaction)."""
-        for tries in itertools.count(1):
-            with self._cond:
-                self._swap_wanted = True  # no commit takes the writer's turn first
-                try:
-                    while self._writing or self._syncing:
-                        self._cond.wait()
-                except BaseException:
-                    self._swap_wanted = False
-                    self._cond.notify_all()
-                    raise
-                if not self._unsynced:
-                    self._swap_wanted = False
-                    self._writing = True  # the writer waits while the journal is swapped
-                    return
-                self._swap_wanted = tries >= SWAP_TRIES  # from then on, commits wait while it syncs
-                self._syncing = True
-                unsynced = list(self._unsynced)
-                self._cond.notify_all()
-            try:
-                self._flush(unsynced, turn_held=False)
-            except BaseException:
-                with self._cond:
-                    self._swap_wanted = False
-                    self._cond.notify_all()
-                raise
-
     def compact(self) -> bool:
         """Write a snapshot of the state now and start a new journal; commits wait only while the journal
         is swapped (no fsync: the new journal's folder is synced with its first record), never while the
         snapshot is encoded or written. Journals that neither the new snapshot
         nor the previous copy needs are removed. False when there was nothing to compact."""
         with self._compacting:
-            self._take_swap_turn()
+            with self._cond:
+                self._swap_wanted = True  # no commit takes the writer's turn first: steady commits never starve it
+                try:
+                    while self._writing:
+                        self._cond.wait()
+                finally:
+                    self._swap_wanted = False
+                self._writing = True  # the writer waits while the journal is swapped
+                on_the_way = self._unsynced[-1] if self._unsynced else None
             try:
-                if self._broken or self._committed == self._snapshot_seq:
+                if self._broken or self._written_seq == self._snapshot_seq:
                     return False
-                with self._hot_lock:
-                    capture = self._hot.capture()
-                fresh = JournalWriter(self.data_dir / journal_name(capture.seq + 1), self.disk)
+                fresh = JournalWriter(self.data_dir / journal_name(self._written_seq + 1), self.disk,
+                                      unnamed=on_the_way is not None)
                 self._journal, old = fresh, self._journal
-                old.close()
             finally:
                 with self._cond:
                     self._writing = False
                     self._cond.notify_all()
+            if on_the_way is not None:  # the old journal's last records are synced there, with no turn held
+                self._sync(on_the_way)
+                if on_the_way.error is not None:  # lost: the old journal is the current one again
+                    return False
+            old.close()
+            with self._hot_lock:  # everything the old journal has, and perhaps some of the new one's: replay skips it
+                capture = self._hot.capture()
             try:  # the journals that carry the archive's lines may go once the snapshot is written
                 self.archive.sync()
             except OSError as err:

@@ -7,13 +7,17 @@ Real files; the disk counts its fsyncs and fails them with EIO when told to."""
 from __future__ import annotations
 
 import errno
+import os
+import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from labq.store import CommitFailed, DeleteJob, InvalidChange, PutJob, TinyDBStore
 from labq.store.files import Disk
+from labq.store.journal import TEMP_SUFFIX, journal_files
 from tests.store.conftest import job
 
 ENDED = 1_700_000_000.0
@@ -292,3 +296,128 @@ def test_a_commit_synced_by_another_before_its_writer_looks_leaves_no_sync_turn_
         store.go.set()
         if after is None or not after.is_alive():  # else closing would wait for that sync too
             store.close()
+
+
+def test_a_commit_lost_after_a_compaction_swapped_journals_leaves_the_journal_it_was_in(data):
+    """A compaction starts the next journal at once and syncs what the old one has afterwards; if that sync fails,
+    the new journal, which holds nothing that reached the disk, goes, and the old one is the current one again."""
+    disk = CountingDisk()
+    with TinyDBStore(data, disk=disk) as store:
+        store.commit([PutJob(job(4))])
+        before = [path.name for _, path in journal_files(data)]
+        staged = store.stage([PutJob(job(5))])
+        disk.failing = True
+        assert store.compact() is False
+        with pytest.raises(CommitFailed, match="not saved"):
+            staged.wait()
+        assert [path.name for _, path in journal_files(data)] == before
+    with TinyDBStore(data) as again:
+        assert sorted(again.load().jobs) == [1, 2, 3, 4]
+        assert again.commit([PutJob(job(5))]) == 3
+        again.compact()
+    with TinyDBStore(data) as reopened:
+        assert sorted(reopened.load().jobs) == [1, 2, 3, 4, 5]
+
+
+def test_commits_from_many_threads_through_many_compactions_are_all_there_after_a_restart(tmp_path):
+    folder = tmp_path / "data"
+    acknowledged: list[int] = []
+    with TinyDBStore(folder, compact_bytes=2000) as store:
+        def client(first: int) -> None:
+            for job_id in range(first, first + 100):
+                if job_id % 2:
+                    store.stage([PutJob(job(job_id))]).wait()
+                else:
+                    store.commit([PutJob(job(job_id))])
+                acknowledged.append(job_id)
+
+        threads = [threading.Thread(target=client, args=(1 + 100 * n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert store.compactions >= 3, f"{store.compactions} compactions: too few to have raced the commits"
+    with TinyDBStore(folder) as again:
+        assert sorted(again.load().jobs) == sorted(acknowledged) == list(range(1, 801))
+
+
+class UnnamedJournalFails(Disk):
+    """Once ``holding``, the next fsync waits until let go; an fsync of a journal not yet named fails with EIO
+    while ``failing``."""
+
+    def __init__(self) -> None:
+        self.holding = self.failing = False
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def fsync(self, fd: int) -> None:
+        if self.holding:
+            self.holding = False
+            self.entered.set()
+            assert self.go.wait(30), "the test never let the disk go"
+        if self.failing and os.readlink(f"/proc/self/fd/{fd}").endswith(TEMP_SUFFIX):
+            raise OSError(errno.EIO, "Input/output error")
+        super().fsync(fd)
+
+
+def swapping(store: TinyDBStore, disk, before: list[str]) -> threading.Thread:
+    """A compaction in a thread, once it has started the next journal (a file beside ``before``)."""
+    compaction = threading.Thread(target=store.compact, daemon=True)
+    compaction.start()
+    deadline = time.monotonic() + WAIT_S
+    while sorted(p.name for p in store.data_dir.iterdir()) == before:
+        assert time.monotonic() < deadline, "the compaction never started the next journal"
+        time.sleep(0.005)
+    return compaction
+
+
+def test_a_sync_that_fails_in_the_next_journal_keeps_what_the_old_one_had_on_disk(data):
+    disk = UnnamedJournalFails()
+    with TinyDBStore(data, disk=disk) as store:
+        store.commit([PutJob(job(4))])
+        disk.holding = True
+        first = store.stage([PutJob(job(5))])
+        syncing = threading.Thread(target=first.wait, daemon=True)
+        syncing.start()
+        assert disk.entered.wait(WAIT_S)
+        old = store.stage([PutJob(job(6))])  # in the old journal, after the sync that is held
+        compaction = swapping(store, disk, sorted(p.name for p in data.iterdir()))
+        new = store.stage([PutJob(job(7))])  # in the next journal
+        disk.failing = True
+        disk.go.set()  # the next sync takes the old journal's part, then fails in the new one
+        syncing.join(WAIT_S)
+        assert old.wait() == 4
+        with pytest.raises(CommitFailed):
+            new.wait()
+        compaction.join(WAIT_S)
+        assert not compaction.is_alive()
+    with TinyDBStore(data) as again:
+        assert sorted(again.load().jobs) == [1, 2, 3, 4, 5, 6]
+        assert again.commit([PutJob(job(7))]) == 5  # the lost commit's number, once
+    with TinyDBStore(data) as reopened:
+        assert sorted(reopened.load().jobs) == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_a_power_loss_while_a_compaction_waits_for_the_old_journal_leaves_a_lab_that_opens(data, tmp_path):
+    disk = HeldDisk()
+    with TinyDBStore(data, disk=disk) as store:
+        store.commit([PutJob(job(4))])
+        before = sorted(p.name for p in data.iterdir())
+        old = store.stage([PutJob(job(5))])  # in the old journal, not synced
+        disk.holding = True
+        compaction = swapping(store, disk, before)
+        assert disk.entered.wait(WAIT_S), "the compaction never synced the old journal"
+        written_at_once(store, job(6))  # in the next journal, which is written to while the old one is synced
+        # the power goes: the old journal's unsynced record is torn, while the next one's reached the disk
+        crashed = tmp_path / "crashed"
+        shutil.copytree(data, crashed, ignore=shutil.ignore_patterns("leader.lock"))
+        journals = journal_files(crashed)
+        torn = journals[-1][1] if journals[-1][1].stat().st_size else journals[-2][1]
+        raw = torn.read_bytes()
+        torn.write_bytes(raw[:len(raw) - 20])
+        disk.holding = False
+        disk.go.set()
+        compaction.join(WAIT_S)
+        assert old.wait()
+    with TinyDBStore(crashed) as again:  # only what was acknowledged then: jobs 1 to 4
+        assert sorted(again.load().jobs) == [1, 2, 3, 4]
