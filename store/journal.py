@@ -207,6 +207,7 @@ class JournalWriter:
         #: journals without waiting for the disk; a journal found at opening may be one whose name never was
         self.folder_unsynced = True
         self.size = self.synced = size  #: ``synced``: what the last sync made durable
+        self.cut_unsynced = False  #: a cut (``cut_back``) whose sync failed: no journal may follow it until synced
 
     def write(self, payload: bytes) -> None:
         """One record, written but not yet durable (``sync``); on an error the file is as it was, or the error
@@ -224,6 +225,7 @@ class JournalWriter:
         synced only by a sync of their own). An error propagates, and what was written since the last sync is not
         to be trusted on disk (Linux does not report a failed write-back twice): ``cut_back``."""
         self.disk.fsync(self.fd)
+        self.cut_unsynced = False
         if self.named is not None:  # what went before it is on disk: it may be found now
             os.rename(self.path, self.named)
             self.path, self.named = self.named, None
@@ -237,8 +239,10 @@ class JournalWriter:
         raise ``JournalStuck``: the records after that sync are written again or not at all."""
         self._cut(self.synced, err)
         self.size = self.synced
+        self.cut_unsynced = True
         try:  # the cut is durable with the next good sync; this one makes it so now, if the disk lets it
             self.disk.fsync(self.fd)
+            self.cut_unsynced = False
         except OSError as again:
             log.warning("the journal %s was cut back after a failed sync, but the cut could not be synced (%s): "
                         "the next sync makes it durable", self.path, again.strerror or again)

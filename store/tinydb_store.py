@@ -507,9 +507,11 @@ class TinyDBStore:
                 journal.sync(end)
                 synced = count
         except OSError as err:
-            if synced:
-                self._take_synced(batches[:synced])
-            self._lose_unsynced(err, turn_held)
+            try:
+                if synced:
+                    self._take_synced(batches[:synced])
+            finally:
+                self._lose_unsynced(err, turn_held)
             return
         except BaseException:
             with self._cond:
@@ -618,6 +620,8 @@ class TinyDBStore:
             try:
                 if self._broken or self._written_seq == self._snapshot_seq:
                     return False
+                if self._journal.cut_unsynced:  # a failed sync's cut the disk never took: before any journal follows
+                    self._journal.sync(self._journal.synced)
                 fresh = JournalWriter(self.data_dir / journal_name(self._written_seq + 1), self.disk,
                                       unnamed=on_the_way is not None)
                 self._journal, old = fresh, self._journal

@@ -421,3 +421,33 @@ def test_a_power_loss_while_a_compaction_waits_for_the_old_journal_leaves_a_lab_
         assert old.wait()
     with TinyDBStore(crashed) as again:  # only what was acknowledged then: jobs 1 to 4
         assert sorted(again.load().jobs) == [1, 2, 3, 4]
+
+
+class NamedSyncs(Disk):
+    """Fails every fsync with EIO while ``failing``; keeps the path of each fsync made."""
+
+    def __init__(self) -> None:
+        self.failing = False
+        self.paths: list[str] = []
+
+    def fsync(self, fd: int) -> None:
+        if self.failing:
+            raise OSError(errno.EIO, "Input/output error")
+        self.paths.append(os.readlink(f"/proc/self/fd/{fd}"))
+        super().fsync(fd)
+
+
+def test_a_cut_the_disk_did_not_take_is_synced_before_a_compaction_starts_the_next_journal(data):
+    disk = NamedSyncs()
+    with TinyDBStore(data, disk=disk) as store:
+        store.commit([PutJob(job(4))])
+        journal = str(journal_files(data)[-1][1])
+        disk.failing = True  # the sync fails, and so does the sync of the cut after it
+        with pytest.raises(CommitFailed):
+            store.commit([PutJob(job(5))])
+        disk.failing = False
+        disk.paths.clear()
+        assert store.compact()
+        assert disk.paths[0] == journal, disk.paths
+    with TinyDBStore(data) as again:
+        assert sorted(again.load().jobs) == [1, 2, 3, 4]
