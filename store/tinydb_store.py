@@ -23,8 +23,10 @@ last good one; if a caller had taken any of it in, the store refuses changes unt
 costs what it changed, not the size of the lab: only its documents are encoded.
 
 When the journal has grown to the snapshot's size, a background thread compacts: it
-starts a new journal (commits wait only for that swap), writes a new snapshot the safe
-way (``replace_atomically``: the old one becomes ``labq.json.prev``) from documents
+starts a new journal (commits wait only for that swap, which makes no fsync; the new one
+keeps a temporary name until its first sync, which comes after the old one's last records
+are synced, so no journal ever follows one a power loss may have cut short), writes a new
+snapshot the safe way (``replace_atomically``: the old one becomes ``labq.json.prev``) from documents
 encoded once already, and removes the journals neither snapshot needs. Opening loads the
 snapshot and replays the journals after it; only a torn last record (a crash mid-append,
 never acknowledged) is dropped. Any other damage stops the store, with the way to
