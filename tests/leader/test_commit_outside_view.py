@@ -69,6 +69,15 @@ def answered(call: Callable[[], object]) -> object:
     return answers.answered(call, "a look waited for a commit on its way to disk")
 
 
+def let_go(disk: HeldDisk, *threads) -> None:
+    """The disk goes on, and ``threads``, which waited for it, end."""
+    disk.holding = False
+    disk.go.set()
+    for thread in threads:
+        thread.join(WAIT_S)
+        assert not thread.is_alive(), "a call still waits for the disk it was let go"
+
+
 def submit(leader: Leader) -> int:
     return leader.queue.submit(ALICE, parse_submit({"command": ["train"], "gpus": 1})).id
 
@@ -96,9 +105,7 @@ def test_looks_are_answered_while_a_change_waits_for_the_disk_whose_answer_waits
     cancel.join(0.5)
     assert cancel.is_alive(), "the cancel was answered before its commit was on disk"
 
-    disk.holding = False
-    disk.go.set()
-    cancel.join(WAIT_S)
+    let_go(disk, cancel)
     assert cancelled["value"].state is JobState.CANCELLED
 
 
@@ -115,10 +122,7 @@ def test_the_next_change_is_decided_and_written_while_one_waits_for_the_disk(lab
     second.join(0.5)
     assert first.is_alive() and second.is_alive(), "a change was answered before its commit was on disk"
 
-    disk.holding = False
-    disk.go.set()
-    first.join(WAIT_S)
-    second.join(WAIT_S)
+    let_go(disk, first, second)
     assert first_out["value"].state is second_out["value"].state is JobState.CANCELLED
 
 
@@ -131,10 +135,7 @@ def test_a_second_change_to_the_same_job_works_from_the_first_and_answers_once_i
     second, second_out = in_thread(lambda: leader.queue.act(ALICE, job, CANCEL))
     second.join(0.5)
     assert second.is_alive(), "a change that read another's commit was answered before that commit was on disk"
-    disk.holding = False
-    disk.go.set()
-    first.join(WAIT_S)
-    second.join(WAIT_S)
+    let_go(disk, first, second)
     assert first_out["value"].state is JobState.CANCELLED
     # it read the job after the first cancel was taken in: there is nothing left to cancel
     assert second_out["error"].status == 404
@@ -152,10 +153,7 @@ def test_an_agent_is_sent_the_orders_of_a_change_only_once_it_is_on_disk(lab):
     assert answered(lambda: leader.queue.job(ALICE, job))[0].state is JobState.STARTING
     poll.join(0.5)
     assert poll.is_alive(), "the agent was sent an order whose commit was not on disk"
-    disk.holding = False
-    disk.go.set()
-    poll.join(WAIT_S)
-    placing.join(WAIT_S)
+    let_go(disk, poll, placing)
     assert [order.job_id for order in polled["value"].run] == [job]
 
 

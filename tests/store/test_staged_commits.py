@@ -160,12 +160,15 @@ class NextSyncHeld(Disk):
         self.entered = threading.Event()
         self.go = threading.Event()
 
+    def fails(self, fd: int) -> bool:
+        return self.failing
+
     def fsync(self, fd: int) -> None:
         if self.holding:
             self.holding = False
             self.entered.set()
             assert self.go.wait(30), "the test never let the disk go"
-        elif self.failing:
+        elif self.fails(fd):
             raise OSError(errno.EIO, "Input/output error")
         super().fsync(fd)
 
@@ -341,23 +344,11 @@ def test_commits_from_many_threads_through_many_compactions_are_all_there_after_
         assert sorted(again.load().jobs) == sorted(acknowledged) == list(range(1, 801))
 
 
-class UnnamedJournalFails(Disk):
-    """Once ``holding``, the next fsync waits until let go; an fsync of a journal not yet named fails with EIO
-    while ``failing``."""
+class UnnamedJournalFails(NextSyncHeld):
+    """``NextSyncHeld``, whose ``failing`` fails only an fsync of a journal not yet named."""
 
-    def __init__(self) -> None:
-        self.holding = self.failing = False
-        self.entered = threading.Event()
-        self.go = threading.Event()
-
-    def fsync(self, fd: int) -> None:
-        if self.holding:
-            self.holding = False
-            self.entered.set()
-            assert self.go.wait(30), "the test never let the disk go"
-        if self.failing and os.readlink(f"/proc/self/fd/{fd}").endswith(TEMP_SUFFIX):
-            raise OSError(errno.EIO, "Input/output error")
-        super().fsync(fd)
+    def fails(self, fd: int) -> bool:
+        return self.failing and os.readlink(f"/proc/self/fd/{fd}").endswith(TEMP_SUFFIX)
 
 
 def swapping(store: TinyDBStore, disk, before: list[str]) -> threading.Thread:
