@@ -67,8 +67,10 @@ class LabLock:
             self._writing.release()
             return
         staged, held.staged = held.staged, []
-        newest = self.newest()
-        self._writing.release()
+        try:
+            newest = self.newest()
+        finally:
+            self._writing.release()  # whatever happens, the next change may go
         if staged or newest is not None:
             self.settle(staged, newest)
 
