@@ -178,7 +178,8 @@ TEMP_SUFFIX = ".unsynced"
 
 
 class JournalWriter:
-    """The journal commits append to: one at a time, from the store's single writer."""
+    """The journal commits append to: ``write`` from the store's writer, one at a time, and ``sync`` from its
+    syncer, which may run beside a write (it counts only the records it was given)."""
 
     def __init__(self, path: Path, disk: Disk, *, good_bytes: int | None = None, unnamed: bool = False) -> None:
         """Open ``path`` for appending, made if missing; ``good_bytes``: cut a torn tail off first. ``unnamed``: a

@@ -409,7 +409,7 @@ class TinyDBStore:
             raise ticket.error
         assert ticket.written is not None
         if flush:
-            self._flush(flush, turn_held=False)
+            self._flush(flush)
         return OnTheWay(self, ticket.written)
 
     def _must_wait(self, ticket: _Ticket) -> bool:
@@ -498,11 +498,11 @@ class TinyDBStore:
                 return
             self._syncing = True
             batches = list(self._unsynced)
-        self._flush(batches, turn_held=False)
+        self._flush(batches)
 
-    def _flush(self, batches: list[_Written], *, turn_held: bool) -> None:
+    def _flush(self, batches: list[_Written]) -> None:
         """Sync the journal (the caller has set ``_syncing``): ``batches``, every commit written before, are then
-        durable and the hot state takes them in. ``turn_held``: the caller has the writer's turn too."""
+        durable and the hot state takes them in."""
         synced = 0  #: how many of ``batches`` are on disk (a sync is made journal by journal, in order)
         try:
             for journal, end, count in _ends(batches):
@@ -513,7 +513,7 @@ class TinyDBStore:
                 if synced:
                     self._take_synced(batches[:synced])
             finally:
-                self._lose_unsynced(err, turn_held)
+                self._lose_unsynced(err)
             return
         except BaseException:
             with self._cond:
@@ -542,15 +542,14 @@ class TinyDBStore:
                     w.done = True
                 self._cond.notify_all()
 
-    def _lose_unsynced(self, err: OSError, turn_held: bool) -> None:
+    def _lose_unsynced(self, err: OSError) -> None:
         """A sync failed: what was written since the last good one is cut off the journal and the archive and
         undone in the ids and record keys, and every commit of it fails. Taken with the writer's turn. If a caller
         had taken one of those commits in (``stage``), the store refuses changes until a restart."""
         with self._cond:
-            if not turn_held:
-                while self._writing:
-                    self._cond.wait()
-                self._writing = True
+            while self._writing:
+                self._cond.wait()
+            self._writing = True
             lost, self._unsynced = self._unsynced, []
             failure = self._not_saved(err)
             taken_in = any(w.staged for w in lost)
@@ -578,8 +577,7 @@ class TinyDBStore:
                                 f"({getattr(err, 'strerror', None) or err}); a restart reads what is on disk")
         finally:
             with self._cond:
-                if not turn_held:
-                    self._writing = False
+                self._writing = False
                 self._syncing = False
                 for w in lost:
                     w.done = True
