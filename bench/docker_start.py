@@ -104,7 +104,7 @@ class DockerLab(Lab):
         self.url = served.search(self.log("leader.log"))[1]
         creds = self.home / ".config" / "labq" / "credentials"
         self.wait(lambda: creds.exists() and "token" in creds.read_text(), "the first admin's token")
-        from labq.client import load_credentials
+        from labq.credentials import load_credentials
         self.client = Client(self.url, load_credentials(creds)["token"])
         self.spawn("agent.log", "agent", "--leader", self.url, "--gpus", gpus, "--name", self.node,
                    "--data-dir", str(self.data))

@@ -83,7 +83,8 @@ except ImportError:  # running from a checkout without an installed labq
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from figures import print_figures
-from labq.client import Client, load_credentials
+from labq.client import Client
+from labq.credentials import load_credentials
 from labq.protocol.errors import ApiError
 
 NEXT_TO_PYTHON = Path(sys.executable).with_name("labq")

@@ -42,7 +42,8 @@ except ImportError:  # running from a checkout without an installed labq
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from figures import print_figures
-from labq.client import Client, load_credentials
+from labq.client import Client
+from labq.credentials import load_credentials
 
 QUIET_S = 0.8  #: a redraw is over when the terminal has had nothing for this long
 

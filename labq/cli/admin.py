@@ -77,7 +77,8 @@ def _notify_status(args: argparse.Namespace) -> int:
 
 def _login(args: argparse.Namespace) -> int:
     from labq.cli.errors import CliError
-    from labq.client import Client, credentials_path, save_credentials
+    from labq.client import Client
+    from labq.credentials import credentials_path, save_credentials
     from labq.tls import check_pin
 
     if args.pin is not None:
@@ -96,7 +97,7 @@ def _login(args: argparse.Namespace) -> int:
 def _user_add(args: argparse.Namespace) -> int:
     import pwd
 
-    from labq.client import credentials_path, credentials_text, save_credentials
+    from labq.credentials import credentials_path, credentials_text, save_credentials
 
     client = leader_client(args)
     user, token = client.add_user(args.name, args.admin)

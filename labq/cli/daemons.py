@@ -170,7 +170,7 @@ def _check_folder(path: Path, what: str) -> None:
 
 def _start(args):
     """Start the leader for ``leader`` and ``up``; save the first admin's credentials."""
-    from labq.client import save_credentials
+    from labq.credentials import save_credentials
     from labq.leader.main import StartError, configure_logging, recover_first, start_leader
 
     configure_logging(args.log_level)
@@ -186,7 +186,7 @@ def _start(args):
         raise CliError(str(err)) from None
     if token is not None:  # saved before the line that says it serves, which people and scripts wait for
         if admin is not None and admin.uid is not None:  # root started it for someone: the token is theirs
-            from labq.client import credentials_path
+            from labq.credentials import credentials_path
 
             path = save_credentials(running.url, token, credentials_path(admin.home), admin.uid, admin.gid,
                                     pin=running.pin)

@@ -30,7 +30,8 @@ from labq.cli.common import parse_duration, parse_ids, parse_size_mib
 from labq.cli.errors import CliError, exit_code
 from labq.cli.common import FINISHED, STATES
 from labq.cli.jobs import build_submit_body
-from labq.client import Client, credentials_path, load_credentials, parse_event_stream, save_credentials
+from labq.client import Client, parse_event_stream
+from labq.credentials import credentials_path, load_credentials, save_credentials
 from labq.http_server import serve_app
 from labq.models import JobState, Node
 from labq.protocol.codec import encode_job, encode_node

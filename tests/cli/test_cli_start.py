@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from labq.cli import COMMANDS, FAMILIES, _parser, main
 from labq.cli.common import CommandSet, terminal_columns
-from labq.client import credentials_text, load_credentials, plain_toml, save_credentials
+from labq.credentials import credentials_text, load_credentials, save_credentials
+from labq.plain_toml import plain_toml
 from labq.protocol.codec import encode_job
 from tests.cli.fake_leader import ROOT, FakeLeader, environment
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from labq.client import credentials_text
+from labq.credentials import credentials_text
 from labq.protocol.identity import parse_join_token
 from tests.discovery.hosts import Hosts
 from tests.e2e.conftest import TEST_CONFIG

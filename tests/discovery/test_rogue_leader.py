@@ -26,7 +26,7 @@ import tomllib
 
 import pytest
 
-from labq.client import credentials_text
+from labq.credentials import credentials_text
 from labq.protocol.identity import lab_of, parse_join_token
 from tests.discovery.hosts import Hosts
 from tests.e2e.conftest import TEST_CONFIG

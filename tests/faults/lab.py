@@ -26,7 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from labq.client import Client, credentials_path
+from labq.client import Client
+from labq.credentials import credentials_path
 from labq.protocol.errors import ApiError
 
 CLONE_NEWNET = 0x40000000

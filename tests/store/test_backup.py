@@ -195,7 +195,8 @@ def test_a_restore_replaces_a_lab_only_with_force_and_keeps_its_files_aside(data
 
 
 def test_backup_while_submitting_then_restore_into_a_fresh_leader_that_resumes_the_queue(lab):  # noqa: F811
-    from labq.client import ApiError, Client, credentials_path, load_credentials
+    from labq.client import ApiError, Client
+    from labq.credentials import credentials_path, load_credentials
 
     lab.start_leader()
     saved = credentials_path(lab.home)  # the leader saves them just after it says it serves

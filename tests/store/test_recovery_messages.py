@@ -115,7 +115,7 @@ def test_with_the_previous_copy_missing_the_store_names_the_backup_not_recover(d
 
 
 def test_following_the_both_damaged_advice_restores_the_lab(lab):  # noqa: F811
-    from labq.client import credentials_path, load_credentials
+    from labq.credentials import credentials_path, load_credentials
 
     lab.start_leader()
     saved = credentials_path(lab.home)  # the leader saves them just after it says it serves

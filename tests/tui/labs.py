@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from labq.client import Client, load_credentials
+from labq.client import Client
+from labq.credentials import load_credentials
 from labq.transport import Request, Response, Transport, socket_transport
 from labq.tui.app import LabqApp, make_app
 from tests.e2e.conftest import Lab

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Input
 
-from labq.client import load_credentials
+from labq.credentials import load_credentials
 from labq.terminal_text import escape_controls
 from labq.tui.detail import JobDetailScreen
 from labq.tui.dialogs import Ask, Confirm

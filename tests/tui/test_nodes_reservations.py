@@ -10,7 +10,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from textual.widgets import DataTable, Input, Static
 
-from labq.client import Client, load_credentials
+from labq.client import Client
+from labq.credentials import load_credentials
 from labq.tui.app import make_app
 from labq.tui.dialogs import Confirm
 from labq.tui.nodes import NodesScreen

@@ -40,8 +40,8 @@ PARTS: dict[str, tuple[str, ...]] = {
     # The one HTTP seam: Request/Response and transports, the socket-level connection, the hardened server,
     # and trusting a leader by its pinned CA.
     "http": ("labq.transport", "labq.wire", "labq.http_server", "labq.tls"),
-    # The one client of the leader's API, for the CLI and the TUI.
-    "client": ("labq.client",),
+    # The one client of the leader's API, for the CLI and the TUI; the credentials file it reads, in plain TOML.
+    "client": ("labq.client", "labq.credentials", "labq.plain_toml"),
     # What the leader asks a store to record, and the rules every store keeps.
     "store-contract": ("labq.store.contract",),
     # Durable persistence (TinyDB), and the in-memory store.
