@@ -25,12 +25,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from labq.store.check import recover_hint
 from labq.store.contract import JOBS, META, StoreError, StoreLocked
+from labq.store.data_folder import ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, take_leader_lock
 from labq.store.files import Disk, replace_atomically
-from labq.store.tinydb_store import (
-    ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, Journaled, decode, encode, read_state, recover_hint, take_leader_lock,
-)
 from labq.store.journal import ids_named, journal_files
+from labq.store.replay import Journaled, read_state
+from labq.store.snapshot import decode, encode
 
 MANIFEST = "manifest.json"
 FORMAT = "labq-backup"

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labq.store.archive import Archive
+from labq.store.check import recover_hint
 from labq.store.contract import StoreError
+from labq.store.data_folder import ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, take_leader_lock
 from labq.store.files import Disk, replace_atomically
 from labq.store.hot import HotState
 from labq.store.journal import ids_mentioned, journal_files, read_journal
-from labq.store.tinydb_store import (
-    ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, Journaled, decode, recover_hint, take_leader_lock,
-)
+from labq.store.replay import Journaled
+from labq.store.snapshot import decode
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,6 @@
 """The leader's durable store: a journal of commits in front of a TinyDB snapshot, plus a job archive.
 
-Layout of the data folder::
-
-    labq.json        the snapshot (TinyDB's JSON format): unfinished jobs, reservations,
-                     users, ...; a checksummed ``_meta`` table with the schema version,
-                     the commit it holds and the next job id
-    labq.json.prev   the snapshot before it
-    journal-*.log    every commit after the previous snapshot, one checksummed record
-                     each (``labq.store.journal``), named by the first commit it holds
-    archive/         finished jobs, one JSON-lines file a month
-    leader.lock      held by the one process that writes
+The data folder it keeps is drawn in ``labq.store.data_folder``.
 
 A commit returns only once it is on disk: its archive lines are appended, then one
 journal record that carries them too, and that one record is fsynced (the archive files
@@ -28,7 +19,7 @@ keeps a temporary name until its first sync, which comes after the old one's las
 are synced, so no journal ever follows one a power loss may have cut short), writes a new
 snapshot the safe way (``replace_atomically``: the old one becomes ``labq.json.prev``) from documents
 encoded once already, and removes the journals neither snapshot needs. Opening loads the
-snapshot and replays the journals after it; only a torn last record (a crash mid-append,
+snapshot and replays the journals after it (``labq.store.replay``); only a torn last record (a crash mid-append,
 never acknowledged) is dropped. Any other damage stops the store, with the way to
 ``labq store check`` and ``recover``. Closing compacts, so a clean restart reads one file.
 """
@@ -37,29 +28,26 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import gc
-import hashlib
 import logging
-import json
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from labq.store.archive import Archive, encode_line
+from labq.store.archive import Archive
+from labq.store.check import recover_hint
 from labq.store.contract import (
-    META, Batch, Change, Ids, CommitFailed, CorruptDatabase, Ended, HistoryPart, SchemaMismatch, StoredState,
-    StoreError, StoreLocked, whole,
+    META, Batch, Change, Ids, CommitFailed, CorruptDatabase, Ended, HistoryPart, StoredState, StoreError, whole,
 )
+from labq.store.data_folder import ARCHIVE_DIR, DB_NAME, PREVIOUS_NAME, take_leader_lock
 from labq.store.files import Disk, remove_stale_temp_files, replace_atomically, replace_atomically_with
-from labq.store.hot import PREFIX, SCHEMA, HotState, stamp
-from labq.store.journal import (
-    TEMP_SUFFIX, JournalDamaged, JournalStuck, JournalWriter, dumps, journal_files, journal_name, read_journal,
-)
+from labq.store.hot import SCHEMA, HotState
+from labq.store.journal import TEMP_SUFFIX, JournalStuck, JournalWriter, dumps, journal_files, journal_name
+from labq.store.replay import Journaled, replay
+from labq.store.snapshot import decode, encode
 
 log = logging.getLogger("labq.store")
 #: the least the journal grows to before a compaction (it also waits for a snapshot's size)
@@ -67,120 +55,6 @@ COMPACT_MIN_BYTES = 8 * 1024 * 1024
 #: Each commit records that ids up to this many past its next id may have been handed out,
 #: so that a recovery to the previous copy never hands out an id a lost commit used.
 ID_RESERVE = 1000
-DB_NAME = "labq.json"
-PREVIOUS_NAME = "labq.json.prev"
-LOCK_NAME = "leader.lock"
-ARCHIVE_DIR = "archive"
-
-
-def recover_hint(data_dir: Path, *, checked: bool = False) -> str:
-    """What to do about a damaged database in ``data_dir``: only steps that work there.
-
-    It looks at the previous copy (reading only): ``--recover`` is suggested only when that
-    copy is sound, else a restore from a backup. ``checked``: said after ``labq store check``.
-    """
-    lines = [] if checked else ["Nothing was changed. To see which files are sound: "
-                                f"labq store check --data-dir {data_dir}"]
-    problem = previous_copy_problem(data_dir)
-    if problem is None or _sound(data_dir / DB_NAME):
-        return "\n".join(lines + [
-            "To go back to the last sound state (a sound copy of the database and the journal up to the damage) "
-            "and start, run:",
-            f"    labq leader --recover --data-dir {data_dir}",
-            f"(or labq store recover --data-dir {data_dir} to recover without starting). "
-            f"Both say what will be lost before they do anything."])
-    archive = data_dir / ARCHIVE_DIR
-    return "\n".join(lines + [
-        f"The previous copy, {data_dir / PREVIOUS_NAME}, {problem}: there is no good copy here to go back to.",
-        "Restore the data folder from a backup made with `labq store backup`:",
-        f"    labq store restore BACKUP --data-dir {data_dir} --force",
-        f"where BACKUP is the backup's folder. The files it replaces (the database, the previous copy and "
-        f"the archive of finished jobs, {archive}) are moved into {data_dir}/replaced-<time>/, not deleted.",
-        f"Without a backup: move {data_dir} aside and start a new lab; the finished jobs stay readable, "
-        f"one JSON line each, in the archive files it had ({archive}/jobs-YYYY-MM.jsonl)."])
-
-
-def _sound(path: Path) -> bool:
-    try:
-        decode(path.read_bytes(), path)
-    except (OSError, StoreError):
-        return False
-    return True
-
-
-def previous_copy_problem(data_dir: Path) -> str | None:
-    """What is wrong with the previous copy ("is missing", "is damaged too"); None if it is sound."""
-    previous = data_dir / PREVIOUS_NAME
-    try:
-        raw = previous.read_bytes()
-    except FileNotFoundError:
-        return "is missing"
-    except OSError as err:
-        return f"cannot be read ({err.strerror})"
-    try:
-        decode(raw, previous)
-    except StoreError:
-        return "is damaged too"
-    return None
-
-
-_CHECKSUM = re.compile(rb'"checksum":"([0-9a-f]{64})",')
-
-
-def encode(data: dict) -> bytes:
-    """The file's bytes: canonical JSON whose ``_meta`` carries a checksum of the rest."""
-    data[META]["1"].pop("checksum", None)
-    return stamp(dumps(data))
-
-
-def decode(raw: bytes, path: Path) -> dict:
-    """Parse and check a database file; raise with what is wrong. Never writes.
-
-    Damage is raised without advice (``hint``): what to do depends on the rest of the data
-    folder (is the previous copy sound?), which the caller adds with ``recover_hint``.
-    """
-    if not raw.strip():
-        raise CorruptDatabase(f"{path} is empty ({len(raw)} bytes): it was cut off or never written")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise CorruptDatabase(f"{path} is not text (a byte that is not UTF-8 at {err.start} of {len(raw)}): "
-                              f"it is damaged") from None
-    try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise CorruptDatabase(f"{path} is not valid JSON ({err.msg}; character {err.pos} of {len(text)}): "
-                              f"it is truncated or damaged") from None
-    try:
-        meta = data[META]["1"]
-        schema = meta["schema"]
-    except (KeyError, TypeError):
-        raise CorruptDatabase(f"{path} is not a labq database: it has no {META} table") from None
-    # The checksum first: a changed digit in the schema number is damage, not another labq.
-    meta.pop("checksum", None)
-    mark = _CHECKSUM.match(raw, len(PREFIX)) if raw.startswith(PREFIX) else None
-    body = PREFIX + raw[mark.end():] if mark else b""
-    if mark is None or mark.group(1).decode() != hashlib.sha256(body).hexdigest():
-        if schema == SCHEMA:
-            raise CorruptDatabase(f"{path} fails its checksum: it was changed or damaged on disk")
-        raise CorruptDatabase(
-            f"{path} may be damaged: its schema number reads {schema!r} (this labq reads schema {SCHEMA}) "
-            f"and it fails its checksum, so a changed character is likelier than another labq version "
-            f"(if another version did write it, use that version instead of recovering)")
-    if not isinstance(schema, int) or isinstance(schema, bool):
-        raise SchemaMismatch(f"{path} has an unknown schema {schema!r}",
-                             "Nothing was changed. Open it with the labq version that wrote it.")
-    if schema > SCHEMA:
-        raise SchemaMismatch(
-            f"{path} was written by a newer labq (schema {schema}); this labq reads schema {SCHEMA}",
-            "Nothing was changed. Upgrade labq on this machine to the version that wrote it.")
-    if schema < SCHEMA:
-        raise SchemaMismatch(f"{path} has schema {schema}, older than any this labq can read ({SCHEMA})",
-                             "Nothing was changed. Open it with the labq version that wrote it.")
-    for key in ("seq", "next_job_id", "ids_reserved_until"):
-        if not isinstance(meta.get(key), int):
-            raise CorruptDatabase(f"{path}: {META} has no integer {key}")
-    return data
 
 
 @dataclass(eq=False)
@@ -708,78 +582,3 @@ def collector_paused(freeze: bool = False):
         if enabled:
             gc.enable()
 
-
-@dataclass
-class Journaled:
-    """What the journals say of the archive: after commit ``after``, its lines are exactly ``lines`` (file name,
-    line), in commit order. ``after`` is the snapshot's commit, or the last commit of an older labq's record
-    after it (which carries no lines: that labq fsynced them in the archive's files)."""
-
-    after: int = 0
-    lines: list[tuple[str, bytes]] = field(default_factory=list)
-
-    def take(self, record: dict) -> None:
-        """A record replayed after the last one taken."""
-        if "archive" not in record:
-            self.after, self.lines = record["seq"], []
-        else:
-            self.lines += [(name, encode_line(line)) for name, line in record["archive"]]
-
-
-def replay(hot: HotState, journals: list[tuple[int, Path]], snapshot: Path,
-           journaled: Journaled | None = None) -> int | None:
-    """Apply the records after ``hot``'s commit from ``journals``; the sound length of the last journal (where a
-    torn tail starts), None when there are none. Raises CorruptDatabase for damage or a gap. ``journaled``: takes
-    in the archive lines the records carry (its ``after`` set to ``hot``'s commit first)."""
-    good_bytes = None
-    if journaled is not None:
-        journaled.after, journaled.lines = hot.seq, []
-    for number, (_, path) in enumerate(journals):
-        try:
-            read = read_journal(path, last=number == len(journals) - 1)
-        except JournalDamaged as err:
-            raise CorruptDatabase(str(err)) from None
-        for record in read.records:
-            if record["seq"] <= hot.seq:
-                continue
-            if record["seq"] != hot.seq + 1:
-                raise CorruptDatabase(f"{path} goes on from commit {record['seq']}, but {snapshot} and the journals "
-                                      f"before it end at commit {hot.seq}: commits are missing")
-            hot.take(record)
-            if journaled is not None:
-                journaled.take(record)
-        good_bytes = read.good_bytes
-    return good_bytes
-
-
-def read_state(data_dir: Path, journaled: Journaled | None = None) -> HotState:
-    """What a store opened on ``data_dir`` would load, read only and beside a running leader: the snapshot and
-    the journals after it, a record being appended left out. Raises CorruptDatabase or SchemaMismatch.
-    ``journaled``: takes in what the journals say of the archive (``replay``)."""
-    path = data_dir / DB_NAME
-    for attempt in range(5):
-        hot = HotState(decode(path.read_bytes(), path))
-        journals = journal_files(data_dir)
-        try:
-            replay(hot, journals, path, journaled)
-            return hot
-        except (FileNotFoundError, CorruptDatabase):
-            if attempt == 4 or journal_files(data_dir) == journals:
-                raise  # no compaction changed the files meanwhile: the damage is real
-    raise AssertionError("unreachable")
-
-
-def take_leader_lock(data_dir: Path) -> int:
-    """Hold the data folder for this process; refuse if another leader has it."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(data_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise StoreLocked(f"another labq process (pid {holder}) is using {data_dir}",
-                          "Only one leader may write a data folder. Stop the other one first.") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    return fd

@@ -76,8 +76,8 @@ def _existing_data_dir(args: argparse.Namespace):
 
 
 def _check(args: argparse.Namespace) -> int:
-    from labq.store.check import check_data_dir
-    from labq.store.tinydb_store import PREVIOUS_NAME, recover_hint
+    from labq.store.check import check_data_dir, recover_hint
+    from labq.store.data_folder import PREVIOUS_NAME
 
     data_dir = _existing_data_dir(args)
     reports = check_data_dir(data_dir)

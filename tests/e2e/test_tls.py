@@ -15,7 +15,7 @@ import tomllib
 
 import pytest
 
-from labq.store.tinydb_store import read_state
+from labq.store.replay import read_state
 from tests.e2e.conftest import TEST_CONFIG, Lab
 
 pytestmark = pytest.mark.timeout(120)

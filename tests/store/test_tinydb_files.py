@@ -245,7 +245,7 @@ def test_a_snapshot_bigger_than_its_pieces_is_written_piece_by_piece_and_is_cano
     from tinydb import TinyDB
 
     from labq.store.hot import CHUNK_BYTES
-    from labq.store.tinydb_store import read_state
+    from labq.store.replay import read_state
 
     folder = tmp_path / "data"
     jobs = [job(i, workdir=f"/home/alice/{i}/" + "w" * 600, note="é 中") for i in range(1, 3001)]
