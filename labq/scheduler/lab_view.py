@@ -3,10 +3,10 @@
 A pass starts from the lab's state: which jobs are on which GPUs (and which of
 them may be preempted), which GPUs are free, held for a job ahead in the queue,
 or reserved. ``LabView`` builds that picture and answers the questions the
-rules in ``labq.scheduler.cycle`` ask of it: the GPUs a job may use on a node,
-those holds and reservations keep from it, the nodes it may run on. What the
-pass has worked out from it is kept in a ``NodeMemo`` until a change makes it
-stale.
+rules of the pass (``labq.scheduler.cycle`` and its parts) ask of it: the GPUs a
+job may use on a node, those holds and reservations keep from it, the nodes it
+may run on. What the pass has worked out from it is kept in a ``NodeMemo``, by
+job shape and node, until a change makes it stale.
 """
 
 from __future__ import annotations
@@ -371,13 +371,28 @@ class LabView:
             mask &= ~self._reserved_against(job, node.name, end)
         return mask
 
-    def _changed(self, nodes: Iterable[str]) -> None:
-        """A start, preemption or hold changed ``nodes``: what the memo knows of them is stale."""
-        self.memo.changed(nodes)
-
     @staticmethod
     def _borrower(entry: OnGpus, r: Reservation) -> bool:
         """A job on a reservation's GPUs that is not one of its own: it gives them back on demand."""
         job = entry.job
         return (job.state is JobState.RUNNING and job.spec.preemptible and job.spec.reservation != r.name
                 and bool(entry.mask & indices_to_mask(r.gpu_indices)))
+
+    # -- what the pass has worked out -----------------------------------------------
+
+    def _shape(self, job: Job) -> tuple:
+        """Everything a job's placement depends on besides its priority and the state of the nodes."""
+        personal = job.id if job.id in self.inflight else None
+        return (job.spec.resource_shape, personal, self.barred_nodes(job))
+
+    def _on_each_node(self, kind: str, job: Job, shape: tuple, compute, *extra) -> dict[str, object]:
+        """``compute(node)`` for each of the job's nodes, by node name; remembered per node until it changes.
+
+        One table per question and job shape: after a start, a preemption or a hold, a pass over
+        a long queue recomputes the answer on the one or two nodes that changed, not on every node.
+        """
+        return self.memo.each_node((kind, shape, *extra), lambda: self._candidate_nodes(job), compute)
+
+    def _changed(self, nodes: Iterable[str]) -> None:
+        """A start, preemption or hold changed ``nodes``: what the memo knows of them is stale."""
+        self.memo.changed(nodes)

@@ -29,6 +29,9 @@ class Named(Protocol):
 
 N = TypeVar("N", bound=Named)
 
+#: what a table gives for a question not asked yet, where None is an answer (no GPU set, no plan)
+UNKNOWN = object()
+
 
 class _Table:
     """One question's answers by node name, and how much of the change log they reflect."""

@@ -9,8 +9,8 @@ any priority (a *reclaim*), never taking the lender of that work below its own g
 
 Counts, not GPU sets: a guarantee is a number of GPUs anywhere in the lab, so a queue
 gets its share wherever its jobs fit best. ``QueueBook`` keeps the counts of one pass
-and answers the questions ``labq.scheduler.cycle`` asks; it changes as the pass starts
-and preempts jobs.
+and answers the questions the pass asks (``labq.scheduler.guarantees``); it changes as the
+pass starts and preempts jobs.
 """
 
 from __future__ import annotations
