@@ -119,7 +119,8 @@ def _agent_options(parser) -> None:
 
 
 def _config(args):
-    from labq.leader.config import ConfigError, load_config
+    from labq.leader.config import ConfigError
+    from labq.leader.config_file import load_config
 
     overrides = {}
     if args.listen:
@@ -256,7 +257,7 @@ def _leader(args) -> int:
     import socket
 
     if args.print_config:
-        from labq.leader.config import DEFAULT_TOML
+        from labq.leader.default_config import DEFAULT_TOML
 
         print(DEFAULT_TOML, end="")
         return 0

@@ -200,7 +200,8 @@ def _policies(text: str, options, quotas: list[str], lab=None):
     from labq.sim.engine import POLICIES
 
     if Path(text).suffix == ".toml" or Path(text).is_file():
-        from labq.leader.config import ConfigError, load_config
+        from labq.leader.config import ConfigError
+        from labq.leader.config_file import load_config
 
         try:
             config = load_config(Path(text))
@@ -350,7 +351,8 @@ def _queued(workload, settings: str | None, rules: list[str]):
 
     config = None
     if settings:
-        from labq.leader.config import ConfigError, load_config
+        from labq.leader.config import ConfigError
+        from labq.leader.config_file import load_config
 
         try:
             config = load_config(Path(settings))

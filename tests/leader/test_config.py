@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from labq.leader.config import DEFAULT_TOML, ConfigError, LeaderConfig, load_config
+from labq.leader.config import ConfigError, LeaderConfig
+from labq.leader.config_file import load_config
+from labq.leader.default_config import DEFAULT_TOML
 
 
 def test_the_documented_defaults_are_the_defaults(tmp_path):

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labq.leader.config import ConfigError, load_config
+from labq.leader.config import ConfigError
+from labq.leader.config_file import load_config
 from labq.protocol.agents import parse_registration
 from labq.protocol.bookings import parse_reserve
 from labq.protocol.errors import ApiError
@@ -135,7 +136,7 @@ def test_allow_root_is_a_documented_jobs_key(tmp_path):
     path.write_text('[jobs]\nallow_root = "yes"\n')
     with pytest.raises(ConfigError, match="jobs.allow_root = 'yes': must be true or false"):
         load_config(path)
-    from labq.leader.config import DEFAULT_TOML
+    from labq.leader.default_config import DEFAULT_TOML
     assert "\nallow_root = false " in DEFAULT_TOML
 
 

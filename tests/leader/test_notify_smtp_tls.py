@@ -101,7 +101,8 @@ def test_a_wrong_password_or_an_unknown_ca_sends_nothing(server):
 
 
 def test_the_mail_servers_ca_is_read_from_the_settings(tmp_path):
-    from labq.leader.config import ConfigError, load_config
+    from labq.leader.config import ConfigError
+    from labq.leader.config_file import load_config
 
     path = tmp_path / "leader.toml"
     path.write_text('[notify.email]\nhost = "smtp.lab.example"\nfrom = "labq@lab.example"\n'

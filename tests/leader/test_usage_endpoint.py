@@ -197,7 +197,7 @@ def test_where_the_admin_says_so_every_user_sees_the_whole_lab(lab):
 
 
 def test_the_setting_is_read_from_the_leader_toml(tmp_path):
-    from labq.leader.config import load_config
+    from labq.leader.config_file import load_config
 
     path = tmp_path / "leader.toml"
     path.write_text("[usage]\neveryone = true\n")

@@ -172,7 +172,7 @@ def test_the_lab_settings_travel_whole(tmp_path):
     """What ``GET /v1/history`` sends of the lab's settings is what the replay runs with."""
     import json
 
-    from labq.leader.config import load_config
+    from labq.leader.config_file import load_config
     from labq.protocol.history import encode_policy, policy_fields
     from labq.scheduler import Policy
 
