@@ -17,6 +17,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
+from labq.models.spec import BY_NAME
 from labq.terminal_text import escape_controls
 
 
@@ -67,12 +68,15 @@ class Ask(ModalScreen[str | None]):
 
 
 class SubmitForm(ModalScreen[dict | None]):
-    """A new job: command, GPUs, class, time limit, name, folder; the answer is a submit body."""
+    """A new job: command, GPUs, class, time limit, name, folder; the answer is a submit body. Each field but
+    the command is a field of the job's spec (``labq.models.spec``), labelled and read as its declaration says."""
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
-    FIELDS = (("command", "command (as in a shell)", "python train.py --lr 3e-4"), ("gpus", "GPUs", "1"),
-              ("class", "class", "normal"), ("time", "time limit", "6h (empty: none)"), ("name", "name", ""),
-              ("workdir", "folder", "empty: the current folder"))
+    #: the form's keys, the spec's fields they are, and what each shows while empty
+    SPEC = (("gpus", "gpus", "1"), ("class", "priority", "normal"), ("time", "time_limit_s", "6h (empty: none)"),
+            ("name", "name", ""), ("workdir", "workdir", "empty: the current folder"))
+    FIELDS = (("command", "command (as in a shell)", "python train.py --lr 3e-4"),
+              *((key, BY_NAME[name].label, hint) for key, name, hint in SPEC))
 
     def __init__(self, values: dict | None = None) -> None:
         super().__init__()
@@ -94,21 +98,24 @@ class SubmitForm(ModalScreen[dict | None]):
         """The submit body, or ValueError saying which field is wrong."""
         import shlex
 
-        from labq.protocol.requests import submit_request, wire_priority
-        from labq.units import parse_duration
+        from labq import spec_text
+        from labq.protocol.requests import submit_request
 
         get = {key: self.query_one(f"#f-{key}", Input).value.strip() for key, _, _ in self.FIELDS}
         if not get["command"]:
             raise ValueError("command: say what to run")
-        command = shlex.split(get["command"])
-        if get["gpus"] and (not get["gpus"].isdigit() or int(get["gpus"]) < 1):
-            raise ValueError("GPUs: a whole number, 1 or more")
+        values = {}
+        for key, name, _ in self.SPEC:
+            field = BY_NAME[name]
+            if get[key]:
+                try:
+                    values[name] = spec_text.read(field, get[key])
+                except ValueError as err:  # it names the flag: the form names its own field
+                    raise ValueError(f"{field.label}: {str(err).removeprefix(field.flag or '').lstrip(': ')}") \
+                        from None
         # as `labq submit` does: the folder the TUI runs in, a relative folder from there, ~ expanded
-        workdir = os.path.abspath(os.path.join(os.getcwd(), os.path.expanduser(get["workdir"] or ".")))
-        return submit_request(command, gpus=int(get["gpus"]) if get["gpus"] else None,
-                              priority=wire_priority(get["class"]) if get["class"] else None,
-                              time_limit_s=parse_duration(get["time"]) if get["time"] else None,
-                              name=get["name"] or None, workdir=workdir)
+        values["workdir"] = os.path.abspath(os.path.join(os.getcwd(), os.path.expanduser(get["workdir"] or ".")))
+        return submit_request(shlex.split(get["command"]), **values)
 
     @on(Input.Submitted)
     @on(Button.Pressed, "#submit")

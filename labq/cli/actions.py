@@ -164,28 +164,24 @@ def _edit(args: argparse.Namespace) -> int:
 
 
 def edit_fields(args: argparse.Namespace) -> dict:
-    """The edit action's fields from ``labq edit``'s flags; ``--time none`` removes the limit (sent as 0)."""
+    """The edit action's fields from ``labq edit``'s flags, each read as ``labq submit`` reads it; ``--time none``
+    removes the limit (sent as 0) and ``--name ''`` the name."""
+    from labq.cli.spec_flags import dest, flag_value
+    from labq.models.spec import FIELDS
+
     fields: dict = {}
-    if args.gpus is not None:
-        if args.gpus < 1:
-            raise CliError("--gpus must be 1 or more")
-        fields["gpus"] = args.gpus
-    if args.time is not None:
-        fields["time_limit_s"] = 0 if args.time.strip().lower() == "none" else _positive(args.time)
-    if args.klass or args.priority:
-        fields["priority"] = args.klass or parse_priority_arg(args.priority)
-    if args.name is not None:
-        fields["name"] = args.name
+    for field in (f for f in FIELDS if f.edit is not None):
+        raw = getattr(args, dest(field))
+        if field.kind == "duration" and isinstance(raw, str) and raw.strip().lower() == "none":
+            fields[field.name] = 0
+        elif field.kind == "name" and raw == "":
+            fields[field.name] = ""
+        elif (value := getattr(args, "klass", None) if field.kind == "priority" and args.klass
+              else flag_value(args, field, {})) is not None:
+            fields[field.name] = value
     if not fields:
         raise CliError("say what to change: --gpus, --time, --class/--priority or --name")
     return fields
-
-
-def _positive(text: str) -> float:
-    seconds = parse_duration(text, "--time")
-    if seconds <= 0:
-        raise CliError("--time must be longer than 0 (--time none removes the limit)")
-    return seconds
 
 
 def _restart(args: argparse.Namespace) -> int:
@@ -290,7 +286,8 @@ def _add_cancel(sub: argparse._SubParsersAction, c: list) -> None:
 
 
 def _add_edit(sub: argparse._SubParsersAction, c: list) -> None:
-    from labq.cli.jobs import CLASSES
+    from labq.cli.spec_flags import add_flag
+    from labq.models.spec import FIELDS
 
     p = command(sub, "edit", "change a job's GPUs, time limit, class or name",
                 "Change what jobs asked for: GPUs and the time limit while they wait (queued or held), the class "
@@ -299,12 +296,9 @@ def _add_edit(sub: argparse._SubParsersAction, c: list) -> None:
                 "  labq edit 12 --time none             no time limit\n  labq edit 12 13 --name sweep-2",
                 _edit, c)
     p.add_argument("ids", nargs="+", metavar="ID")
-    p.add_argument("--gpus", type=int, metavar="N", help="GPUs the job needs")
-    p.add_argument("--time", metavar="DURATION", help="time limit: 90m, 2h, 1d, 1:30:00; none removes it")
-    prio = p.add_mutually_exclusive_group()
-    prio.add_argument("--class", dest="klass", choices=CLASSES, help="priority class")
-    prio.add_argument("--priority", metavar="INT|NAME", help="priority 0-1000 or a class name")
-    p.add_argument("--name", help="a new name ('' removes it)")
+    for field in FIELDS:
+        if field.edit is not None:
+            add_flag(p, field, field.edit)
 
 
 def _add_restart_wait_clean(sub: argparse._SubParsersAction, c: list) -> None:

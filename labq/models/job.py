@@ -7,11 +7,10 @@ from enum import Enum
 from functools import cached_property
 
 from labq.models.placement import Placement
-from labq.models.priority import PriorityClass
+from labq.models.spec import FIELDS, AfterReservation, Runtime
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from labq.models.notify import NotifyEvent
+__all__ = ["AfterReservation", "Attempt", "AttemptEnd", "Job", "JobSpec", "JobState", "Mount", "Runtime",
+           "SignalSource", "StopReason", "catchable_signal"]
 
 
 class JobState(str, Enum):
@@ -109,18 +108,6 @@ def catchable_signal(text: str) -> str | None:
     return name
 
 
-class AfterReservation(str, Enum):
-    """What becomes of a job still waiting in its reservation when the booking ends or is cancelled."""
-
-    QUEUE = "queue"  #: released to the normal queue, to run on any GPUs it fits
-    CANCEL = "cancel"  #: cancelled, with the reservation's end as the reason
-
-
-class Runtime(str, Enum):
-    DOCKER = "docker"  #: a container from ``image``
-    PROCESS = "process"  #: a plain process on the workstation
-
-
 @dataclass(frozen=True)
 class Mount:
     source: str  #: host path, under one of the admin's allowed roots
@@ -128,57 +115,21 @@ class Mount:
     read_only: bool = False
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """Everything a submission says; never changes after submit, but for one thing: a job whose
-    reservation is over leaves it (``reservation`` becomes None, and the job's ``note`` says so)."""
+def _declared(cls: type) -> type:
+    """``cls`` as a frozen dataclass whose fields are ``labq.models.spec.FIELDS``: their names, types and
+    defaults, in that order."""
+    cls.__annotations__ = {f.name: f.type for f in FIELDS}
+    for f in FIELDS:
+        if not f.required:
+            setattr(cls, f.name, f.default)
+    return dataclass(frozen=True)(cls)
 
-    user: str
-    command: tuple[str, ...]
-    gpus: int = 1
-    name: str = ""
-    runtime: Runtime = Runtime.PROCESS
-    image: str | None = None
-    env: tuple[tuple[str, str], ...] = ()
-    workdir: str | None = None
-    mounts: tuple[Mount, ...] = ()
-    #: spread over this many nodes, ``gpus // nodes`` on each; 1 keeps the job on one node
-    nodes: int = 1
-    min_gpu_memory_mib: int = 0
-    #: substring of the GPU model name, case-insensitive (``A100``, ``3090``)
-    gpu_model: str | None = None
-    node: str | None = None  #: run only on this node
-    cpus: float | None = None
-    memory_mib: int | None = None
-    priority: int = int(PriorityClass.NORMAL)
-    preemptible: bool = True
-    time_limit_s: float | None = None
-    #: the signal the job handles by saving and exiting 0 (``--checkpoint-signal``); None: it declared none,
-    #: so a stop is TERM and its grace, never a signal it would die of
-    checkpoint_signal: str | None = None
-    grace_s: float = 60.0
-    reservation: str | None = None
-    #: the lab queue (team) it is served in (``labq.models.queues``); None: outside every queue
-    queue: str | None = None
-    #: when the reservation ends (or is cancelled) before the job started: queue normally or cancel
-    after_reservation: AfterReservation = AfterReservation.QUEUE
-    depends_on: tuple[int, ...] = ()
-    #: start once every job in ``depends_on`` has ended, however it ended (``--after-any``); else each must succeed
-    after_any: bool = False
-    #: at the time limit, requeue (attempt + 1, resumed) instead of ending as timeout
-    requeue_on_timeout: bool = False
-    shm_size_mib: int = 1024  #: /dev/shm of a docker job (dataloaders need more than Docker's 64 MiB)
-    #: the moments of its life that notify its owner (``--notify end,fail``); () none; None: the owner's defaults
-    notify: tuple[NotifyEvent, ...] | None = None
-    #: a task of an array (``labq submit --array``/``--grid``): the array's id (a job id of its own, no job's),
-    #: this task's index (``12.3``), and how many of the array's tasks may hold GPUs at once (``%N``; None: any)
-    array_id: int | None = None
-    array_index: int | None = None
-    array_cap: int | None = None
-    array_tasks: int | None = None  #: how many tasks the array has: job ids ``array_id + 1`` to ``+ array_tasks``
-    #: the GPU memory it says it uses (``--share --gpu-mem 10G``): it shares one GPU with other jobs that declare
-    #: theirs (``labq.models.sharing``); None: its GPUs are its own
-    share_mib: int | None = None
+
+@_declared
+class JobSpec:
+    """Everything a submission says, with the fields that ``labq.models.spec.FIELDS`` declares (``user``,
+    ``command``, ``gpus``...). It never changes after submit, but for one thing: a job whose reservation is
+    over leaves it (``reservation`` becomes None, and the job's ``note`` says so)."""
 
     def __post_init__(self) -> None:
         if self.gpus < 1:

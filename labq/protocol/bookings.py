@@ -22,7 +22,7 @@ from labq.models.reservation import BookingAnswer, DeadlineWindows
 from labq.protocol.codec import encode_reservation
 from labq.protocol.errors import bad_request
 from labq.protocol.names import user_name_problem
-from labq.protocol.requests import Fields
+from labq.protocol.fields import Fields
 
 MAX_RESERVATION_GPUS = 512
 MAX_WINDOW_S = 366 * 86400.0

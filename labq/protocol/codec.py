@@ -7,53 +7,58 @@ the store or the leader); requests from people go through ``labq.protocol.reques
 from __future__ import annotations
 
 from labq.models.decisions import Pending
-from labq.models.job import (
-    AfterReservation, Attempt, AttemptEnd, Job, JobSpec, JobState, Mount, Runtime, SignalSource, StopReason,
-)
+from labq.models.job import Attempt, AttemptEnd, Job, JobSpec, JobState, Mount, Runtime, SignalSource, StopReason
 from labq.models.node import Gpu, Node, NodeHealth
 from labq.models.notify import NotifyEvent
 from labq.models.placement import NodeAllocation, Placement
 from labq.models.reservation import Reservation
+from labq.models.spec import FIELDS
 from labq.models.topology import PcieLevel, Topology
 
-_SPEC_SCALARS = ("user", "gpus", "name", "image", "workdir", "nodes", "min_gpu_memory_mib", "gpu_model", "node",
-                 "cpus", "memory_mib", "priority", "preemptible", "time_limit_s", "checkpoint_signal", "grace_s",
-                 "reservation", "shm_size_mib", "requeue_on_timeout", "after_any", "queue")
+#: a shaped field's value to its JSON form and back, by kind (``labq.models.spec.KINDS``); the rest are JSON as they are
+_TO_DOC = {
+    "argv": list, "ids": list, "env": dict,
+    "mounts": lambda mounts: [{"source": m.source, "target": m.target, "read_only": m.read_only} for m in mounts],
+    "events": lambda events: [e.value for e in events], "choice": lambda choice: choice.value,
+}
+_FROM_DOC = {
+    "argv": tuple, "ids": tuple, "env": lambda env: tuple(sorted(env.items())),
+    "mounts": lambda docs: tuple(Mount(m["source"], m["target"], m.get("read_only", False)) for m in docs),
+    "events": lambda values: tuple(NotifyEvent(e) for e in values),
+}
+#: an array's task keeps its four numbers in the document's ``array``
+_ARRAY = {"array_id": "id", "array_index": "index", "array_cap": "cap", "array_tasks": "tasks"}
 
 
 def encode_spec(spec: JobSpec) -> dict:
-    doc = {name: getattr(spec, name) for name in _SPEC_SCALARS}
-    doc["runtime"] = spec.runtime.value
-    doc["after_reservation"] = spec.after_reservation.value
-    doc["command"] = list(spec.command)
-    doc["env"] = dict(spec.env)
-    doc["mounts"] = [{"source": m.source, "target": m.target, "read_only": m.read_only} for m in spec.mounts]
-    doc["depends_on"] = list(spec.depends_on)
-    if spec.notify is not None:  # only when asked: a job of the owner's defaults is stored as before
-        doc["notify"] = [e.value for e in spec.notify]
-    if spec.share_mib is not None:  # only for a job that shares its GPU
-        doc["share_mib"] = spec.share_mib
-    if spec.array_id is not None:  # only for an array's tasks
-        doc["array"] = {"id": spec.array_id, "index": spec.array_index, "cap": spec.array_cap,
-                        "tasks": spec.array_tasks}
+    """A spec as its stored document (and an agent's order has it): every field of ``labq.models.spec.FIELDS``
+    that is stored ``always``, and the others only when they are not their default."""
+    doc: dict = {}
+    for f in FIELDS:
+        value = getattr(spec, f.name)
+        if f.stored == "array":
+            if spec.array_id is not None:  # only for an array's tasks
+                doc.setdefault("array", {})[_ARRAY[f.name]] = value
+        elif f.stored == "always" or value != f.default:
+            doc[f.name] = value if value is None or f.kind not in _TO_DOC else _TO_DOC[f.kind](value)
     return doc
 
 
 def decode_spec(doc: dict) -> JobSpec:
-    return JobSpec(
-        **{name: doc[name] for name in _SPEC_SCALARS if name in doc},
-        # an image always meant a container: a job stored before submit refused image + process runs in one
-        runtime=Runtime.DOCKER if doc.get("image") else Runtime(doc.get("runtime", "process")),
-        command=tuple(doc["command"]),
-        env=tuple(sorted(doc.get("env", {}).items())),
-        mounts=tuple(Mount(m["source"], m["target"], m.get("read_only", False)) for m in doc.get("mounts", ())),
-        depends_on=tuple(doc.get("depends_on", ())),
-        after_reservation=AfterReservation(doc.get("after_reservation", "queue")),
-        notify=tuple(NotifyEvent(e) for e in doc["notify"]) if doc.get("notify") is not None else None,
-        share_mib=doc.get("share_mib"),
-        **({"array_id": doc["array"]["id"], "array_index": doc["array"]["index"], "array_cap": doc["array"]["cap"],
-            "array_tasks": doc["array"].get("tasks")} if doc.get("array") else {}),
-    )
+    """A stored spec; a field it does not have (a document of an older labq) takes its default."""
+    values = {}
+    for f in FIELDS:
+        value = doc["array"].get(_ARRAY[f.name]) if f.stored == "array" and doc.get("array") else doc.get(f.name)
+        if value is None:
+            continue
+        if f.kind == "choice":
+            value = f.choices(value)
+        elif f.kind in _FROM_DOC:
+            value = _FROM_DOC[f.kind](value)
+        values[f.name] = value
+    if doc.get("image"):  # an image always meant a container: a job stored before submit refused image + process
+        values["runtime"] = Runtime.DOCKER
+    return JobSpec(**values)
 
 
 def encode_placement(placement: Placement | None) -> dict | None:

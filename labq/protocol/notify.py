@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from labq.models.notify import Notice, NotifyEvent, NotifySettings
 from labq.protocol.errors import bad_request
-from labq.protocol.requests import Fields
+from labq.protocol.fields import Fields
 
 MAX_EMAIL = 254  #: characters of an address (RFC 5321's path limit)
 #: a plain address: one ``@``, a local part of the usual characters, a domain of dot-separated labels. No names,

@@ -95,10 +95,12 @@ def test_a_reservation_sends_only_what_was_given():
     assert (read.group, read.users, read.dry_run, read.name) == ("vision", (), False, None)
 
 
-def test_the_submit_builder_does_not_load_the_models():
-    """``labq submit`` builds its body with it: it must stay as light to import as the CLI's fast path."""
+def test_the_submit_builder_loads_only_the_declaration_of_the_fields():
+    """``labq submit`` builds its body with it: it must stay as light to import as the CLI's fast path. It reads
+    the fields' declaration (``labq.models.spec``, plain classes) and no model, nor ``dataclasses``."""
     code = ("import sys\nfrom labq.protocol.requests import submit_request\nsubmit_request(['x'], gpus=2)\n"
-            "print(sorted(m for m in sys.modules if m.startswith('labq.models') or m in ('signal', 'textual')))")
+            "print(sorted(m for m in sys.modules if m.startswith('labq.models') or m in ('signal', 'textual', "
+            "'dataclasses', 'typing')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == "['labq.models', 'labq.models.priority', 'labq.models.spec']"
