@@ -33,10 +33,11 @@ from labq.agent.gpu_watch import MemoryWatch, attempt_roots, processes_of
 from labq.agent.procfs import process_table
 from labq.agent.identity import AgentIdentity
 from labq.agent.inventory import GpuInventory, Inventory
-from labq.agent.process_runtime import AttemptState, Launch
+from labq.agent.launches import Launcher
+from labq.agent.process_runtime import AttemptState
 from labq.agent.runtimes import Runtimes
 from labq.agent.stops import NotesBook, marker_signal
-from labq.models.job import Mount, SignalSource
+from labq.models.job import SignalSource
 from labq.models.node import Node, NodeProblem
 from labq.protocol.agents import (
     KILL_AFTER_TERM_S, AttemptReport, Registration, RunOrder, StopOrder, SyncReport, decode_reply,
@@ -91,6 +92,8 @@ class Agent:
         self.accounts = Accounts(config.user_map or config.state_dir / USER_MAP_FILE,
                                  run_as_job_user=config.run_as_job_user, monotonic=monotonic)
         self.problems = ProblemBook()  #: launches that failed for reasons of this machine, lately
+        self.launcher = Launcher(config.name, self.runtime, self.accounts, self.notes, self.problems,
+                                 self.checkpoints, run_as_job_user=config.run_as_job_user, monotonic=monotonic)
         #: the lab's users, as the leader last said; None until it does (a leader of an older labq never does,
         #: and is sent no accounts, problems or refusals it would not understand)
         self.users: tuple[str, ...] | None = None
@@ -491,66 +494,7 @@ class Agent:
                     self._launches_pending = False
                     return
                 tried.add((order.job_id, order.attempt))
-                self._launch(order)
-
-    def _launch(self, order: RunOrder) -> None:
-        folder = Path(order.checkpoint_dir) if order.checkpoint_dir else self.checkpoints / str(order.job_id)
-        account = self.accounts.resolve(order.user)
-        if account.problem is not None:
-            self._not_started(order, NodeFault(f"no account for {order.user} on {self.config.name}: "
-                                               f"{account.problem}"))
-            return
-        user = account.login if self.config.run_as_job_user else None
-        try:
-            _own_checkpoint_folder(folder, user)
-        except (OSError, ValueError) as err:
-            why = f"cannot make the checkpoint folder {folder} on {self.config.name}: " + (
-                (err.strerror or str(err)) if isinstance(err, OSError) else str(err))
-            if isinstance(err, OSError):  # the node's disk or shared storage, not the job
-                self._not_started(order, NodeFault(why, NodeProblem(why)))
-            else:
-                log.warning("job %d attempt %d cannot start: %s", order.job_id, order.attempt, why)
-                self.runtime.refuse(order.job_id, order.attempt, why)
-            return
-        self.notes.update(order.job_id, order.attempt, checkpoint_dir=str(folder))
-        env = dict(order.env, LABQ_CHECKPOINT_DIR=str(folder))
-        gpu_env = {k: env.pop(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES") if k in env}
-        log.info("starting job %d attempt %d on GPUs %s", order.job_id, order.attempt, order.gpu_indices)
-        try:
-            if order.runtime == "docker":
-                from labq.agent.docker_runtime import DockerLaunch
-
-                mounts = tuple(Mount(*m) for m in order.mounts)
-                visible = tuple(map(str, order.gpu_indices)) if order.simulated else order.gpu_uuids
-                launch = DockerLaunch(order.job_id, order.attempt, order.command, env, order.workdir, user, {},
-                                      self.fence_after_s, order.checkpoint_signal, order.grace_s, image=order.image,
-                                      mounts=mounts, shm_size_mib=order.shm_size_mib, simulated=order.simulated,
-                                      gpu_uuids=visible, checkpoint_dir=str(folder))
-            else:
-                launch = Launch(order.job_id, order.attempt, order.command, env, order.workdir, user, gpu_env,
-                                self.fence_after_s, order.checkpoint_signal, order.grace_s)
-            status = self.runtime.launch(launch)
-        except NodeFault as fault:  # this machine's fault: the job is requeued, the node says what is wrong
-            self._not_started(order, fault)
-        except ValueError as err:  # the job's fault (a policy, a bad command): the attempt fails, not the agent
-            log.warning("job %d attempt %d cannot start: %s", order.job_id, order.attempt, err)
-            self.runtime.refuse(order.job_id, order.attempt, f"cannot start on {self.config.name}: {err}")
-        else:
-            if status.node_fault is not None:  # it failed before the job's program ran (the shim says)
-                why = f"cannot start {order.user}'s jobs on {self.config.name}: {status.node_fault}"
-                log.warning("job %d attempt %d cannot start: %s", order.job_id, order.attempt, why)
-                self.problems.met(NodeProblem(sentence(why), user=order.user), self.monotonic())
-
-    def _not_started(self, order: RunOrder, fault: NodeFault) -> None:
-        """A launch failed for a reason of this machine: record the attempt as one that could not start, which
-        the leader requeues, and report what keeps such jobs off this node (an account is looked up again)."""
-        log.warning("job %d attempt %d cannot start here, not for a fault of the job: %s", order.job_id,
-                    order.attempt, fault)
-        if fault.problem is not None:
-            self.problems.met(fault.problem, self.monotonic())
-        else:
-            self.accounts.forget(order.user)
-        self.runtime.refuse(order.job_id, order.attempt, sentence(fault), node_fault=True)
+                self.launcher.launch(order, self.fence_after_s)
 
     def _stop_attempt(self, order: StopOrder) -> None:
         """The signal, then after the grace (if it still runs) TERM and KILL; the grace survives an agent restart."""
@@ -640,42 +584,3 @@ class Agent:
         except Exception as err:  # an inventory hiccup must not stop the sync
             log.warning("cannot read the GPU inventory: %s", err)
             return None
-
-
-def _own_checkpoint_folder(folder: Path, user: str | None) -> None:
-    """Make the job's checkpoint folder its user's alone (mode 0700), refusing one that is not a plain folder.
-
-    On shared checkpoint storage someone may have put a symlink where a job's folder goes, to
-    have the job write elsewhere or mount another folder: such a folder is refused.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    if folder.is_symlink() or not folder.is_dir():
-        raise ValueError("it is not a plain folder (a symlink?); remove it and requeue the job")
-    entry = None
-    if user is not None:
-        import pwd
-
-        try:
-            entry = pwd.getpwnam(user)
-        except KeyError:
-            pass  # the launch refuses the job for want of the account, with a clearer message
-    me = os.geteuid()
-    if entry is None or entry.pw_uid == me:
-        os.chmod(folder, 0o700)
-    elif me == 0:
-        os.chown(folder, entry.pw_uid, entry.pw_gid)
-        os.chmod(folder, 0o700)
-    else:
-        # an agent that is not root runs jobs as their users (a Slurm node submitting through sudo): it cannot give
-        # the folder away, so it keeps it and gives the job's user rwx by ACL, and whatever the job makes in it
-        # stays the agent's to clean up (a default ACL)
-        from labq.agent import acl
-
-        owner = folder.stat().st_uid
-        if owner != me:
-            raise ValueError(f"it belongs to uid {owner}, not to this agent; remove it and requeue the job")
-        os.chmod(folder, 0o700)
-        acl.grant(folder, entry.pw_uid, 7, inherit_to=(entry.pw_uid, me))
-        stopped = acl.let_reach(folder, entry.pw_uid)
-        if stopped is not None:
-            raise OSError(f"{user} cannot reach it: {stopped} is not this agent's and others may not pass it")

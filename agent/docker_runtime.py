@@ -40,13 +40,13 @@ import docker
 import docker.errors
 
 from labq.agent.faults import NodeFault, sentence
-from labq.agent.process_runtime import AttemptState, AttemptStatus, Launch
+from labq.agent.process_runtime import AttemptState, AttemptStatus, Launch, Start
 from labq.isolation import (
     IsolationError, check_env, check_image, check_mounts, container_settings, refuse_checkpoint_folders,
 )
-from labq.models.job import Mount, catchable_signal
+from labq.models.job import JobSpec, Mount, catchable_signal
 from labq.models.node import NodeProblem
-from labq.protocol.agents import CHECKPOINT_LABEL
+from labq.protocol.agents import CHECKPOINT_LABEL, RunOrder
 
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REFUSED_EXIT = 126
@@ -56,12 +56,23 @@ REFUSED_EXIT = 126
 class DockerLaunch(Launch):
     """One attempt of a container job; ``user`` picks the container's uid:gid (the agent's own unless root)."""
 
-    image: str = ""
-    mounts: tuple[Mount, ...] = ()
-    shm_size_mib: int = 1024
+    spec: JobSpec | None = None  #: the job's: its image, mounts and container settings
     simulated: bool = False
     gpu_uuids: tuple[str, ...] = ()  #: the placed GPUs' UUIDs; their indices on a simulated node
     checkpoint_dir: str = ""  #: the job's own checkpoint folder, made by the agent, mounted at the same path
+
+    @classmethod
+    def of(cls, order: RunOrder, start: Start) -> DockerLaunch:
+        """A container for the order: it sees its GPUs through the NVIDIA runtime, not the GPU variables."""
+        spec = order.spec
+        visible = tuple(map(str, order.gpu_indices)) if order.simulated else order.gpu_uuids
+        return cls(order.job_id, order.attempt, spec.command, start.env, spec.workdir, start.user, {},
+                   start.fence_after_s, order.checkpoint_signal, spec.grace_s, spec=spec, simulated=order.simulated,
+                   gpu_uuids=visible, checkpoint_dir=start.checkpoint_dir)
+
+    @property
+    def image(self) -> str:
+        return self.spec.image or ""
 
 
 @dataclass(frozen=True)
@@ -132,46 +143,49 @@ class DockerRuntime:
 
     # --- the interface --------------------------------------------------------------------------
 
-    def launch(self, spec: Launch) -> AttemptStatus:
+    def launch_of(self, order: RunOrder, start: Start) -> DockerLaunch:
+        return DockerLaunch.of(order, start)
+
+    def launch(self, launch: Launch) -> AttemptStatus:
         """Create and start the attempt's container; ValueError (the daemon refuses it) if it cannot."""
-        if not isinstance(spec, DockerLaunch):
+        if not isinstance(launch, DockerLaunch):
             raise ValueError("a container job needs a DockerLaunch (image, mounts, ...)")
-        if not spec.command:
+        if not launch.command:
             raise ValueError("a job needs a command")
-        if spec.job_id < 0 or spec.attempt < 0:
-            raise ValueError(f"bad job id or attempt: {spec.job_id}.{spec.attempt}")
-        check_image(spec.image, self.allowed_images)
-        check_env(spec.env)
-        mounts = refuse_checkpoint_folders(check_mounts(spec.mounts, self.allowed_roots), self.checkpoint_areas)
-        if spec.checkpoint_dir:
-            mounts.append(Mount(os.path.realpath(spec.checkpoint_dir), spec.checkpoint_dir))
-        uid, gid, groups = _user_ids(spec.user)
-        settings = container_settings(uid, gid, spec.gpu_uuids, spec.simulated, spec.shm_size_mib, mounts,
+        if launch.job_id < 0 or launch.attempt < 0:
+            raise ValueError(f"bad job id or attempt: {launch.job_id}.{launch.attempt}")
+        check_image(launch.image, self.allowed_images)
+        check_env(launch.env)
+        mounts = refuse_checkpoint_folders(check_mounts(launch.spec.mounts, self.allowed_roots), self.checkpoint_areas)
+        if launch.checkpoint_dir:
+            mounts.append(Mount(os.path.realpath(launch.checkpoint_dir), launch.checkpoint_dir))
+        uid, gid, groups = _user_ids(launch.user)
+        settings = container_settings(launch.spec, uid, gid, launch.gpu_uuids, launch.simulated, mounts,
                                       groups=groups)
         try:
-            image = self.client.images.get(spec.image)  # never pulled: no registry is reachable from a node
+            image = self.client.images.get(launch.image)  # never pulled: no registry is reachable from a node
         except docker.errors.ImageNotFound:
-            missing = f"image {spec.image} not found on node {self.node}"
-            raise NodeFault(missing, NodeProblem(missing, runtime="docker", image=spec.image)) from None
-        if spec.checkpoint_signal is None and (named := _label_signal(image.labels)):
-            spec = replace(spec, checkpoint_signal=named)  # the leader hears it with the attempt's status
+            missing = f"image {launch.image} not found on node {self.node}"
+            raise NodeFault(missing, NodeProblem(missing, runtime="docker", image=launch.image)) from None
+        if launch.checkpoint_signal is None and (named := _label_signal(image.labels)):
+            launch = replace(launch, checkpoint_signal=named)  # the leader hears it with the attempt's status
             settings["environment"]["LABQ_PREEMPT_SIGNAL"] = named
-        key = (spec.job_id, spec.attempt)
-        env = {"PATH": STANDARD_PATH, "LABQ_JOB_ID": str(spec.job_id), "LABQ_ATTEMPT": str(spec.attempt),
-               **({"USER": spec.user, "LOGNAME": spec.user} if spec.user else {}),
-               **spec.env, **settings.pop("environment")}
+        key = (launch.job_id, launch.attempt)
+        env = {"PATH": STANDARD_PATH, "LABQ_JOB_ID": str(launch.job_id), "LABQ_ATTEMPT": str(launch.attempt),
+               **({"USER": launch.user, "LOGNAME": launch.user} if launch.user else {}),
+               **launch.env, **settings.pop("environment")}
         with self._mutex:  # one launch at a time: the check below and the create are one step
             if self._exists(*key):
-                raise ValueError(f"attempt {spec.job_id}.{spec.attempt} already exists on this agent")
+                raise ValueError(f"attempt {launch.job_id}.{launch.attempt} already exists on this agent")
             running = [c.name for c in self.client.containers.list(
                 all=True, ignore_removed=True,
-                filters={"label": [f"labq.job={spec.job_id}", f"labq.lab={self.lab}", "labq.managed=1"]})
+                filters={"label": [f"labq.job={launch.job_id}", f"labq.lab={self.lab}", "labq.managed=1"]})
                 if c.status not in ("exited", "dead")]
             if running:
-                raise ValueError(f"job {spec.job_id} already has a container that has not exited: {running[0]}")
+                raise ValueError(f"job {launch.job_id} already has a container that has not exited: {running[0]}")
             container = self.client.containers.create(
-                spec.image, list(spec.command), name=self.container_name(*key), environment=env,
-                working_dir=spec.workdir or None, labels=self._labels(*key),
+                launch.image, list(launch.command), name=self.container_name(*key), environment=env,
+                working_dir=launch.workdir or None, labels=self._labels(*key),
                 stop_signal="SIGTERM", detach=True, **settings)
             self._log(*key).touch(mode=0o600)
             try:
@@ -185,7 +199,7 @@ class DockerRuntime:
                     log.write(f"labq: cannot start the container: {err.explanation or err}\n".encode())
                 self._done(*key).touch()
             else:
-                self._watch(container.name, spec)
+                self._watch(container.name, launch)
         status = self._find(*key)
         assert status is not None
         return status

@@ -46,6 +46,10 @@ from typing import Any
 from labq.agent.faults import NodeFault
 from labq.agent.shim import read_stat, write_json_atomically
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from labq.protocol.agents import RunOrder
+
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHIM_READY_TIMEOUT_S = 30.0
 
@@ -66,6 +70,24 @@ class Launch:
     #: what the fence sends first; None: what the job names in its marker by then, else TERM
     checkpoint_signal: str | None = None
     grace_s: float = 30.0  #: e.g. CUDA_VISIBLE_DEVICES; merged last
+
+    @classmethod
+    def of(cls, order: RunOrder, start: Start) -> Launch:
+        """The attempt an order asks for, with what this node adds to it."""
+        spec = order.spec
+        return cls(order.job_id, order.attempt, spec.command, start.env, spec.workdir, start.user, start.gpu_env,
+                   start.fence_after_s, order.checkpoint_signal, spec.grace_s)
+
+
+@dataclass(frozen=True)
+class Start:
+    """What this node adds to an order to start it: the environment, the account, its checkpoint folder."""
+
+    env: dict[str, str]  #: the order's, with LABQ_CHECKPOINT_DIR, less the GPU variables
+    user: str | None  #: the account to run as; None: the agent's own
+    gpu_env: dict[str, str]  #: CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES
+    fence_after_s: float | None
+    checkpoint_dir: str  #: the job's own checkpoint folder, made by the agent
 
 
 class AttemptState(str, Enum):
@@ -167,6 +189,9 @@ class ProcessRuntime:
         self._sweep()
 
     # --- the interface --------------------------------------------------------------------------
+
+    def launch_of(self, order: RunOrder, start: Start) -> Launch:
+        return Launch.of(order, start)
 
     def launch(self, spec: Launch) -> AttemptStatus:
         """Start an attempt; return once its pid is on disk (or it failed to start)."""

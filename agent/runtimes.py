@@ -1,22 +1,51 @@
 """The agent's runtimes behind one face: attempts from all of them, each attempt's calls to its owner.
 
-Process jobs run under the shim; container jobs in Docker. Docker is opened
-only when a container job arrives, or at start when an earlier agent left
-containers to re-adopt, so a workstation without Docker runs process jobs
-as before.
+Each runtime keeps the ``Runtime`` contract below. Which one runs a job is its spec's ``runtime``
+(``labq.models.job.Runtime``), looked up in one table (``Runtimes._engine``): process jobs run under the shim,
+or as Slurm batch jobs on a node that hands its jobs to Slurm; container jobs in Docker. Docker is opened
+only when a container job arrives, or at start when an earlier agent left containers to re-adopt, so a
+workstation without Docker runs process jobs as before.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Protocol
 
 from labq.agent.faults import NodeFault, sentence
-from labq.agent.process_runtime import AttemptStatus, Launch, ProcessRuntime
+from labq.agent.process_runtime import AttemptStatus, Launch, ProcessRuntime, Start
+from labq.models.job import Runtime as JobRuntime
 from labq.models.node import NodeProblem
+from labq.protocol.agents import RunOrder
 
 log = logging.getLogger("labq.agent")
 PROBE_TIMEOUT_S = 5.0  #: a look at the Docker daemon, for a problem the node reports
+
+
+class Runtime(Protocol):
+    """What runs a job's attempts on this node and knows them afterwards, across agent restarts."""
+
+    def launch_of(self, order: RunOrder, start: Start) -> Launch:
+        """The launch it takes for an order, with what this node adds (``Launch.of``, ``DockerLaunch.of``)."""
+
+    def launch(self, launch: Launch) -> AttemptStatus:
+        """Start an attempt; ValueError if it cannot (the job's fault), ``NodeFault`` if that is this machine's."""
+
+    def signal(self, job_id: int, attempt: int, sig: int) -> bool:
+        """Send ``sig`` to a running attempt; False if it is not running."""
+
+    def stop(self, job_id: int, attempt: int, grace_s: float) -> None:
+        """TERM, then KILL after ``grace_s``."""
+
+    def attempts(self) -> list[AttemptStatus]:
+        """Every attempt it knows: running, or exited and not yet forgotten."""
+
+    def forget(self, job_id: int, attempt: int) -> None:
+        """Drop an exited attempt the leader has recorded (its log is kept)."""
+
+    def read_log(self, job_id: int, attempt: int, offset: int = 0, limit: int = 1 << 20) -> bytes:
+        """Up to ``limit`` bytes of the attempt's log from ``offset``; KeyError if it has none."""
 
 
 class Runtimes:
@@ -74,23 +103,29 @@ class Runtimes:
                 raise NodeFault(why, NodeProblem(why, runtime="docker")) from None
         return self._docker
 
-    def launch(self, launch: Launch) -> AttemptStatus:
-        """Start an attempt; ValueError if it cannot start, ``NodeFault`` if that is this machine's fault."""
-        from labq.agent.docker_runtime import DockerLaunch
+    def _engine(self, runtime: JobRuntime) -> Runtime:
+        """The runtime that runs jobs of ``runtime`` here: the one table of them."""
+        engines = {JobRuntime.PROCESS: lambda: self.slurm or self.process, JobRuntime.DOCKER: self._containers}
+        return engines[runtime]()
 
+    def _containers(self) -> Runtime:
         if self.slurm is not None:
-            if isinstance(launch, DockerLaunch):
-                why = f"node {self.node} runs its jobs through Slurm, and container jobs are not run that way yet"
-                raise NodeFault(why, NodeProblem(why, runtime="docker"))
-            return self.slurm.launch(launch)
-        if not isinstance(launch, DockerLaunch):
-            return self.process.launch(launch)
-        engine = self.docker()
+            why = f"node {self.node} runs its jobs through Slurm, and container jobs are not run that way yet"
+            raise NodeFault(why, NodeProblem(why, runtime="docker"))
+        return self.docker()
+
+    def launch(self, order: RunOrder, start: Start) -> AttemptStatus:
+        """Start the attempt an order asks for, in the runtime its spec names; ValueError if it cannot start,
+        ``NodeFault`` if that is this machine's fault."""
+        engine = self._engine(order.spec.runtime)
+        launch = engine.launch_of(order, start)
         try:
             return engine.launch(launch)
-        except ValueError:
+        except (ValueError, NodeFault):
             raise
         except Exception as err:  # noqa: BLE001 - sorted below: the engine's fault, or a refusal of the job
+            if engine is not self._docker:
+                raise
             raise self._docker_failure(err) from None
 
     def _docker_failure(self, err: Exception) -> Exception:

@@ -42,9 +42,10 @@ from pathlib import Path
 from labq.agent import acl
 from labq.agent.faults import NodeFault
 from labq.agent.inventory import GpuMemory, Inventory
-from labq.agent.process_runtime import AttemptState, AttemptStatus, Launch
+from labq.agent.process_runtime import AttemptState, AttemptStatus, Launch, Start
 from labq.models.node import Gpu, NodeProblem
 from labq.models.topology import PcieLevel, Topology
+from labq.protocol.agents import RunOrder
 
 #: Slurm is asked about the attempts at most this often (the agent looks every 0.1 s): often while an attempt
 #: waits to start or has been asked to stop (its start or its end is news), seldom while they just run
@@ -248,6 +249,9 @@ class SlurmRuntime:
 
     def owns(self, job_id: int, attempt: int) -> bool:
         return (job_id, attempt) in self._known
+
+    def launch_of(self, order: RunOrder, start: Start) -> Launch:
+        return Launch.of(order, start)
 
     def launch(self, launch: Launch) -> AttemptStatus:
         folder = self._folder(launch.job_id, launch.attempt)

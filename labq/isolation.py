@@ -16,7 +16,7 @@ import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from labq.models.job import Mount
+from labq.models.job import JobSpec, Mount
 
 #: never mountable, nor anything that resolves to them
 FORBIDDEN_SOURCES = ("/", "/etc", "/dev", "/proc", "/sys", "/var/run/docker.sock", "/run/docker.sock")
@@ -102,10 +102,11 @@ def check_env(env: Mapping[str, str]) -> None:
         raise IsolationError(f"the job may not set {', '.join(taken)}: labq sets them to the GPUs it placed the job on")
 
 
-def container_settings(uid: int, gid: int, gpu_uuids: Sequence[str], simulated: bool, shm_size_mib: int,
+def container_settings(spec: JobSpec, uid: int, gid: int, gpu_uuids: Sequence[str], simulated: bool,
                        mounts: Iterable[Mount], *, allow_root: bool = False,
                        groups: Sequence[int] = ()) -> dict[str, Any]:
-    """Keyword arguments for docker's ``containers.create``/``run`` that encode the isolation.
+    """Keyword arguments for docker's ``containers.create``/``run`` that encode the isolation, with the container
+    settings ``spec`` asks for (its /dev/shm).
 
     ``mounts`` must have passed ``check_mounts``. ``gpu_uuids`` are the placed GPUs' UUIDs,
     or their indices on a simulated node (where no device is requested). The returned
@@ -118,8 +119,8 @@ def container_settings(uid: int, gid: int, gpu_uuids: Sequence[str], simulated: 
         raise IsolationError(f"bad uid:gid {uid}:{gid}")
     if uid == 0 and not allow_root:
         raise IsolationError("a container job may not run as root (uid 0): give the job a non-root user")
-    if shm_size_mib <= 0:
-        raise IsolationError(f"shm size must be positive, not {shm_size_mib} MiB")
+    if spec.shm_size_mib <= 0:
+        raise IsolationError(f"shm size must be positive, not {spec.shm_size_mib} MiB")
     gpus = [str(g) for g in gpu_uuids]
     settings: dict[str, Any] = {
         "user": f"{uid}:{gid}",
@@ -128,7 +129,7 @@ def container_settings(uid: int, gid: int, gpu_uuids: Sequence[str], simulated: 
         "privileged": False,
         "ipc_mode": "private",  # network stays the default bridge; pid mode the container's own
         "init": True,
-        "shm_size": f"{shm_size_mib}m",
+        "shm_size": f"{spec.shm_size_mib}m",
         "mounts": [DockerMount(m.target, m.source, type="bind", read_only=m.read_only) for m in mounts],
         # "void": as if unset, so an image that bakes in NVIDIA_VISIBLE_DEVICES=all sees no GPU
         "environment": {"NVIDIA_VISIBLE_DEVICES": ",".join(gpus) if gpus else "void"},

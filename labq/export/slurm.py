@@ -16,6 +16,7 @@ import shlex
 from dataclasses import dataclass
 
 from labq.models.job import JobSpec, Runtime
+from labq.models.spec import CONTAINER_ONLY
 from labq.models.notify import NotifyEvent
 from labq.models.priority import priority_name
 
@@ -133,7 +134,11 @@ def _container(spec: JobSpec, options: SlurmOptions, sbatch, untranslated: list[
                 f"{m.source}:{m.target}{':ro' if m.read_only else ''}" for m in spec.mounts)))
         if spec.workdir:
             sbatch(f"#SBATCH --container-workdir={_sbatch_value(spec.workdir)}")
-        untranslated.append(f"/dev/shm of {spec.shm_size_mib} MiB: pyxis gives the node's /dev/shm")
+        for field in CONTAINER_ONLY:  # pyxis takes the image, the folder and the mounts, and no other setting
+            if field.name != "mounts":
+                value = getattr(spec, field.name)
+                untranslated.append(f"{field.label} of {value}{' MiB' if field.kind == 'size' else ''} "
+                                    f"({field.flag}): pyxis gives the node's own")
         return command
     if options.containers == "apptainer":
         binds = "".join(f" --bind {shlex.quote(f'{m.source}:{m.target}' + (':ro' if m.read_only else ''))}"

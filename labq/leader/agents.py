@@ -360,10 +360,8 @@ class Agents:
             # daemon) also a hard limit on the one device it sees
             env.update({"LABQ_GPU_MEM_MIB": str(need), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={limit}M"})
         root = self.state.config.checkpoint_root
-        return RunOrder(job.id, job.attempt, job.user, spec.command, env, spec.workdir, indices, uuids,
-                        spec.grace_s, job.checkpoint_signal, spec.runtime.value, spec.image,
-                        tuple((m.source, m.target, m.read_only) for m in spec.mounts), spec.shm_size_mib,
-                        node.simulated, f"{root.rstrip('/')}/{job.id}" if root else None, limit)
+        return RunOrder(job.id, job.attempt, spec, env, indices, uuids, job.checkpoint_signal, node.simulated,
+                        f"{root.rstrip('/')}/{job.id}" if root else None, limit)
 
 
 def _concerned(problem) -> str:

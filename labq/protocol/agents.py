@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labq.models.job import SignalSource, catchable_signal
+from labq.models.job import JobSpec, SignalSource, catchable_signal
 from labq.models.node import Account, Gpu, Node, NodeHealth, NodeProblem
 from labq.models.topology import PcieLevel, Topology
-from labq.protocol.codec import encode_node
+from labq.protocol.codec import decode_spec, encode_node, encode_spec
 from labq.protocol.errors import bad_request
-from labq.protocol.requests import Fields
+from labq.protocol.fields import Fields
 
 MAX_WAIT_S = 60.0
 MAX_NODE_GPUS = 128
@@ -313,27 +313,25 @@ def _gpu_usage(raw: object) -> dict[int, dict] | None:
 
 @dataclass(frozen=True)
 class RunOrder:
-    """An attempt the agent must be running."""
+    """An attempt the agent must be running: the job's spec, and what the leader adds to it (where it is
+    placed, its environment with the ``LABQ_`` contract, its checkpoint signal and folder)."""
 
     job_id: int
     attempt: int
-    user: str
-    command: tuple[str, ...]
+    spec: JobSpec
     env: dict[str, str]  #: the job's env plus the LABQ_ contract and the GPU variables
-    workdir: str | None
     gpu_indices: tuple[int, ...]
     gpu_uuids: tuple[str, ...]
-    grace_s: float
     checkpoint_signal: str | None  #: None: the job has not declared one yet (its image's label may)
-    runtime: str = "process"  #: "process" or "docker"
-    image: str | None = None
-    mounts: tuple[tuple[str, str, bool], ...] = ()  #: (source, target, read_only)
-    shm_size_mib: int = 1024
     simulated: bool = False
     #: LABQ_CHECKPOINT_DIR when the lab keeps checkpoints on shared storage; None: the agent's own folder
     checkpoint_dir: str | None = None
     #: a job that shares its GPU: past this much GPU memory (MiB) it is stopped (``labq.models.sharing``)
     gpu_mem_limit_mib: int | None = None
+
+    @property
+    def user(self) -> str:
+        return self.spec.user
 
 
 @dataclass(frozen=True)
@@ -366,11 +364,9 @@ class SyncReply:
 
 def encode_reply(reply: SyncReply) -> dict:
     return {
-        "run": [{"job_id": r.job_id, "attempt": r.attempt, "user": r.user, "command": list(r.command),
-                 "env": r.env, "workdir": r.workdir, "gpu_indices": list(r.gpu_indices),
-                 "gpu_uuids": list(r.gpu_uuids), "grace_s": r.grace_s, "checkpoint_signal": r.checkpoint_signal,
-                 "runtime": r.runtime, "image": r.image, "mounts": [list(m) for m in r.mounts],
-                 "shm_size_mib": r.shm_size_mib, "simulated": r.simulated, "checkpoint_dir": r.checkpoint_dir,
+        "run": [{"job_id": r.job_id, "attempt": r.attempt, "spec": encode_spec(r.spec), "env": r.env,
+                 "gpu_indices": list(r.gpu_indices), "gpu_uuids": list(r.gpu_uuids),
+                 "checkpoint_signal": r.checkpoint_signal, "simulated": r.simulated, "checkpoint_dir": r.checkpoint_dir,
                  **({"gpu_mem_limit_mib": r.gpu_mem_limit_mib} if r.gpu_mem_limit_mib is not None else {})}
                 for r in reply.run],
         "stop": [{"job_id": s.job_id, "attempt": s.attempt, "signal": s.signal, "grace_s": s.grace_s,
@@ -382,11 +378,9 @@ def encode_reply(reply: SyncReply) -> dict:
 
 def decode_reply(doc: dict) -> SyncReply:
     return SyncReply(
-        tuple(RunOrder(r["job_id"], r["attempt"], r["user"], tuple(r["command"]), dict(r["env"]), r["workdir"],
-                       tuple(r["gpu_indices"]), tuple(r["gpu_uuids"]), r["grace_s"], r["checkpoint_signal"],
-                       r.get("runtime", "process"), r.get("image"),
-                       tuple((m[0], m[1], bool(m[2])) for m in r.get("mounts", ())), r.get("shm_size_mib", 1024),
-                       r.get("simulated", False), r.get("checkpoint_dir"), r.get("gpu_mem_limit_mib"))
+        tuple(RunOrder(r["job_id"], r["attempt"], decode_spec(r["spec"]), dict(r["env"]), tuple(r["gpu_indices"]),
+                       tuple(r["gpu_uuids"]), r["checkpoint_signal"], r.get("simulated", False),
+                       r.get("checkpoint_dir"), r.get("gpu_mem_limit_mib"))
               for r in doc["run"]),
         tuple(StopOrder(s["job_id"], s["attempt"], s["signal"], s["grace_s"], s["reason"]) for s in doc["stop"]),
         doc["lease_s"], doc["fence_after_s"], int(doc.get("seq", 0)), str(doc.get("epoch", "")),

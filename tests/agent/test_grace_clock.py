@@ -12,6 +12,7 @@ import pytest
 from labq.agent.daemon import Agent, AgentConfig
 from labq.agent.inventory import open_inventory
 from labq.agent.process_runtime import AttemptState
+from labq.models.job import JobSpec
 from labq.protocol.agents import RunOrder, StopOrder, SyncReply
 from tests.conftest import FakeClock
 
@@ -36,8 +37,9 @@ def test_a_job_that_ignores_its_signal_is_stopped_when_the_agents_clock_passes_i
     agent = Agent(AgentConfig("http://127.0.0.1:9", "join", "ws1", tmp_path / "agent"),
                   open_inventory("sim:ws-4x3090", "ws1"), clock=clock)
     agent.runtime.set_policy((), (), allow_root=True)  # the suite may run as root: this job then runs as root
-    order = RunOrder(7, 1, os.environ.get("USER", "root"), (sys.executable, "-c", IGNORES_USR1), {}, str(tmp_path),
-                     (0,), ("SIM-0",), 600.0, "SIGUSR1", simulated=True)
+    spec = JobSpec(os.environ.get("USER", "root"), (sys.executable, "-c", IGNORES_USR1), workdir=str(tmp_path),
+                   grace_s=600.0)
+    order = RunOrder(7, 1, spec, {}, (0,), ("SIM-0",), "SIGUSR1", simulated=True)
     try:
         agent.apply(SyncReply((order,), (), 30.0, 600.0, 1, "e"))
         assert _wait(lambda: b"up" in agent.runtime.read_log(7, 1))

@@ -14,6 +14,7 @@ import pytest
 from labq.agent.daemon import Agent, AgentConfig
 from labq.agent.inventory import open_inventory
 from labq.agent.process_runtime import AttemptState, Launch, ProcessRuntime
+from labq.models.job import JobSpec, Runtime
 from labq.models.node import Account
 from labq.protocol.agents import RunOrder, SyncReply
 
@@ -32,8 +33,11 @@ def agent(tmp_path):
 
 
 def order(job_id: int, user: str, *command: str, workdir: str = "/", **kw) -> RunOrder:
-    return RunOrder(job_id, 1, user, command or ("true",), {}, workdir, (0,), ("SIM-0",), 2.0, "SIGUSR1",
-                    simulated=True, **kw)
+    """``kw``: more of the job's spec (``runtime="docker", image=...``)."""
+    if "runtime" in kw:
+        kw["runtime"] = Runtime(kw["runtime"])
+    spec = JobSpec(user, command or ("true",), workdir=workdir, grace_s=2.0, **kw)
+    return RunOrder(job_id, 1, spec, {}, (0,), ("SIM-0",), "SIGUSR1", simulated=True)
 
 
 def run(agent: Agent, *orders: RunOrder) -> None:

@@ -14,6 +14,7 @@ import pytest
 from labq.agent.daemon import Agent, AgentConfig
 from labq.agent.inventory import open_inventory
 from labq.agent.process_runtime import AttemptState
+from labq.models.job import JobSpec
 from labq.protocol.agents import RunOrder, SyncReply, decode_reply, encode_reply
 
 pytestmark = pytest.mark.timeout(60)
@@ -59,9 +60,9 @@ def test_a_stale_reply_neither_stops_a_new_attempt_nor_restarts_a_stopped_one(tm
                   open_inventory("sim:ws-4x3090", "ws1"))
     agent.runtime.set_policy((), (), allow_root=True)  # the suite may run as root: this job then runs as root
     asked = record_orders(agent, monkeypatch)
-    order = RunOrder(7, 2, os.environ.get("USER", "root"), (sys.executable, "-c", "import time; time.sleep(60)"),
-                     {"LABQ_TEST_ROOT": str(tmp_path)}, str(tmp_path), (0,), ("SIM-0",), 2.0, "SIGUSR1",
-                     simulated=True)
+    spec = JobSpec(os.environ.get("USER", "root"), (sys.executable, "-c", "import time; time.sleep(60)"),
+                   workdir=str(tmp_path), grace_s=2.0)
+    order = RunOrder(7, 2, spec, {"LABQ_TEST_ROOT": str(tmp_path)}, (0,), ("SIM-0",), "SIGUSR1", simulated=True)
     try:
         agent.apply(reply(5, "a", order))  # the exit report's answer: run attempt 2
         assert running(agent) == {(7, 2)}

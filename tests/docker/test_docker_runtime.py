@@ -12,7 +12,7 @@ import pytest
 
 from labq.agent.docker_runtime import DockerLaunch, DockerRuntime
 from labq.agent.process_runtime import AttemptState
-from labq.models.job import Mount
+from labq.models.job import JobSpec, Mount, Runtime
 IMAGE = "labq-test-busybox:1"  #: built by conftest.py
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,8 +21,11 @@ EXITED, RUNNING = AttemptState.EXITED, AttemptState.RUNNING
 
 
 def launch(job_id: int, command: str, user: str | None, attempt: int = 0, **kw) -> DockerLaunch:
-    return DockerLaunch(job_id, attempt, ("sh", "-c", command), kw.pop("env", {}), user=user,
-                        image=kw.pop("image", IMAGE), simulated=kw.pop("simulated", True), **kw)
+    """An attempt of a container job; ``image``, ``mounts`` and ``shm_size_mib`` go into the job's spec."""
+    spec = JobSpec(user or "root", ("sh", "-c", command), runtime=Runtime.DOCKER, image=kw.pop("image", IMAGE),
+                   **{key: kw.pop(key) for key in ("mounts", "shm_size_mib") if key in kw})
+    return DockerLaunch(job_id, attempt, spec.command, kw.pop("env", {}), user=user, spec=spec,
+                        simulated=kw.pop("simulated", True), **kw)
 
 
 def wait_for(runtime: DockerRuntime, job_id: int, attempt: int = 0, state=EXITED, timeout: float = 30.0):
@@ -121,7 +124,8 @@ def test_a_missing_image_fails_at_once(make_runtime, job_ids, job_user) -> None:
 def test_a_command_that_does_not_exist_is_an_exit_not_a_hang(make_runtime, job_ids, job_user) -> None:
     runtime = make_runtime()
     job = next(job_ids)
-    runtime.launch(DockerLaunch(job, 0, ("/no/such/program",), {}, user=job_user, image=IMAGE))
+    spec = JobSpec(job_user, ("/no/such/program",), runtime=Runtime.DOCKER, image=IMAGE)
+    runtime.launch(DockerLaunch(job, 0, spec.command, {}, user=job_user, spec=spec))
     assert wait_for(runtime, job, timeout=10).exit_code == 127  # the container's init cannot exec it
     assert b"/no/such/program" in runtime.read_log(job, 0)
     runtime.forget(job, 0)

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from labq.isolation import IsolationError, check_env, check_image, check_mounts, container_settings
-from labq.models.job import Mount
+from labq.models.job import JobSpec, Mount
+
+SHM_64 = JobSpec("alice", ("x",), shm_size_mib=64)  #: a job whose container asks for a small /dev/shm
 
 
 @pytest.fixture
@@ -93,13 +95,14 @@ def test_the_job_may_not_pick_its_gpus(key: str) -> None:
 
 def test_root_is_refused_unless_allowed() -> None:
     with pytest.raises(IsolationError, match="root"):
-        container_settings(0, 0, (), True, 64, [])
-    assert container_settings(0, 0, (), True, 64, [], allow_root=True)["user"] == "0:0"
+        container_settings(SHM_64, 0, 0, (), True, [])
+    assert container_settings(SHM_64, 0, 0, (), True, [], allow_root=True)["user"] == "0:0"
 
 
 def test_settings_encode_the_isolation(data: Path) -> None:
     mounts = check_mounts([Mount(str(data / "set"), "/data", True)], [str(data)])
-    real = container_settings(1000, 1000, ("GPU-a", "GPU-b"), False, 2048, mounts, groups=(1000, 27))
+    real = container_settings(JobSpec("alice", ("x",), shm_size_mib=2048), 1000, 1000, ("GPU-a", "GPU-b"), False,
+                              mounts, groups=(1000, 27))
     assert real["user"] == "1000:1000" and real["group_add"] == ["1000", "27"]
     assert real["cap_drop"] == ["ALL"] and real["security_opt"] == ["no-new-privileges"]
     assert real["privileged"] is False and real["init"] is True and real["shm_size"] == "2048m"
@@ -110,9 +113,9 @@ def test_settings_encode_the_isolation(data: Path) -> None:
     [mount] = real["mounts"]
     assert (mount["Source"], mount["Target"], mount["Type"], mount["ReadOnly"]) == (str(data / "set"), "/data",
                                                                                    "bind", True)
-    sim = container_settings(1000, 1000, ("0", "2"), True, 64, [])
+    sim = container_settings(SHM_64, 1000, 1000, ("0", "2"), True, [])
     assert "device_requests" not in sim and sim["environment"] == {"NVIDIA_VISIBLE_DEVICES": "0,2"}
-    assert container_settings(1000, 1000, (), False, 64, [])["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert container_settings(SHM_64, 1000, 1000, (), False, [])["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
 def test_the_policy_module_does_not_import_docker() -> None:
