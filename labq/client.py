@@ -1,4 +1,4 @@
-"""The one HTTP client of the leader's API (``labq/protocol/API.md``), for the CLI and the TUI.
+"""The one HTTP client of the leader's API (``docs/api.md``), for the CLI and the TUI.
 
 Requests go through a transport (``labq.transport``): by default a socket-level HTTP/1.1 connection
 (``labq.wire``), since ``labq ls`` must start fast and nothing here may pull in an HTTP stack; a test

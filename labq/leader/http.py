@@ -193,7 +193,7 @@ class _Handler(JsonHandler):
             raise errors.bad_request(f"the URL cannot be read (at most {MAX_QUERY_FIELDS} query fields)") from None
         matches = [(m, handler, match) for m, pattern, handler in ROUTES if (match := pattern.match(url.path))]
         if not matches:
-            raise errors.not_found(f"no such API path: {ascii(url.path)[1:-1][:200]} (see labq/protocol/API.md)")
+            raise errors.not_found(f"no such API path: {ascii(url.path)[1:-1][:200]} (see docs/api.md)")
         allowed = {m for m, _, _ in matches}
         allowed |= {"HEAD"} if any(m == "GET" and h not in _NO_HEAD for m, h, _ in matches) else set()
         self.allow = ", ".join(sorted(allowed | {"OPTIONS"}))

@@ -2,7 +2,7 @@
 decoded body for POST and PUT), calls the leader and returns (status, JSON document), or streams its answer.
 
 The server (``labq.leader.http``) finds the route, authenticates, decodes the body and turns errors into
-JSON answers; the API is documented in ``labq/protocol/API.md``.
+JSON answers; the API is documented in ``docs/api.md``.
 """
 
 from __future__ import annotations

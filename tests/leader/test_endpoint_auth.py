@@ -1,5 +1,5 @@
 """Who may call what: every route in ``ROUTES``, called by each kind of caller, answers exactly what
-``labq/protocol/API.md`` promises. One table: a route (method, path template) -> its cases (a path with
+``docs/api.md`` promises. One table: a route (method, path template) -> its cases (a path with
 real ids, a valid body where it takes one, and the status each caller gets). The callers: no token, a
 wrong token, alice (a non-admin user: the owner of what a case acts on), bob (another non-admin user,
 acting on alice's things), an admin, an agent's token, the join token and the lab's metrics scrape token.
