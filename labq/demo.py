@@ -31,7 +31,9 @@ from labq.agent.process_runtime import AttemptState
 from labq.client import Client
 from labq.leader.config import LeaderConfig
 from labq.leader.main import RunningLeader, join_token_path, start_leader
-from labq.render import gpu_rows, gpus_table, jobs_table, why_text
+from labq.render.job_detail import why_text
+from labq.render.jobs import jobs_table
+from labq.render.nodes import gpu_rows, gpus_table
 
 TRAIN = ("sh", "-c", 'i=0; while [ $i -lt {steps} ]; do i=$((i+1)); echo "step $i on GPUs $CUDA_VISIBLE_DEVICES"; '
          "sleep 0.5; done")

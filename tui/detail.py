@@ -15,7 +15,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Static
 
-from labq.render import show_text
+from labq.render.job_detail import show_text
 from labq.terminal_text import escape_controls
 from labq.tui.app import KeyFooter
 

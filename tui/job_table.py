@@ -18,7 +18,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from labq.render import index_ranges
+from labq.render.jobs import index_ranges
 from labq.tui.query import COLUMNS, REASON, TIME, Row, fold, parse_filter, view
 
 WIDTHS = (6, 9, 18, 10, 7, 4, 12, 7, 70)  #: the widths from 140 columns up

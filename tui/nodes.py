@@ -21,7 +21,8 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Static
 
-from labq.render import format_duration, gpu_rows, models_text, sharing_text, table, topology_text
+from labq.render.nodes import gpu_rows, models_text, sharing_text, topology_text
+from labq.render.tables import format_duration, table
 from labq.terminal_text import escape_controls
 from labq.tui.app import KeyFooter
 

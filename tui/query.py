@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from labq.models.priority import priority_name
-from labq.render import fold_alike, format_duration, job_note, job_ref, placement_text, wait_alike
+from labq.render.jobs import fold_alike, job_note, job_ref, placement_text, wait_alike
+from labq.render.tables import format_duration
 from labq.terminal_text import escape_controls
 
 COLUMNS = ("ID", "USER", "NAME", "STATE", "CLASS", "GPUS", "NODE:GPUS", "TIME", "REASON / EST. START")

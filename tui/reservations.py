@@ -27,7 +27,7 @@ from textual.widgets import Button, DataTable, Input, Label, Static
 
 from labq.protocol.bookings import reserve_request
 from labq.protocol.errors import ApiError
-from labq.render import answer_text, reservations_table
+from labq.render.reservations import answer_text, reservations_table
 from labq.terminal_text import escape_controls
 from labq.tui.app import KeyFooter
 from labq.tui.dialogs import Confirm

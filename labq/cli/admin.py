@@ -68,7 +68,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 def _notify_status(args: argparse.Namespace) -> int:
     import time
 
-    from labq.render import notify_status_table
+    from labq.render.notify import notify_status_table
 
     channels = leader_client(args).notify_status()
     return emit(args, channels, lambda: notify_status_table(channels, time.time()) if channels else
@@ -159,7 +159,7 @@ def _warn_accounts(name: str, user: dict) -> None:
 
 
 def _user_ls(args: argparse.Namespace) -> int:
-    from labq.render import table
+    from labq.render.tables import table
 
     users = leader_client(args).users()
     return emit(args, users, lambda: table(("NAME", "ADMIN"), [[u["name"], "yes" if u.get("admin") else ""]

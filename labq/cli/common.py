@@ -162,7 +162,7 @@ class Patience:
 
     def call(self, fn: Callable, *args):
         from labq.protocol.errors import ApiError
-        from labq.render import format_duration
+        from labq.render.tables import format_duration
         from labq.terminal_text import escape_controls
 
         while True:

@@ -85,13 +85,13 @@ def _reserve(args: argparse.Namespace) -> int:
         print(json.dumps(r, indent=2) if args.json else f"cancelled {escape_controls(r['name'])}")
         return 0
     now, tz = time.time(), zone_arg(args)
-    from labq.render import answer_text
+    from labq.render.reservations import answer_text
 
     answer = leader_client(args).reserve(build_reserve_body(args, now, tz))
     if args.json:
         print(json.dumps(answer, indent=2))
     else:
-        from labq.render import deadline_text
+        from labq.render.reservations import deadline_text
 
         print(answer_text(answer, now, tz))
         if answer.get("deadline") is not None:
@@ -100,7 +100,7 @@ def _reserve(args: argparse.Namespace) -> int:
 
 
 def _reservations(args: argparse.Namespace) -> int:
-    from labq.render import reservations_table
+    from labq.render.reservations import reservations_table
 
     found = leader_client(args).reservations(everything=args.all)
     now = time.time()

@@ -84,7 +84,7 @@ def _join_create(args: argparse.Namespace) -> int:
 
 
 def _join_list(args: argparse.Namespace) -> int:
-    from labq.render import table
+    from labq.render.tables import table
 
     found = leader_client(args).joins()
     rows = [[j["id"], j.get("node") or "any", j.get("used_by") or ("expired" if j.get("expired") else "unused"),
@@ -142,7 +142,7 @@ def _when(at: float | None) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from labq.render import format_duration, table
+    from labq.render.tables import format_duration, table
 
     found = leader_client(args).tokens(args.user)
     now = time.time()

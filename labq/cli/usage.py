@@ -129,7 +129,7 @@ def _percent(share: float | None) -> str:
 
 
 def _cells(row: dict) -> list[str]:
-    from labq.render import format_duration
+    from labq.render.tables import format_duration
 
     share = row.get("share")
     return [_hours(row["gpu_hours"]), _percent(share), _percent(row.get("utilization")), str(row["jobs"]),
@@ -149,7 +149,7 @@ def _name(row: dict, by: str) -> str:
 def usage_text(report: dict, by: str, tz) -> str:
     """The window, the capacity, then one row per ``by`` (most GPU-hours first) and the lab's total, in ``WIDTH``
     columns: names too long for what the numbers leave are clipped."""
-    from labq.render import format_duration, table
+    from labq.render.tables import format_duration, table
     from labq.terminal_text import escape_controls
 
     whose = f"{report['user']}'s jobs" if report.get("user") else "the lab"
@@ -177,7 +177,7 @@ def usage_text(report: dict, by: str, tz) -> str:
 
 def reservations_text(bookings: list[dict], tz) -> str:
     """The bookings in the window: GPU-hours booked there, and used by the jobs that ran in them."""
-    from labq.render import table
+    from labq.render.tables import table
 
     body = [[b["name"], b["owner"], b["node"] or "-", _clock(b["start"], tz), _hours(b["booked_gpu_hours"]),
              _hours(b["used_gpu_hours"]),

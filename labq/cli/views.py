@@ -90,7 +90,7 @@ def _more_line(found: Page, args: argparse.Namespace) -> str:
 
 
 def _ls_text(found: Page, args: argparse.Namespace) -> str:
-    from labq.render import jobs_table
+    from labq.render.jobs import jobs_table
 
     more = _more_line(found, args)
     return jobs_table(found.jobs, time.time(), use_color(), found.pending, expand=args.expand) + (
@@ -222,7 +222,8 @@ def _frame_writer():
 
 
 def _show(args: argparse.Namespace) -> int:
-    from labq.render import array_text, show_text
+    from labq.render.job_detail import show_text
+    from labq.render.jobs import array_text
 
     found = leader_client(args).lookup(args.id)
     if "array" in found:
@@ -232,7 +233,8 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _why(args: argparse.Namespace) -> int:
-    from labq.render import array_why_text, why_text
+    from labq.render.job_detail import why_text
+    from labq.render.jobs import array_why_text
 
     found = leader_client(args).lookup(args.id)
     if "array" in found:
@@ -350,7 +352,7 @@ def _follow(client: Client, job_id: int, attempt: int | None, tail: Tail, wait: 
 
 
 def _nodes(args: argparse.Namespace) -> int:
-    from labq.render import nodes_table
+    from labq.render.nodes import nodes_table
 
     nodes, unadmitted, insecure = leader_client(args).nodes_report()
     if insecure:
@@ -363,14 +365,14 @@ def _nodes(args: argparse.Namespace) -> int:
 
 
 def _queues(args: argparse.Namespace) -> int:
-    from labq.render import queues_table
+    from labq.render.nodes import queues_table
 
     queues = leader_client(args).queues()
     return emit(args, queues, lambda: queues_table(queues))
 
 
 def _gpus(args: argparse.Namespace) -> int:
-    from labq.render import gpu_rows, gpus_table
+    from labq.render.nodes import gpu_rows, gpus_table
 
     client = leader_client(args)
     nodes = client.nodes()

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
 
-from labq.render import format_duration
+from labq.render.tables import format_duration
 from labq.sim.model import Sample
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"  #: eighths of a cell, empty to full

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from labq.models.priority import priority_name
-from labq.render import format_duration
+from labq.render.tables import format_duration
 from labq.sim.model import JobOutcome, SimResult
 
 if TYPE_CHECKING:
