@@ -20,20 +20,16 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from rich.cells import cell_len
 from textual import on, work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, SystemCommand
 from textual.binding import Binding
-from textual.message import Message
 from textual.reactive import reactive
-from textual.widgets import Footer
-from textual.widgets._footer import FooterKey
 
 from labq.client import Client
 from labq.protocol.errors import ApiError
 from labq.terminal_text import escape_controls
+from labq.tui.common import ActionDone
 from labq.tui.feed import (
     FINISHED, Connection, JobEvent, JobsChanged, LabLoaded, LeaderFeed, NodesChanged, Notice, ReservationsChanged,
 )
@@ -42,14 +38,6 @@ from labq.tui.query import Row, make_row
 EVENTS_KEPT = 50  #: per job, for the detail screen
 TICK_S = 1.0  #: how often the clock moves the ages on screen
 KEEP_FINISHED_S = 60.0  #: how long a finished job stays in the queue view, by default
-
-
-@dataclass
-class ActionDone(Message):
-    """The answer to an action: what happened, or the leader's error."""
-
-    text: str
-    error: bool = False
 
 
 class LabqApp(App):
@@ -303,44 +291,6 @@ def _current_folder() -> str | None:
         return os.getcwd()
     except OSError:  # it was removed under us
         return None
-
-
-class KeyFooter(Footer):
-    """The footer, legible at 80 columns: the screen's keys in their order, as many as fit whole, then always
-    ``? help`` (which lists every key) and ``q quit``. A key hidden by ``check_action`` (read-only) is left out."""
-
-    ALWAYS = ("help", "quit")
-
-    def __init__(self) -> None:
-        super().__init__(compact=True, show_command_palette=False)
-        self.laid_out_for = 0  #: the width the keys were chosen for
-
-    def compose(self) -> ComposeResult:
-        width = self.size.width or self.app.size.width
-        self.laid_out_for = width
-        keys: dict[str, tuple[Binding, bool, str]] = {}
-        for _, binding, enabled, tooltip in self.screen.active_bindings.values():
-            if binding.show and binding.action not in keys:
-                keys[binding.action] = (binding, enabled, tooltip)
-        always = [keys.pop(action) for action in self.ALWAYS if action in keys]
-        room = width - sum(self._width(binding) for binding, _, _ in always)
-        shown = []
-        for item in keys.values():
-            room -= self._width(item[0])
-            if room < 0:
-                break
-            shown.append(item)
-        for binding, enabled, tooltip in [*shown, *always]:
-            yield FooterKey(binding.key, self.app.get_key_display(binding), binding.description, binding.action,
-                            disabled=not enabled, tooltip=tooltip).data_bind(compact=Footer.compact)
-
-    def _width(self, binding: Binding) -> int:
-        """The cells a key takes in the compact footer: the key, a space, what it does, a space after."""
-        return cell_len(self.app.get_key_display(binding)) + cell_len(binding.description) + 2
-
-    def on_resize(self) -> None:
-        if self.size.width != self.laid_out_for:
-            self.call_after_refresh(self.recompose)
 
 
 def make_app(leader: str | None = None, *, readonly: bool = False,

@@ -17,7 +17,7 @@ from textual.widgets import Static
 
 from labq.render.job_detail import show_text
 from labq.terminal_text import escape_controls
-from labq.tui.app import KeyFooter
+from labq.tui.common import KeyFooter
 
 
 class JobDetailScreen(Screen):

@@ -24,7 +24,7 @@ from textual.widgets import Static
 from labq.render.nodes import gpu_rows, models_text, sharing_text, topology_text
 from labq.render.tables import format_duration, table
 from labq.terminal_text import escape_controls
-from labq.tui.app import KeyFooter
+from labq.tui.common import KeyFooter
 
 HEALTH_STYLES = {"up": "green", "draining": "yellow", "down": "dim", "lost": "bold red", "not admitted": "magenta"}
 GRID_WIDTH = 78  #: 80 columns less the padding

@@ -12,7 +12,7 @@ from textual.widgets import Input, Static
 from textual.widgets.input import Selection
 
 from labq.terminal_text import escape_controls
-from labq.tui.app import KeyFooter
+from labq.tui.common import KeyFooter
 from labq.tui.dialogs import Ask, Confirm, SubmitForm
 from labq.tui.job_table import JobTable
 from labq.tui.nodes import gpu_strip

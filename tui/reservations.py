@@ -29,7 +29,7 @@ from labq.protocol.bookings import reserve_request
 from labq.protocol.errors import ApiError
 from labq.render.reservations import answer_text, reservations_table
 from labq.terminal_text import escape_controls
-from labq.tui.app import KeyFooter
+from labq.tui.common import ActionDone, KeyFooter
 from labq.tui.dialogs import Confirm
 from labq.tui.timeline import LEGEND, Timeline, draw_timeline
 from labq.when import EXAMPLES, local_zone, parse_for, parse_when
@@ -172,8 +172,6 @@ class ReservationsScreen(Screen):
 
     @work(thread=True, group="reservation-cancel")
     def cancel_reservation(self, name: str) -> None:
-        from labq.tui.app import ActionDone
-
         try:
             self.app.client_factory().cancel_reservation(name)
             self.app.post_message(ActionDone(f"cancelled reservation {name}"))

@@ -13,7 +13,7 @@ from textual.command import CommandPalette
 from textual.widgets import Static
 from textual.widgets._footer import FooterKey
 
-from labq.tui.app import KeyFooter
+from labq.tui.common import KeyFooter
 from labq.tui.dialogs import Ask, Confirm, SubmitForm
 from labq.tui.queue import CHANGES, QueueScreen
 from tests.tui.labs import drive, point_at, type_text, until
