@@ -34,7 +34,8 @@ PARTS: dict[str, tuple[str, ...]] = {
     # Pure: no I/O, no clock.
     "core": ("labq", "labq.models", "labq.scheduler", "labq.protocol", "labq.topologies"),
     # Pure helpers for people's words: durations, dates, escaping, tables; a job as another scheduler's script.
-    "text": ("labq.units", "labq.when", "labq.terminal_text", "labq.log_text", "labq.render", "labq.export"),
+    "text": ("labq.units", "labq.when", "labq.terminal_text", "labq.log_text", "labq.render", "labq.export",
+             "labq.spec_text"),
     # Helpers a daemon uses on its machine: data folder, supervised threads, container policy, mDNS.
     "host": ("labq.paths", "labq.workers", "labq.isolation", "labq.discovery"),
     # The one HTTP seam: Request/Response and transports, the socket-level connection, the hardened server,
@@ -310,6 +311,22 @@ def test_every_arrow_goes_the_way_of_design(house):
 def test_no_module_level_import_cycles(house):
     _, imports = house
     assert cycles(imports) == []
+
+
+def test_no_import_cycles_even_through_lazy_imports(house):
+    """A module that imports another inside a function is as tied to it as one that imports it at the top."""
+    _, imports = house
+    run = [Import(i.importer, i.imported, "module", i.where) for i in imports if i.kind in ("module", "lazy")]
+    assert cycles(run) == []
+
+
+MAX_LINES = 600  #: past this a module holds more than one idea (STYLE.md: split by idea, past ~500)
+
+
+def test_no_module_is_over_600_lines():
+    long = {str(path.relative_to(ROOT)): n for root in installed_roots().values() for path in Path(root).rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
 
 
 # ---------------------------------------------------------------------------------------------
