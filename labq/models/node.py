@@ -1,9 +1,15 @@
-"""Workstations and their GPUs, as the leader knows them."""
+"""Workstations and their GPUs, as the leader knows them.
+
+A node says what it may give jobs besides its GPUs: its CPUs (by Linux CPU id), its memory (MiB), and for each
+GPU the CPUs local to it (its NUMA node's CPU list, as NVML or ``/sys`` says). An agent of an older labq says
+none of this: its CPUs and memory are unknown, and the scheduler places its jobs by GPUs alone.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 
 from labq.models.topology import Topology
 
@@ -14,6 +20,51 @@ class Gpu:
     uuid: str  #: ``GPU-…`` from NVML, or ``SIM-…`` for a simulated GPU
     model: str  #: e.g. ``NVIDIA A100-SXM4-80GB``
     memory_mib: int  #: total memory
+    #: the CPUs local to it (its NUMA node's CPU list), sorted; () where the agent did not say
+    local_cpus: tuple[int, ...] = ()
+
+
+MAX_CPU_ID = 8191  #: the highest CPU id a node may name (Linux builds for at most 8192 CPUs)
+
+
+def cpu_list_text(cpus: tuple[int, ...] | list[int]) -> str:
+    """CPU ids as Linux writes a CPU list: ``0-3,8,10-11`` (``""`` for none)."""
+    ranges: list[str] = []
+    ids = sorted(set(cpus))
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        ranges.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(ranges)
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """``0-3,8,10-11`` (a Linux CPU list, as ``/sys`` and ``cpuset`` write it) to sorted CPU ids; ValueError
+    for anything else, or an id past ``MAX_CPU_ID``."""
+    ids: set[int] = set()
+    body = text.strip()
+    if not body:
+        return ()
+    for part in body.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or dash and not high.isdigit():
+            raise ValueError(f"{text!r} is not a CPU list such as 0-3,8")
+        first, last = int(low), int(high) if dash else int(low)
+        if first > last or last > MAX_CPU_ID:
+            raise ValueError(f"{text!r}: CPU ids run from 0 to {MAX_CPU_ID}, each range low to high")
+        ids.update(range(first, last + 1))
+    return tuple(sorted(ids))
+
+
+def cpu_mask(cpus) -> int:
+    """CPU ids as a bit mask (bit ``i``: CPU ``i``)."""
+    mask = 0
+    for cpu in cpus:
+        mask |= 1 << cpu
+    return mask
 
 
 @dataclass(frozen=True)
@@ -76,6 +127,10 @@ class Node:
     #: whether its agent hands jobs to another scheduler that starts one only once its GPUs are free (a Slurm
     #: node): a job that preempts there is handed over while its victims checkpoint, and starts when they end
     hands_over: bool = False
+    #: the CPUs its agent may give jobs (its own CPU affinity), sorted; (): not reported (an agent of an older labq)
+    cpus: tuple[int, ...] = ()
+    #: the memory its agent may give jobs (MiB, ``MemTotal``); None: not reported
+    memory_mib: int | None = None
 
     def __post_init__(self) -> None:
         if [g.index for g in self.gpus] != list(range(len(self.gpus))):
@@ -88,6 +143,17 @@ class Node:
     @property
     def gpu_count(self) -> int:
         return len(self.gpus)
+
+    @cached_property
+    def cpu_mask(self) -> int:
+        """Its CPUs as a bit mask (0: not reported); worked out once per node, not once per pass."""
+        return cpu_mask(self.cpus)
+
+    @cached_property
+    def local_cpu_masks(self) -> tuple[int, ...]:
+        """Per GPU, the node's CPUs local to it as a bit mask; all its CPUs where the GPU's are not known."""
+        every = self.cpu_mask
+        return tuple(cpu_mask(g.local_cpus) & every if g.local_cpus else every for g in self.gpus)
 
     def unmanaged_on(self, index: int) -> int:
         """The GPU memory processes outside labq use on GPU ``index`` (0 where none do, or NVML does not say)."""

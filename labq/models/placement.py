@@ -1,8 +1,11 @@
-"""Where a job runs: one GPU set on each of its nodes."""
+"""Where a job runs: one GPU set on each of its nodes, and there the CPUs and memory it holds."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+
+from labq.models.node import cpu_mask
 
 
 @dataclass(frozen=True)
@@ -12,6 +15,19 @@ class NodeAllocation:
     gpu_uuids: tuple[str, ...]
     #: the set's interconnect score (see ``Topology.set_score``)
     score: int = 0
+    #: the CPUs it holds there, to itself (``ceil(cpus)`` of them); (): none placed (the node did not report its)
+    cpu_set: tuple[int, ...] = ()
+    #: the cores of CPU time it may use there (its quota: ``--cpus``, or the lab's default); None: not placed
+    cpus: float | None = None
+    #: the memory it holds there (MiB), past which the kernel stops it; None: not placed
+    memory_mib: int | None = None
+    #: how many of ``cpu_set`` lie outside its GPUs' NUMA nodes (none were free there)
+    far_cpus: int = 0
+
+    @cached_property
+    def cpu_mask(self) -> int:
+        """``cpu_set`` as a bit mask: a pass takes it from the node's free CPUs for every running job."""
+        return cpu_mask(self.cpu_set)
 
 
 @dataclass(frozen=True)
@@ -35,3 +51,10 @@ class Placement:
             if a.node == node:
                 return a.gpu_indices
         return ()
+
+    def on(self, node: str) -> NodeAllocation | None:
+        """Its allocation on ``node``; None where it has none."""
+        for a in self.allocations:
+            if a.node == node:
+                return a
+        return None

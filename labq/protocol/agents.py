@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labq.models.job import JobSpec, SignalSource, catchable_signal
-from labq.models.node import Account, Gpu, Node, NodeHealth, NodeProblem
+from labq.models.node import Account, Gpu, Node, NodeHealth, NodeProblem, parse_cpu_list
 from labq.models.topology import PcieLevel, Topology
 from labq.protocol.codec import decode_spec, encode_node, encode_spec
 from labq.protocol.errors import bad_request
@@ -19,6 +19,7 @@ from labq.protocol.fields import Fields
 
 MAX_WAIT_S = 60.0
 MAX_NODE_GPUS = 128
+MAX_CPU_LIST = 65536  #: characters of a CPU list (``0-63,128-191``) a node may send
 MAX_USERS = 4096  #: the lab users a sync reply names, and an agent's report maps to accounts
 MAX_PROBLEMS = 64
 MAX_DETAIL = 1000  #: bytes of a sentence saying why a node cannot start a job
@@ -77,6 +78,8 @@ def parse_node(doc: object) -> Node:
     shares = f.boolean("shares", default=True)
     hands_over = f.boolean("hands_over", default=False)
     labels = _items(f.raw("labels") or [], "node.labels", 64)
+    cpus = _cpu_list(f.string("cpus", max_len=MAX_CPU_LIST), "node.cpus")
+    memory_mib = f.integer("memory_mib", low=1, high=1 << 40)  # absent from an agent of an older labq
     f.done()
     if health not in {h.value for h in NodeHealth}:
         raise bad_request(f"node.health must be one of {', '.join(h.value for h in NodeHealth)}", "node.health")
@@ -86,7 +89,8 @@ def parse_node(doc: object) -> Node:
     for item in gpus:
         g = Fields(item, "a GPU", "node.gpus.")
         parsed.append(Gpu(g.integer("index", required=True, high=MAX_NODE_GPUS), g.string("uuid", required=True),
-                          g.string("model", required=True), g.integer("memory_mib", required=True, high=1 << 30)))
+                          g.string("model", required=True), g.integer("memory_mib", required=True, high=1 << 30),
+                          _cpu_list(g.string("local_cpus", max_len=MAX_CPU_LIST), "node.gpus.local_cpus")))
         g.done()
     n = len(parsed)
     pcie = _rows(topology.raw("pcie", required=True), "node.topology.pcie", n, {int(v) for v in PcieLevel})
@@ -100,9 +104,17 @@ def parse_node(doc: object) -> Node:
         return Node(name, tuple(parsed), Topology(tuple(tuple(PcieLevel(v) for v in row) for row in pcie),
                                                   tuple(tuple(row) for row in nvlinks), tuple(nvswitch), tuple(numa)),
                     NodeHealth(health), frozenset(busy), simulated, tuple(labels), shares=shares,
-                    hands_over=hands_over)
+                    hands_over=hands_over, cpus=cpus, memory_mib=memory_mib)
     except ValueError as err:
         raise bad_request(f"node is not a valid inventory: {err}", "node") from None
+
+
+def _cpu_list(text: str | None, what: str) -> tuple[int, ...]:
+    """A CPU list as Linux writes it (``0-31,64-95``); () where the agent did not send one."""
+    try:
+        return parse_cpu_list(text or "")
+    except ValueError as err:
+        raise bad_request(f"{what}: {err}", what) from None
 
 
 def _items(value: object, what: str, most: int) -> list:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from labq.models.decisions import Pending
 from labq.models.job import Attempt, AttemptEnd, Job, JobSpec, JobState, Mount, Runtime, SignalSource, StopReason
-from labq.models.node import Gpu, Node, NodeHealth
+from labq.models.node import Gpu, Node, NodeHealth, cpu_list_text, parse_cpu_list
 from labq.models.notify import NotifyEvent
 from labq.models.placement import NodeAllocation, Placement
 from labq.models.reservation import Reservation
@@ -61,18 +61,36 @@ def decode_spec(doc: dict) -> JobSpec:
     return JobSpec(**values)
 
 
+def encode_allocation(a: NodeAllocation) -> dict:
+    """One node's part of a placement; its CPUs and memory only where it holds some (a CPU list: ``0-9``)."""
+    doc = {"node": a.node, "gpu_indices": list(a.gpu_indices), "gpu_uuids": list(a.gpu_uuids), "score": a.score}
+    if a.cpu_set:
+        doc["cpu_set"] = cpu_list_text(a.cpu_set)
+    if a.cpus is not None:
+        doc["cpus"] = a.cpus
+    if a.memory_mib is not None:
+        doc["memory_mib"] = a.memory_mib
+    if a.far_cpus:
+        doc["far_cpus"] = a.far_cpus
+    return doc
+
+
+def decode_allocation(a: dict) -> NodeAllocation:
+    return NodeAllocation(a["node"], tuple(a["gpu_indices"]), tuple(a["gpu_uuids"]), a["score"],
+                          parse_cpu_list(a.get("cpu_set") or ""), a.get("cpus"), a.get("memory_mib"),
+                          a.get("far_cpus", 0))
+
+
 def encode_placement(placement: Placement | None) -> dict | None:
     if placement is None:
         return None
-    return {"allocations": [{"node": a.node, "gpu_indices": list(a.gpu_indices), "gpu_uuids": list(a.gpu_uuids),
-                             "score": a.score} for a in placement.allocations]}
+    return {"allocations": [encode_allocation(a) for a in placement.allocations]}
 
 
 def decode_placement(doc: dict | None) -> Placement | None:
     if doc is None:
         return None
-    return Placement(tuple(NodeAllocation(a["node"], tuple(a["gpu_indices"]), tuple(a["gpu_uuids"]), a["score"])
-                           for a in doc["allocations"]))
+    return Placement(tuple(decode_allocation(a) for a in doc["allocations"]))
 
 
 _JOB_SCALARS = ("attempt", "submitted_at", "started_at", "ended_at", "exit_code", "last_checkpoint_at",
@@ -143,11 +161,14 @@ def decode_topology(doc: dict) -> Topology:
 
 
 def encode_gpu(gpu: Gpu) -> dict:
-    return {"index": gpu.index, "uuid": gpu.uuid, "model": gpu.model, "memory_mib": gpu.memory_mib}
+    doc = {"index": gpu.index, "uuid": gpu.uuid, "model": gpu.model, "memory_mib": gpu.memory_mib}
+    if gpu.local_cpus:
+        doc["local_cpus"] = cpu_list_text(gpu.local_cpus)
+    return doc
 
 
 def decode_gpu(doc: dict) -> Gpu:
-    return Gpu(doc["index"], doc["uuid"], doc["model"], doc["memory_mib"])
+    return Gpu(doc["index"], doc["uuid"], doc["model"], doc["memory_mib"], parse_cpu_list(doc.get("local_cpus") or ""))
 
 
 def encode_node(node: Node) -> dict:
@@ -160,6 +181,10 @@ def encode_node(node: Node) -> dict:
         doc["shares"] = False
     if node.hands_over:
         doc["hands_over"] = True
+    if node.cpus:  # an agent of an older labq says neither: its jobs are placed by GPUs alone
+        doc["cpus"] = cpu_list_text(node.cpus)
+    if node.memory_mib is not None:
+        doc["memory_mib"] = node.memory_mib
     return doc
 
 
@@ -168,7 +193,8 @@ def decode_node(doc: dict) -> Node:
                 NodeHealth(doc.get("health", "up")), frozenset(doc.get("unmanaged_busy", ())),
                 doc.get("simulated", False), tuple(doc.get("labels", ())),
                 unmanaged_mib=tuple(sorted((int(i), int(m)) for i, m in (doc.get("unmanaged_mib") or {}).items())),
-                shares=doc.get("shares", True), hands_over=doc.get("hands_over", False))
+                shares=doc.get("shares", True), hands_over=doc.get("hands_over", False),
+                cpus=parse_cpu_list(doc.get("cpus") or ""), memory_mib=doc.get("memory_mib"))
 
 
 def encode_pending(pending: Pending | None) -> dict | None:
