@@ -18,6 +18,7 @@ from labq.models.job import Job
 from labq.models.node import Node
 from labq.models.priority import priority_name
 from labq.scheduler.gates import Gates
+from labq.scheduler.host import HostNeed
 from labq.scheduler.lab_view import Hold
 from labq.scheduler.memo import UNKNOWN
 from labq.scheduler.placement import best_set
@@ -52,7 +53,9 @@ class Backfill(Starting, Gates):
             if self.book is not None:
                 q = self.book.queue_of(job)
                 rank = (rank, q, self.book.under(q))
-            self.memo.settled[job.spec.resource_shape, shape[2], rank] = (reason, detail, waiting_for, None)
+            spec = job.spec
+            self.memo.settled[spec.resource_shape, spec.cpus, spec.memory_mib, shape[2], rank] = (
+                reason, detail, waiting_for, None)
         self._wait(job, reason, detail, waiting_for)
 
     def _why_blocked(self, job: Job, shape: tuple) -> tuple[PendingReason, str, int | None]:
@@ -76,6 +79,10 @@ class Backfill(Starting, Gates):
                     else "a preemptible job may borrow reserved GPUs until they are needed")
             return (PendingReason.RESERVATION,
                     f"the free GPUs are reserved ({'; '.join(names)}) before this job would end; {hint}", None)
+        if self.host_short:  # some node was passed over for want of CPUs or memory: perhaps for this job
+            short = self._host_short(job, shape)
+            if short is not None:
+                return PendingReason.RESOURCES, short, None
         most, where = 0, ""
         if self.most_free:  # else no node has a free GPU for any job
             # reserved GPUs are lent only while none of the reservation's jobs waits: a table for each such state
@@ -90,6 +97,25 @@ class Backfill(Starting, Gates):
         if outside and not most:  # programs labq did not start, or a node its other scheduler took back (Slurm)
             have += "; busy outside labq: " + ", ".join(f"{-count} on {name}" for count, name in outside[:3])
         return PendingReason.RESOURCES, f"needs {spec.gpus_per_node} suitable GPUs on {place}; {have}", None
+
+    def _host_short(self, job: Job, shape: tuple) -> str | None:
+        """What a job waits for when enough nodes have GPUs free for it but too few of those the CPUs or memory it
+        needs there: ``needs 16 CPUs; ws1 has 8 free``, of the node of those with the most free. None otherwise."""
+        spec = job.spec
+        sets = self._on_each_node("set", job, shape, lambda n: self._best_set_on(job, n, host=False), (("host", False),))
+        fitting = [self.nodes[name] for name, choice in sets.items() if choice is not None]
+        if len(fitting) < spec.nodes:
+            return None  # too few GPUs, whatever the CPUs
+        short = []
+        for node in fitting:
+            need = self._need(job, node)
+            if need is not None and not self._host_room(node.name, need):
+                free = self.free_cpus.get(node.name)
+                short.append((-(free or 0).bit_count(), -self.free_memory.get(node.name, 0), node.name, need))
+        if not short or len(fitting) - len(short) >= spec.nodes:
+            return None
+        _, _, name, need = min(short)
+        return self._short(self.nodes[name], need, spec.nodes)
 
     def _hold_future(self, job: Job) -> float | None:
         """Hold the GPUs ``job`` gets soonest as running jobs end; return when, if known."""
@@ -118,37 +144,48 @@ class Backfill(Starting, Gates):
             if self.reservation_list:
                 blocked |= self._reserved_against(job, name, end, borrow=False)
         known = self.memo.on_node(name)
-        key = ("soonest", blocked, job.spec.gpus_per_node)
+        need = self._need(job, node) if self.sized else None
+        key = ("soonest", blocked, job.spec.gpus_per_node, need)
         option = known.get(key, UNKNOWN)
         if option is UNKNOWN:
-            option = known[key] = self._soonest_set(node, blocked, job.spec.gpus_per_node)
+            option = known[key] = self._soonest_set(node, blocked, job.spec.gpus_per_node, need)
         return option
 
-    def _soonest_set(self, node: Node, blocked: int, k: int) -> tuple | None:
-        """The first ``k``-GPU set outside ``blocked`` that ``node`` frees: shared by jobs of any time limit."""
-        for when, have in self._freeing(node, blocked):
-            if have.bit_count() >= k:  # best_set finds a set exactly when k GPUs are there
-                choice = best_set(node.topology, have, k)
+    def _soonest_set(self, node: Node, blocked: int, k: int, need: HostNeed | None = None) -> tuple | None:
+        """The first ``k``-GPU set outside ``blocked`` that ``node`` frees, with the CPUs and memory of ``need``:
+        shared by jobs of any time limit."""
+        for when, have, cpus, memory in self._freeing(node, blocked):
+            if have.bit_count() >= k and (need is None or (cpus is None or cpus.bit_count() >= need.count) and (
+                    memory is None or need.memory_mib is None or memory >= need.memory_mib)):
+                choice = best_set(node.topology, have, k)  # it finds a set exactly when k GPUs are there
                 return (when, -choice.score, choice.loss, node.name, choice.mask)
         return None
 
-    def _freeing(self, node: Node, blocked: int) -> list[tuple[float, int]]:
-        """The GPUs of ``node`` outside ``blocked`` that are free now, then as each running job ends.
+    def _freeing(self, node: Node, blocked: int) -> list[tuple[float, int, int | None, int | None]]:
+        """The GPUs of ``node`` outside ``blocked`` that are free now, then as each running job ends, and its free
+        CPUs (a mask) and memory then (None where it does not report them).
 
-        Steps of (when, GPUs), soonest first. They depend on the job only through the GPUs it
+        Steps of (when, GPUs, CPUs, memory), soonest first. They depend on the job only through the GPUs it
         must keep off, so jobs of every size and time limit share them until the node changes.
         """
         known = self.memo.on_node(node.name)
         key = ("freeing", blocked)
         steps = known.get(key)
         if steps is None:
-            have = self.free[node.name] & ~blocked
+            name = node.name
+            have = self.free[name] & ~blocked
+            cpus, memory = self.free_cpus.get(name), self.free_memory.get(name)
+            sized = cpus is not None or memory is not None
             when = self.now
-            steps = [(when, have)]
-            for entry in sorted(self.on_gpus[node.name], key=lambda e: (e.end, e.job.id)):
-                if entry.mask & ~blocked:
+            steps = [(when, have, cpus, memory)]
+            for entry in sorted(self.on_gpus[name], key=lambda e: (e.end, e.job.id)):
+                if entry.mask & ~blocked or sized and (entry.cpus or entry.memory_mib):
                     have |= entry.mask & ~blocked
+                    if cpus is not None:
+                        cpus |= entry.cpus
+                    if memory is not None:
+                        memory += entry.memory_mib
                     when = max(when, entry.end)
-                    steps.append((when, have))
+                    steps.append((when, have, cpus, memory))
             known[key] = steps
         return steps

@@ -117,7 +117,8 @@ class _Pass(Backfill, Preempting):
                     later.append((rank, q, job))
                     continue
                 rank = (rank, q, under)  # jobs of one queue, in one standing, share verdicts
-            verdict = settled.get((spec.resource_shape, barred_nodes(job) if barring else no_node, rank))
+            verdict = settled.get((spec.resource_shape, spec.cpus, spec.memory_mib,
+                                   barred_nodes(job) if barring else no_node, rank))
             if (verdict is not None and not spec.depends_on and job.id not in inflight
                     and (not personal or self._plain(job))):
                 pending.append(make_pending(Pending, (job.id, *verdict)))
@@ -162,7 +163,7 @@ class _Pass(Backfill, Preempting):
             return
         lasting = self.memo.lasting
         barred = self.barred_nodes(job)
-        key = ("never", spec.resource_shape, barred, spec.user if barred else None)
+        key = ("never", spec.resource_shape, spec.cpus, spec.memory_mib, barred, spec.user if barred else None)
         never = lasting.get(key, UNKNOWN)
         if never is UNKNOWN:
             never = lasting[key] = self._never_runs(job, barred)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from math import ceil
 
 from labq.models.decisions import PendingReason
 from labq.models.job import JobSpec
@@ -63,27 +64,72 @@ def _mib(value: int) -> str:
     return f"{value / 1024:g} GiB" if value % 1024 == 0 or value > 10240 else f"{value} MiB"
 
 
+def _size_flag(mib: int) -> str:
+    """MiB as ``--mem`` takes it: ``256G``, ``1500M``."""
+    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
+
+
 def _shares_fit(spec: JobSpec, memory_mib: int) -> bool:
     return spec.share_mib is None or memory_mib - margin_mib(memory_mib) >= spec.share_mib
 
 
-def _fits_when_idle(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> bool:
-    """Whether enough nodes have enough suitable GPUs: the usual answer, found at the first nodes that fit.
+def _cpus_fit(spec: JobSpec, node: Node) -> bool:
+    """The node has the CPUs the job asks for (``--cpus``), or does not say how many it has."""
+    return spec.cpus is None or not node.cpus or len(node.cpus) >= ceil(spec.cpus - 1e-9)
+
+
+def _memory_fits(spec: JobSpec, node: Node) -> bool:
+    """The node has the memory the job asks for (``--mem``), or does not say how much it has."""
+    return spec.memory_mib is None or node.memory_mib is None or node.memory_mib >= spec.memory_mib
+
+
+def _gpus_fit(spec: JobSpec, node: Node) -> bool:
+    """The node has enough GPUs the job may use, when idle."""
+    if spec.node is not None and node.name != spec.node or spec.share_mib is not None and not node.shares:
+        return False
+    return sum(1 for g in node.gpus
+               if gpu_matches(spec, g.model, g.memory_mib) and _shares_fit(spec, g.memory_mib)) >= spec.gpus_per_node
+
+
+def _fits_when_idle(spec: JobSpec, nodes: list[Node] | tuple[Node, ...], host: bool = True) -> bool:
+    """Whether enough nodes have enough suitable GPUs (and, with ``host``, the CPUs and memory it asks for): the
+    usual answer, found at the first nodes that fit.
 
     Checked before anything else because why_never_fits runs for every job shape in every pass,
     and on a lab of many alike nodes the first node settles it.
     """
-    gpn = spec.gpus_per_node
+    host = host and (spec.cpus is not None or spec.memory_mib is not None)  # a default always fits
     missing = spec.nodes
     for node in nodes:
-        if spec.node is not None and node.name != spec.node or spec.share_mib is not None and not node.shares:
-            continue
-        if sum(1 for g in node.gpus
-               if gpu_matches(spec, g.model, g.memory_mib) and _shares_fit(spec, g.memory_mib)) >= gpn:
+        if _gpus_fit(spec, node) and (not host or _cpus_fit(spec, node) and _memory_fits(spec, node)):
             missing -= 1
             if not missing:
                 return True
     return False
+
+
+def _why_host_never_fits(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> str:
+    """Why a job that enough nodes have GPUs for fits none of them for the CPUs or memory it asks for."""
+    fitting = [n for n in nodes if _gpus_fit(spec, n)]
+    each = "" if spec.nodes == 1 else f" on each of {spec.nodes} nodes"
+    cpus_fit = sum(_cpus_fit(spec, n) for n in fitting)
+    if cpus_fit < spec.nodes:
+        if spec.nodes > 1:
+            return (f"asks for {spec.cpus:g} CPUs{each} but only {cpus_fit} node(s) that have its GPUs have that "
+                    "many CPUs")
+        most = max(fitting, key=lambda n: (len(n.cpus), n.name))
+        return (f"asks for {spec.cpus:g} CPUs but the largest node that has its GPUs ({most.name}) has "
+                f"{len(most.cpus)}; ask for --cpus {len(most.cpus)} or fewer")
+    memory_fits = sum(_memory_fits(spec, n) for n in fitting)
+    if memory_fits < spec.nodes:
+        if spec.nodes > 1:
+            return (f"asks for {_mib(spec.memory_mib)} of memory{each} but only {memory_fits} node(s) that have its "
+                    "GPUs have that much")
+        most = max(fitting, key=lambda n: (n.memory_mib or 0, n.name))
+        return (f"asks for {_mib(spec.memory_mib)} of memory but the largest node that has its GPUs ({most.name}) "
+                f"has {_mib(most.memory_mib or 0)}; ask for --mem {_size_flag(most.memory_mib or 0)} or less")
+    return (f"asks for {spec.cpus:g} CPUs and {_mib(spec.memory_mib)} of memory{each}, and too few nodes that "
+            "have its GPUs have both")
 
 
 def why_never_fits(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> str | None:
@@ -94,6 +140,8 @@ def why_never_fits(spec: JobSpec, nodes: list[Node] | tuple[Node, ...]) -> str |
         return "the lab has no nodes yet: start an agent (labq agent) first"
     if _fits_when_idle(spec, nodes):
         return None
+    if (spec.cpus is not None or spec.memory_mib is not None) and _fits_when_idle(spec, nodes, host=False):
+        return _why_host_never_fits(spec, nodes)
     gpn = spec.gpus_per_node
     if spec.node is not None:
         named = [n for n in nodes if n.name == spec.node]

@@ -21,6 +21,7 @@ from labq.models.node import Node
 from labq.models.reservation import Reservation
 from labq.models.sharing import need_mib
 from labq.scheduler.fit import eligible_mask, gpu_matches
+from labq.scheduler.host import HostNeed, need_on, needs_known
 from labq.scheduler.memo import NodeMemo
 from labq.scheduler.placement import best_set, indices_to_mask
 from labq.scheduler.policy import Policy, order_queue
@@ -51,6 +52,8 @@ class OnGpus:
     mask: int
     end: float  #: expected end by time limit; inf when unknown
     candidate: bool  #: may be preempted in this pass
+    cpus: int = 0  #: the CPUs it holds on this node (a mask), where the node reports its CPUs
+    memory_mib: int = 0  #: the memory it holds on this node, where the node reports its memory
 
 
 @dataclass
@@ -104,6 +107,24 @@ class LabView:
         self.whole: dict[str, int] = dict.fromkeys(self.nodes, 0)
         self.declared: dict[str, dict[int, int]] = {}
         self.sharers: dict[str, dict[int, int]] = {}
+        #: by node that reports them, its free CPUs (a mask) and free memory (MiB) (``labq.scheduler.host``); a lab
+        #: whose nodes report none (agents of an older labq) is placed by GPUs alone, and ``sized`` is False
+        self.free_cpus: dict[str, int] = {}
+        self.free_memory: dict[str, int] = {}
+        for node in self.nodes.values():
+            if node.cpus:
+                self.free_cpus[node.name] = node.cpu_mask
+            if node.memory_mib is not None:
+                self.free_memory[node.name] = node.memory_mib
+        self.sized = bool(self.free_cpus or self.free_memory)
+        #: by node that reports either, what jobs of each shape need there under this policy (kept across passes)
+        self.needs: dict[str, dict] = {}
+        if self.sized:
+            defaults = (self.policy.cpus_per_gpu, self.policy.mem_per_gpu_mib)
+            self.needs = {name: needs_known(self.nodes[name], defaults)
+                          for name in self.free_cpus.keys() | self.free_memory.keys()}
+        #: some node was passed over for want of CPUs or memory in this pass: only then may a job wait for them
+        self.host_short = False
         for job in self.jobs:
             state = job.state
             if state is _QUEUED:
@@ -166,11 +187,45 @@ class LabView:
                 book.take(job, len(alloc.gpu_indices))  # a job on its way out no longer counts for its queue
             self.free[name] &= ~mask
             self._take(job, name, mask)
-            self.on_gpus[name].append(OnGpus(job, mask, end, candidate))
+            entry = OnGpus(job, mask, end, candidate)
+            if self.sized:
+                self._hold_host(entry, name, alloc)
+            self.on_gpus[name].append(entry)
             if candidate and spec.priority < self.lowest_victim:
                 self.lowest_victim = spec.priority
             if preempting and job.preempted_for is not None:
                 self.inflight.setdefault(job.preempted_for, []).append((name, mask, job.id))
+
+    def _hold_host(self, entry: OnGpus, node: str, alloc) -> None:
+        """The CPUs and memory ``alloc`` holds on ``node`` are not free (as far as the node reports them)."""
+        if alloc.cpu_set and node in self.free_cpus:
+            entry.cpus = alloc.cpu_mask
+            self.free_cpus[node] &= ~entry.cpus
+        if alloc.memory_mib and node in self.free_memory:
+            entry.memory_mib = alloc.memory_mib
+            self.free_memory[node] -= alloc.memory_mib
+
+    def _need(self, job: Job, node: Node) -> HostNeed | None:
+        """What ``job`` needs of ``node``'s CPUs and memory; None where the node reports neither."""
+        known = self.needs.get(node.name)
+        if known is None:
+            return None
+        spec = job.spec
+        if spec.share_mib is not None:  # by the part of the GPU it shares: the first that suits it
+            gpu = next((g for g in node.gpus if gpu_matches(spec, g.model, g.memory_mib)), node.gpus[0])
+            return need_on(spec, node, self.policy, min(1.0, need_mib(job) / max(1, gpu.memory_mib)))
+        key = (spec.resource_shape, spec.cpus, spec.memory_mib)
+        need = known.get(key)
+        if need is None:
+            need = known[key] = need_on(spec, node, self.policy)
+        return need
+
+    def _host_room(self, name: str, need: HostNeed, cpus: int = 0, memory_mib: int = 0) -> bool:
+        """Whether ``name``'s free CPUs and memory, with ``cpus`` (a mask) and ``memory_mib`` more, hold ``need``."""
+        free = self.free_cpus.get(name)
+        memory = self.free_memory.get(name)
+        return ((free is None or (free | cpus).bit_count() >= need.count)
+                and (memory is None or need.memory_mib is None or memory + memory_mib >= need.memory_mib))
 
     def _take(self, job: Job, node: str, mask: int) -> None:
         """``job`` is on GPUs ``mask`` of ``node``: to itself, or sharing one by memory."""
@@ -383,7 +438,8 @@ class LabView:
     def _shape(self, job: Job) -> tuple:
         """Everything a job's placement depends on besides its priority and the state of the nodes."""
         personal = job.id if job.id in self.inflight else None
-        return (job.spec.resource_shape, personal, self.barred_nodes(job))
+        spec = job.spec
+        return (spec.resource_shape, personal, self.barred_nodes(job), spec.cpus, spec.memory_mib)
 
     def _on_each_node(self, kind: str, job: Job, shape: tuple, compute, *extra) -> dict[str, object]:
         """``compute(node)`` for each of the job's nodes, by node name; remembered per node until it changes.

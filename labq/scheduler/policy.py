@@ -37,6 +37,10 @@ class Policy:
     queues: tuple[QueueSpec, ...] = ()
     #: only jobs whose grace is at most this borrow another queue's GPUs, so that a reclaim ends within it
     reclaim_grace_s: float | None = None
+    #: a job's CPU cores and memory (MiB) per GPU where its spec says none (``[jobs] cpus_per_gpu``,
+    #: ``mem_per_gpu``); None: its node's share per GPU (``labq.scheduler.host``)
+    cpus_per_gpu: float | None = None
+    mem_per_gpu_mib: int | None = None
 
     def can_preempt(self, preemptor: int, victim: int) -> bool:
         """Whether a job of priority ``preemptor`` may preempt one of ``victim`` (strictly lower, and the rules)."""

@@ -45,7 +45,8 @@ class Preempting(Starting):
         if mode and job.id not in self.inflight and job.spec.reservation is None and self._no_plan_for_any_queue(
                 job, shape, mode):
             return False
-        plans = self._on_each_node("plan", job, shape, lambda n: self._plan_on(job, n, mode), job.priority, mode)
+        plans = self._on_each_node("plan", job, shape, lambda n: self._with_host(job, n, self._plan_on(job, n, mode)),
+                                   job.priority, mode)
         plans = [plan for plan in plans.values() if plan is not None]
         plans.sort(key=lambda p: p.cost)
         if len(plans) < job.spec.nodes or (book is not None and not self._plans_allowed(job, plans[: job.spec.nodes])):
@@ -107,8 +108,32 @@ class Preempting(Starting):
             mask = plan.target.mask
             self.leaving_mask[plan.node] &= ~mask
             self.leaving[plan.node] = [(m & ~mask, j) for m, j in self.leaving[plan.node] if m & ~mask]
-        self._start(job, Placement(tuple(self._allocation(self.nodes[p.node], p.target.mask, p.target.score)
+        self._start(job, Placement(tuple(self._allocation(self.nodes[p.node], p.target.mask, p.target.score, job,
+                                                          self._freed_host(job, p)[0])
                                          for p in plans)))
+
+    def _freed_host(self, job: Job, plan: NodePlan) -> tuple[int, int]:
+        """The CPUs (a mask) and memory that come back on ``plan``'s node once its victims, the victims already
+        leaving for ``job`` and the jobs on their way out anyway have left."""
+        name = plan.node
+        leaving = {v.job.id for v in plan.victims} | {j.id for _, j in self.leaving[name]}
+        leaving.update(victim for where, _, victim in self.inflight.get(job.id, ()) if where == name)
+        cpus = memory = 0
+        for entry in self.on_gpus[name]:
+            if entry.job.id in leaving:
+                cpus |= entry.cpus
+                memory += entry.memory_mib
+        return cpus, memory
+
+    def _with_host(self, job: Job, node: Node, plan: NodePlan | None) -> NodePlan | None:
+        """``plan``, if the CPUs and memory free on its node once it is done hold what ``job`` needs there: no job
+        is preempted for GPUs it could not start on for want of CPUs or memory."""
+        if plan is None or not self.sized:
+            return plan
+        need = self._need(job, node)
+        if need is None or self._host_room(node.name, need, *self._freed_host(job, plan)):
+            return plan
+        return None
 
     def _no_plan_for_any_queue(self, job: Job, shape: tuple, mode: tuple) -> bool:
         """No plan would make room for ``job`` even if every queue's rules let it take what the priority rules

@@ -2,7 +2,8 @@
 
 Each node's best free set (``labq.scheduler.placement``) is kept per job shape and
 asked again only on the nodes a start, preemption or hold changed; the best nodes win,
-as many as the job needs. A job that shares a GPU by memory joins one that sharing jobs
+as many as the job needs. On a node that reports its CPUs and memory, a job needs
+its share of those free too, and gets CPUs near its GPUs (``labq.scheduler.host``). A job that shares a GPU by memory joins one that sharing jobs
 use, or opens a free one (``labq.scheduler.sharing``). A start takes its GPUs from the
 lab as the rest of the pass sees it: from the free GPUs, for its user's quota, its
 array's cap and its queue.
@@ -16,6 +17,7 @@ from labq.models.node import Node
 from labq.models.placement import NodeAllocation, Placement
 from labq.models.sharing import need_mib
 from labq.scheduler.guarantees import Guarantees
+from labq.scheduler.host import HostNeed, choose_cpus, near_gpus, short_text
 from labq.scheduler.lab_view import OnGpus
 from labq.scheduler.placement import SetChoice, best_set, indices_to_mask, mask_to_indices
 from labq.scheduler.sharing import join, no_room, open_one
@@ -42,51 +44,95 @@ class Starting(Guarantees):
         return result
 
     def _best_set_on(self, job: Job, node: Node, **available) -> SetChoice | None:
-        """The best GPU set for ``job`` on ``node``; a node without enough free GPUs is passed over at once."""
+        """The best GPU set for ``job`` on ``node``; a node without enough free GPUs is passed over at once, as is
+        one without the CPUs or memory the job needs there (unless ``host=False``). Where some GPUs' NUMA nodes
+        lack free CPUs for it, the best set among the others, if there is one."""
         k = job.spec.gpus_per_node
         if self.free[node.name].bit_count() < k:
             return None
-        return best_set(node.topology, self._available(job, node, **available), k)
+        host = available.pop("host", True)
+        mask = self._available(job, node, **available)
+        if host and self.sized:
+            need = self._need(job, node)
+            if need is not None:
+                if not self._host_room(node.name, need):
+                    self.host_short = True
+                    return None
+                free_cpus = self.free_cpus.get(node.name)
+                if free_cpus is not None:
+                    near = near_gpus(node, mask, free_cpus, need, k)
+                    if near != mask:
+                        choice = best_set(node.topology, near, k)
+                        if choice is not None:
+                            return choice
+        return best_set(node.topology, mask, k)
 
     def _place(self, job: Job, shape: tuple) -> Placement | None:
         chosen = self._best_nodes(job, shape)
         if chosen is None:
             return None
-        return Placement(tuple(self._allocation(node, c.mask, c.score) for node, c in chosen))
+        return Placement(tuple(self._allocation(node, c.mask, c.score, job) for node, c in chosen))
 
     def _share(self, job: Job, problem: tuple | None) -> None:
         """Start a job that shares a GPU by memory where it fits (``labq.scheduler.sharing``), or let it wait: it
         preempts nobody and holds nothing, since freeing a whole GPU for part of one would waste the rest."""
         need = need_mib(job)
-        best = None
+        best = short = None
         for node in self._candidate_nodes(job):
             if not node.shares:
                 continue
             choice = join(node, self.joinable(job, node), self.declared.get(node.name, {}), need)
             if choice is None and self.free[node.name]:
                 choice = open_one(node, self._available(job, node), need)
+            if choice is not None and self.sized:  # a GPU with room, on a node without the CPUs or memory for it
+                host = self._need(job, node)
+                if host is not None and not self._host_room(node.name, host):
+                    self.host_short = True
+                    short = short or self._short(node, host)
+                    continue
             if choice is not None and (best is None or choice.rank < best.rank):
                 best = choice
         if best is not None and (self.book is None or self._queue_allows(job, int(best.opens), 0)):
-            self._start(job, Placement((self._allocation(self.nodes[best.node], 1 << best.gpu, best.score),)))
+            self._start(job, Placement((self._allocation(self.nodes[best.node], 1 << best.gpu, best.score, job),)))
             return
         if problem is not None:
             self._wait(job, *problem)
             return
+        if short is not None:
+            self._wait(job, PendingReason.RESOURCES, short)
+            return
         biggest = max((g.memory_mib for n in self.up for g in n.gpus), default=0)
         self._wait(job, PendingReason.RESOURCES, no_room(need, biggest))
 
-    @staticmethod
-    def _allocation(node: Node, mask: int, score: int) -> NodeAllocation:
+    def _short(self, node: Node, need: HostNeed, nodes: int = 1) -> str | None:
+        """What ``node`` lacks of CPUs and memory for ``need`` now, as a reason says it."""
+        return short_text(need, self.free_cpus.get(node.name), self.free_memory.get(node.name), node.name, nodes)
+
+    def _allocation(self, node: Node, mask: int, score: int, job: Job | None = None, cpus: int = 0) -> NodeAllocation:
+        """GPUs ``mask`` of ``node``, and for ``job`` the CPUs and memory it needs there, where the node reports
+        them: its CPUs near those GPUs where free (``labq.scheduler.host``), from the free ones and ``cpus``."""
         indices = mask_to_indices(mask)
-        return NodeAllocation(node.name, indices, tuple(node.gpus[i].uuid for i in indices), score)
+        uuids = tuple(node.gpus[i].uuid for i in indices)
+        need = self._need(job, node) if job is not None and self.sized else None
+        if need is None:
+            return NodeAllocation(node.name, indices, uuids, score)
+        cpu_set, far = (), 0
+        free = self.free_cpus.get(node.name)
+        if free is not None:
+            chosen = choose_cpus(node, mask, need.count, free | cpus)
+            if chosen is not None:
+                cpu_set, far = mask_to_indices(chosen[0]), chosen[1]
+        return NodeAllocation(node.name, indices, uuids, score, cpu_set, need.cores, need.memory_mib, far)
 
     def _start(self, job: Job, placement: Placement) -> None:
         for alloc in placement.allocations:
             mask = indices_to_mask(alloc.gpu_indices)
             self.free[alloc.node] &= ~mask
             self._take(job, alloc.node, mask)
-            self.on_gpus[alloc.node].append(OnGpus(job, mask, self._end_of(job), False))
+            entry = OnGpus(job, mask, self._end_of(job), False)
+            if self.sized:
+                self._hold_host(entry, alloc.node, alloc)
+            self.on_gpus[alloc.node].append(entry)
         self.in_use[job.user] = self.in_use.get(job.user, 0) + job.spec.gpus
         if job.spec.array_cap is not None:
             self.array_on_gpus[job.spec.array_id] = self.array_on_gpus.get(job.spec.array_id, 0) + 1

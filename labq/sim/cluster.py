@@ -12,7 +12,8 @@ MAX_NODES = 10_000
 
 
 def parse_cluster(spec: str) -> list[Node]:
-    """Nodes named after their inventory and number (``dgx1-00``, ``dgx1-01``, ``ws-4x3090-00``).
+    """Nodes named after their inventory and number (``dgx1-00``, ``dgx1-01``, ``ws-4x3090-00``), with the CPUs and
+    memory of the machine they model.
 
     Raises ValueError saying what is accepted."""
     if not spec or not spec.strip():
@@ -32,7 +33,7 @@ def parse_cluster(spec: str) -> list[Node]:
             n = counts.get(base, 0)
             counts[base] = n + 1
             name = f"{base}-{n:02d}"
-            nodes.append(Node(name, inventory.gpus(name), inventory.topology, simulated=True))
+            nodes.append(inventory.node(name))  # its CPUs, NUMA nodes and memory too
         if len(nodes) > MAX_NODES:
             raise ValueError(f"--cluster {spec!r} has more than {MAX_NODES} nodes")
     return nodes

@@ -108,7 +108,7 @@ def job_spec(job: TraceJob, node_size: int, grace_s: float) -> JobSpec:
                       if job.gpus % n == 0 and job.gpus // n <= node_size)
     return JobSpec(user=job.user, command=("sim",), gpus=job.gpus, nodes=spread, priority=job.priority,
                    preemptible=job.preemptible, time_limit_s=job.time_limit_s, grace_s=grace_s,
-                   reservation=job.reservation, queue=job.queue)
+                   reservation=job.reservation, queue=job.queue, cpus=job.cpus, memory_mib=job.memory_mib)
 
 
 class _Simulation:

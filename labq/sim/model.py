@@ -22,6 +22,9 @@ class TraceJob:
     time_limit_s: float | None = None
     reservation: str | None = None  #: the name of the reservation it runs in
     queue: str | None = None  #: the lab queue (team) it is served in
+    #: CPU cores and memory (MiB) it needs on each node; None: the lab's default for its GPUs
+    cpus: float | None = None
+    memory_mib: int | None = None
 
 
 @dataclass(frozen=True)
