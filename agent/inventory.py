@@ -6,12 +6,20 @@ a named simulated machine (``--gpus sim:dgx1``). :class:`NvmlInventory` reads
 the real GPUs through :mod:`labq.agent.nvml`, the only module that touches
 pynvml. Turning NVML's answers into labq's :class:`Topology` is a pure
 function (:func:`build_topology`) so it can be checked without a GPU.
+
+Besides its GPUs a node says what else it may give jobs: the CPUs this agent
+may run on (its own CPU affinity), the machine's memory (``MemTotal``), and the
+CPUs local to each GPU (NVML's ideal affinity for it, else the kernel's
+``local_cpulist`` of its PCI device), which the scheduler hands out near the
+GPUs. A simulated machine says those of the machine it models.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from labq.agent.nvml import (
@@ -30,7 +38,7 @@ from labq.agent.nvml import (
     source,
 )
 from labq.agent.procfs import environment, process_table
-from labq.models.node import Gpu, Node
+from labq.models.node import Gpu, Node, parse_cpu_list
 from labq.models.topology import PcieLevel, Topology
 from labq.topologies import names, parse_sim_spec
 from labq.units import parse_size_mib
@@ -64,12 +72,47 @@ class Inventory:
     unmanaged_mib: tuple[tuple[int, int], ...] = ()  #: (GPU index, MiB) used by processes outside labq
     shares: bool = True  #: whether jobs may share these GPUs by memory (``Node.shares``)
     hands_over: bool = False  #: another scheduler starts jobs here once their GPUs are free (``Node.hands_over``)
+    cpus: tuple[int, ...] = ()  #: the CPUs jobs may have here (the agent's own affinity); () not known
+    memory_mib: int | None = None  #: the machine's memory; None not known
 
     def as_node(self, name: str, labels: tuple[str, ...] = ()) -> Node:
         """The node as the leader models it (which also checks the tables fit the GPUs)."""
         return Node(name, self.gpus, self.topology, unmanaged_busy=self.unmanaged_busy,
                     simulated=self.simulated, labels=labels, unmanaged_mib=self.unmanaged_mib, shares=self.shares,
-                    hands_over=self.hands_over)
+                    hands_over=self.hands_over, cpus=self.cpus, memory_mib=self.memory_mib)
+
+
+def host_cpus() -> tuple[int, ...]:
+    """The CPUs this process may run on, and so give its jobs (``sched_getaffinity``; all of them elsewhere)."""
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no CPU affinity on this system
+        return tuple(range(os.cpu_count() or 0))
+
+
+def host_memory_mib(proc: str = "/proc") -> int | None:
+    """The machine's memory (``MemTotal`` of ``/proc/meminfo``); None where it cannot be read."""
+    try:
+        with open(Path(proc, "meminfo"), encoding="ascii", errors="replace") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name == "MemTotal":
+                    number, _, unit = value.strip().partition(" ")
+                    return int(number) // 1024 if unit.strip().lower() == "kb" else int(number) // (1 << 20)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def pci_local_cpus(bus_id: str | None, sysfs: str = "/sys") -> tuple[int, ...]:
+    """The CPUs local to a PCI device, as the kernel lists them (``/sys/bus/pci/devices/BUS/local_cpulist``); ()
+    where it cannot be read."""
+    if not bus_id:
+        return ()
+    try:
+        return parse_cpu_list(Path(sysfs, "bus/pci/devices", bus_id, "local_cpulist").read_text(encoding="ascii"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return ()
 
 
 @dataclass(frozen=True)
@@ -135,7 +178,8 @@ class SimulatedInventory:
         memory = self.memory(managed_pids)
         return Inventory(gpus=self.sim.gpus(self.node), topology=self.sim.topology, simulated=True,
                          unmanaged_busy=frozenset(memory.unmanaged_mib), source=f"sim:{self.sim.name}",
-                         unmanaged_mib=tuple(sorted(memory.unmanaged_mib.items())))
+                         unmanaged_mib=tuple(sorted(memory.unmanaged_mib.items())), cpus=self.sim.cpus,
+                         memory_mib=self.sim.host_memory_mib)
 
     def memory(self, managed_pids: frozenset[int] = frozenset()) -> GpuMemory:
         declaring = dict(_declaring_processes())
@@ -173,7 +217,8 @@ def _declaring_processes():
 class NvmlInventory:
     """The real NVIDIA GPUs. Opening it starts NVML, so a machine without GPUs fails at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, proc: str = "/proc", sysfs: str = "/sys") -> None:
+        self._proc, self._sysfs = proc, sysfs  #: where the kernel's files are read (a test's copy of them)
         self._nvml = NvmlSession()
         try:
             if device_count(self._nvml) == 0:
@@ -193,13 +238,21 @@ class NvmlInventory:
         devices = read_devices(self._nvml)
         levels = read_pcie_levels(self._nvml, [d.handle for d in devices])
         topology, topology_notes = build_topology(devices, levels)
+        local = {d.index: d.local_cpus or pci_local_cpus(d.bus_id, self._sysfs) for d in devices}
+        memory = host_memory_mib(self._proc)
+        host_notes = [f"CPUs near GPU {_list([i for i, cpus in local.items() if not cpus])} unknown: their jobs get "
+                      "any free CPUs"] if not all(local.values()) else []
+        if memory is None:
+            host_notes.append(f"memory unknown ({self._proc}/meminfo unreadable): jobs are placed by GPUs and CPUs")
         return Inventory(
-            gpus=tuple(Gpu(d.index, d.uuid, d.model, d.memory_mib) for d in devices),
+            gpus=tuple(Gpu(d.index, d.uuid, d.model, d.memory_mib, local[d.index]) for d in devices),
             topology=topology,
             simulated=False,
             unmanaged_busy=frozenset(d.index for d in devices if d.pids and d.pids - managed_pids),
             source=self._source,
-            notes=(*self._nvml.take_notes(), *topology_notes),
+            notes=(*self._nvml.take_notes(), *topology_notes, *host_notes),
+            cpus=host_cpus(),
+            memory_mib=memory,
             usage=tuple(GpuUsage(d.index, d.memory_free_mib, d.utilization_pct) for d in devices),
             unmanaged_mib=tuple(sorted(GpuMemory.of(  # from the same reading: NVML is asked once
                 [p for d in devices for p in d.processes],

@@ -167,6 +167,8 @@ class DeviceFacts:
     memory_free_mib: int | None = None  #: None when NVML would not say
     utilization_pct: int | None = None  #: GPU busy time over the last sample period; None when unsupported
     processes: tuple[ProcessMemory, ...] = ()  #: ``pids`` with the memory each uses
+    #: the CPUs NVML calls ideal for the GPU (those of its NUMA node), sorted; None when NVML would not say
+    local_cpus: tuple[int, ...] | None = None
 
 
 def normalize_bus_id(bus_id: str | bytes) -> str:
@@ -217,8 +219,30 @@ def read_devices(nvml: NvmlSession) -> list[DeviceFacts]:
             pids=None if processes is None else frozenset(p.pid for p in processes),
             processes=tuple(processes or ()),
             nvlinks=_nvlinks(nvml, h),
+            local_cpus=_cpu_affinity(nvml, h),
         ))
     return facts
+
+
+_AFFINITY_WORD_BITS = 64  #: ``nvmlDeviceGetCpuAffinity`` fills an array of 64-bit words, CPU 0 in word 0's bit 0
+#: words asked for: every CPU id Linux can have (8192), whatever this machine's count, since ids may have gaps
+_AFFINITY_WORDS = 8192 // _AFFINITY_WORD_BITS
+
+
+def _cpu_affinity(nvml: NvmlSession, h: Any) -> tuple[int, ...] | None:
+    """The GPU's ideal CPUs (``nvmlDeviceGetCpuAffinity``: its NUMA node's); None where NVML will not say or says
+    none."""
+    words = nvml("nvmlDeviceGetCpuAffinity", h, _AFFINITY_WORDS, default=None, note=None)
+    if words is None:
+        return None
+    cpus = []
+    for w, word in enumerate(words):
+        word = int(word)
+        while word:
+            low = word & -word
+            cpus.append(w * _AFFINITY_WORD_BITS + low.bit_length() - 1)
+            word ^= low
+    return tuple(cpus) or None
 
 
 _NOT_AVAILABLE = (1 << 64) - 1  #: NVML_VALUE_NOT_AVAILABLE, as older bindings pass it through

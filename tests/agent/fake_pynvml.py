@@ -20,6 +20,8 @@ from typing import Any
 
 import pynvml as real
 
+from labq.topologies import parse_sim_spec
+
 MIB = 1024 * 1024
 
 
@@ -40,6 +42,8 @@ class FakeGpu:
     pid_mib: tuple[int | None, ...] = ()
     used_mib: int = 0
     utilization_pct: int = 0
+    #: the CPUs NVML calls ideal for it (nvmlDeviceGetCpuAffinity); None: NVML will not say (NotSupported)
+    cpus: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,17 @@ class FakeNvml:
         numa = self._gpu(handle).numa
         return -1 if numa is None else numa
 
+    def nvmlDeviceGetCpuAffinity(self, handle: Handle, cpuSetSize: int) -> Any:
+        self._enter("nvmlDeviceGetCpuAffinity", handle)
+        cpus = self._gpu(handle).cpus
+        if cpus is None:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        words = (real.c_ulonglong * cpuSetSize)()  # as the real binding returns it: a ctypes array of 64-bit words
+        for cpu in cpus:
+            if cpu // 64 < cpuSetSize:
+                words[cpu // 64] |= 1 << cpu % 64
+        return words
+
     def _processes(self, name: str, handle: Handle) -> list[Any]:
         self._enter(name, handle)
         gpu = self._gpu(handle)
@@ -277,6 +292,11 @@ def _short(b: int) -> str:
     return f"0000:{b:02x}:00.0"
 
 
+def _cpus(machine: str, gpu: int) -> tuple[int, ...]:
+    """The CPUs of GPU ``gpu``'s NUMA node on ``machine``, as the simulated machine of that name has them."""
+    return parse_sim_spec(f"sim:{machine}").local_cpus(gpu)
+
+
 _DGX1_BUS = (0x06, 0x07, 0x0A, 0x0B, 0x85, 0x86, 0x89, 0x8A)
 #: The DGX-1's hybrid cube-mesh, as each V100 sees its six links: the peer GPU at the far end of each.
 _DGX1_PEERS = (
@@ -293,7 +313,7 @@ _DGX1_PEERS = (
 DGX1 = Machine(gpus=tuple(
     FakeGpu(bus_id=_bus(_DGX1_BUS[i]), name="Tesla V100-SXM2-32GB", memory_mib=32768,
             pcie_path=(f"cpu{i // 4}", f"root{i // 4}", f"plx{i // 2}"), numa=i // 4,
-            nvlinks=tuple(_short(_DGX1_BUS[p]) for p in _DGX1_PEERS[i]))
+            nvlinks=tuple(_short(_DGX1_BUS[p]) for p in _DGX1_PEERS[i]), cpus=_cpus("dgx1", i))
     for i in range(8)
 ))
 
@@ -301,7 +321,7 @@ _WS_BUS = (0x01, 0x21, 0x41, 0x61)
 #: Four RTX 3090s on one CPU's root ports; NVLink bridges (4 links) join 0+1 and 2+3.
 WS_4X3090 = Machine(gpus=tuple(
     FakeGpu(bus_id=_bus(_WS_BUS[i]), name="NVIDIA GeForce RTX 3090", memory_mib=24576,
-            pcie_path=("cpu0", "root0"), numa=0, nvlinks=(_bus(_WS_BUS[i ^ 1]),) * 4)
+            pcie_path=("cpu0", "root0"), numa=0, nvlinks=(_bus(_WS_BUS[i ^ 1]),) * 4, cpus=_cpus("ws-4x3090", i))
     for i in range(4)
 ))
 
@@ -312,7 +332,7 @@ DGX_A100 = Machine(
     gpus=tuple(
         FakeGpu(bus_id=_bus(_A100_BUS[i]), name="NVIDIA A100-SXM4-80GB", memory_mib=81920,
                 pcie_path=(f"cpu{i // 4}", f"root{i // 2}", f"plx{i // 2}", f"sw{i}"), numa=i // 4,
-                nvlinks=tuple(s for s in _NVSWITCH_BUS for _ in range(2)))
+                nvlinks=tuple(s for s in _NVSWITCH_BUS for _ in range(2)), cpus=_cpus("dgx-a100", i))
         for i in range(8)
     ),
     switches=frozenset(_NVSWITCH_BUS),
@@ -321,7 +341,8 @@ DGX_A100 = Machine(
 #: Eight GPUs without NVLink hardware (every NVLink query is unsupported), pairs under PCIe switches.
 PCIE_2SOCKET = Machine(gpus=tuple(
     FakeGpu(bus_id=_bus(0x1A + 0x10 * i), name="NVIDIA RTX A6000", memory_mib=49152,
-            pcie_path=(f"cpu{i // 4}", f"root{i // 4}", f"plx{i // 2}"), numa=i // 4, link_slots=0)
+            pcie_path=(f"cpu{i // 4}", f"root{i // 4}", f"plx{i // 2}"), numa=i // 4, link_slots=0,
+            cpus=_cpus("pcie-2socket", i))
     for i in range(8)
 ))
 
