@@ -13,6 +13,11 @@ restarts must find its jobs still running. Each attempt is a folder
 - ``log``: the job's stdout and stderr, in the order written; ``forget`` moves it to
   ``root/logs/<job>.<attempt>.log``.
 
+Where this machine lets the agent make cgroups (``labq.agent.cgroups.probe``, said in ``confinement``),
+each attempt runs in one of its own, ``labq/<job>.<attempt>-<agent>``, made and removed by its shim with
+the launch's CPU set, CPU quota and memory limit; ``exit.json`` then says whether the kernel OOM-killed
+in it and its peak memory. The job's own temporary folder (``tmpdir``, its TMPDIR) goes on ``forget``.
+
 A folder is assembled under a hidden name and renamed into place with the lock already
 held, so no reader ever sees an attempt without a live owner or a recorded end.
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import pwd
@@ -43,6 +49,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from labq.agent import cgroups
 from labq.agent.faults import NodeFault
 from labq.agent.shim import read_stat, write_json_atomically
 
@@ -70,13 +77,20 @@ class Launch:
     #: what the fence sends first; None: what the job names in its marker by then, else TERM
     checkpoint_signal: str | None = None
     grace_s: float = 30.0  #: e.g. CUDA_VISIBLE_DEVICES; merged last
+    #: the kernel's limits (a cgroup of its own): the CPUs it may run on, the cores of CPU time, the memory (MiB)
+    cpu_set: tuple[int, ...] = ()
+    cpu_limit: float | None = None
+    memory_limit_mib: int | None = None
+    #: the job's own temporary folder on this node (its TMPDIR; a container's /tmp), removed when it is forgotten
+    tmpdir: str = ""
 
     @classmethod
     def of(cls, order: RunOrder, start: Start) -> Launch:
         """The attempt an order asks for, with what this node adds to it."""
         spec = order.spec
         return cls(order.job_id, order.attempt, spec.command, start.env, spec.workdir, start.user, start.gpu_env,
-                   start.fence_after_s, order.checkpoint_signal, spec.grace_s)
+                   start.fence_after_s, order.checkpoint_signal, spec.grace_s, order.cpu_set, order.cpu_limit,
+                   order.memory_limit_mib, start.tmpdir)
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,7 @@ class Start:
     gpu_env: dict[str, str]  #: CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES
     fence_after_s: float | None
     checkpoint_dir: str  #: the job's own checkpoint folder, made by the agent
+    tmpdir: str = ""  #: the job's own temporary folder, made by the agent (its TMPDIR)
 
 
 class AttemptState(str, Enum):
@@ -114,6 +129,8 @@ class AttemptStatus:
     #: the process below which every process is the attempt's, when it is not ``pid``: the shim, a subreaper,
     #: whose children the job's orphans become (one that left the job's group, a daemon's double fork)
     tree_pid: int | None = None
+    oom: bool = False  #: the kernel killed a process of it for lack of memory (its limit)
+    memory_peak_mib: int | None = None  #: the most memory it used, where the kernel kept count (its cgroup)
 
 
 @dataclass(frozen=True)
@@ -175,9 +192,14 @@ def _alive(started: dict[str, Any] | None) -> bool:
 class ProcessRuntime:
     """Starts, watches and stops job attempts under ``root``; any number of these may come and go."""
 
-    def __init__(self, root: Path, python: str = sys.executable, allow_root: bool = False) -> None:
+    def __init__(self, root: Path, python: str = sys.executable, allow_root: bool = False,
+                 cgroup_parent: str | None = cgroups.PARENT) -> None:
         self.root = Path(root)
         self.allow_root = allow_root  #: whether a job may run as uid 0 (the leader's ``[jobs] allow_root``)
+        #: whether the kernel holds jobs to their limits here (a cgroup each, under ``cgroup_parent``; None: never),
+        #: and if not why, in one sentence for the agent's log
+        self.confinement = (cgroups.probe(parent=cgroup_parent) if cgroup_parent else
+                            cgroups.unconfined("the agent was told to make no cgroups"))
         self._attempts = self.root / "attempts"
         self._logs = self.root / "logs"
         self._python = python
@@ -199,6 +221,10 @@ class ProcessRuntime:
             raise ValueError("a job needs a command")
         if spec.job_id < 0 or spec.attempt < 0:
             raise ValueError(f"bad job id or attempt: {spec.job_id}.{spec.attempt}")
+        if (spec.cpu_limit is not None and spec.cpu_limit <= 0 or any(cpu < 0 for cpu in spec.cpu_set)
+                or spec.memory_limit_mib is not None and spec.memory_limit_mib <= 0):
+            raise ValueError(f"bad limits: cpu_set={spec.cpu_set}, cpu_limit={spec.cpu_limit}, "
+                             f"memory_limit_mib={spec.memory_limit_mib}")
         run_as = _run_as(spec.user, self.allow_root)
         key = (spec.job_id, spec.attempt)
         folder = self._folder(*key)
@@ -207,7 +233,7 @@ class ProcessRuntime:
         env = {"PATH": STANDARD_PATH, "HOME": run_as.home, "USER": run_as.name, "LOGNAME": run_as.name,
                "LANG": os.environ.get("LANG", "C.UTF-8"),
                "LABQ_JOB_ID": str(spec.job_id), "LABQ_ATTEMPT": str(spec.attempt),
-               **spec.env, **spec.gpu_env}
+               **spec.env, **({"TMPDIR": spec.tmpdir} if spec.tmpdir else {}), **spec.gpu_env}
         workdir = spec.workdir or (run_as.home if os.path.isdir(run_as.home) else "/")
         staging = Path(tempfile.mkdtemp(prefix=f".new-{spec.job_id}.{spec.attempt}-", dir=self._attempts))
         lock_fd = os.open(staging / "lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -219,7 +245,8 @@ class ProcessRuntime:
                 "workdir": workdir, "user": run_as.name, "uid": run_as.uid, "gid": run_as.gid,
                 "groups": None if run_as.groups is None else list(run_as.groups), "created_at": time.time(),
                 "fence_after_s": spec.fence_after_s, "checkpoint_signal": spec.checkpoint_signal,
-                "grace_s": spec.grace_s})
+                "grace_s": spec.grace_s, "cpu_set": list(spec.cpu_set), "cpu_limit": spec.cpu_limit,
+                "memory_limit_mib": spec.memory_limit_mib, "tmpdir": spec.tmpdir, "cgroup": self._cgroup_record(*key)})
             try:
                 os.rename(staging, folder)  # fails on a non-empty folder: an attempt never starts twice
             except OSError:
@@ -309,12 +336,23 @@ class ProcessRuntime:
             return
         if status.state is AttemptState.RUNNING:
             raise ValueError(f"attempt {job_id}.{attempt} is still running: stop it before forgetting it")
+        spec = _read_json(folder / "spec.json") or {}
         with contextlib.suppress(FileNotFoundError):
             os.replace(folder / "log", self._forgotten_log(job_id, attempt))
         gone = self._attempts / f".gone-{job_id}.{attempt}-{uuid.uuid4().hex}"
         os.rename(folder, gone)  # one step out of the listing, then the slow removal
         shutil.rmtree(gone, ignore_errors=True)
+        tmpdir = spec.get("tmpdir")
+        if tmpdir and os.path.isabs(tmpdir) and os.path.realpath(tmpdir) != "/":
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        if spec.get("cgroup") and (left := self.cgroup(job_id, attempt)) is not None:
+            left.remove(timeout_s=0)  # a shim killed before it removed it
         self._reap_shims()
+
+    def cgroup(self, job_id: int, attempt: int) -> cgroups.Cgroup | None:
+        """The attempt's cgroup while it exists (its shim removes it when the job ends); None where there is none."""
+        host = self.confinement.host
+        return host.find(self._cgroup_name(job_id, attempt)) if host is not None else None
 
     def read_log(self, job_id: int, attempt: int, offset: int = 0, limit: int = 1 << 20) -> bytes:
         """Up to ``limit`` bytes of the log from ``offset``; KeyError for an attempt never seen."""
@@ -330,6 +368,17 @@ class ProcessRuntime:
         raise KeyError((job_id, attempt))
 
     # --- the rest -------------------------------------------------------------------------------
+
+    def _cgroup_name(self, job_id: int, attempt: int) -> str:
+        """Unique on the machine: another agent's folder (a second agent, a test) numbers its jobs from 1 too."""
+        return f"{job_id}.{attempt}-{hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:8]}"
+
+    def _cgroup_record(self, job_id: int, attempt: int) -> dict[str, str] | None:
+        """Where the shim makes the attempt's cgroup (spec.json's ``cgroup``); None: it runs unconfined."""
+        host = self.confinement.host
+        if host is None:
+            return None
+        return {"root": str(host.root), "parent": host.parent, "name": self._cgroup_name(job_id, attempt)}
 
     def _start_shim(self, key: tuple[int, int], folder: Path, lock_fd: int, log_fd: int) -> None:
         """Start the shim detached and wait until it has written pid.json or exit.json (or died)."""
@@ -373,7 +422,8 @@ class ProcessRuntime:
                                  tree_pid=started.get("shim_pid"))
         return AttemptStatus(key[0], key[1], AttemptState.EXITED, ended["pid"], ended["exit_code"], ended["signal"],
                              ended["started_at"], ended["ended_at"], log_path, ended.get("fenced", False),
-                             ended.get("node_fault"))
+                             ended.get("node_fault"), oom=ended.get("oom", False),
+                             memory_peak_mib=ended.get("memory_peak_mib"))
 
     def _end_if_shim_gone(self, folder: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
         """None while the shim lives (or its orphaned job does); else the end, recorded as lost if need be."""

@@ -9,6 +9,12 @@ The shim starts the job as its child in a new session (the job's pid is its proc
 id), records that pid and its kernel start time in ``pid.json``, closes the ready fd
 (``launch`` returns then), waits, and records the exit in ``exit.json``. Only the job's
 parent can learn its exit status; writing it down lets an agent that restarted learn it too.
+
+Where ``spec.json`` names a cgroup, the shim makes it with the job's limits (``labq.agent.cgroups``)
+and forks the job from inside it, so the job is confined from its first instruction while the shim
+steps back out (its own memory and CPU are not the job's). When the job has ended the shim records
+whether the kernel OOM-killed anything in it and its peak memory in ``exit.json``, then removes it.
+With no cgroup, the job's CPU set is still kept, by affinity.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from labq.agent.cgroups import Cgroup, CgroupError, Limits, cpu_list, open_host
 from labq.agent.procfs import below, children_of, process_table
 from labq.agent.stops import marker_signal
 from labq.protocol.agents import FENCE_LOOK_EVERY_S, KILL_AFTER_TERM_S
@@ -82,18 +90,18 @@ def _forward(signum: int, frame: object) -> None:
         _pending.append(signum)
 
 
-def _kill_leftovers(pgid: int) -> None:
+def _kill_leftovers(pgid: int, cgroup: Cgroup | None) -> None:
     """The job's main process ended: kill what it left, so nothing keeps the GPUs: its group, and whatever left
     the group (``setsid``) and outlived its parent, as a daemon's double fork does.
 
     The shim is a child subreaper, so the job's orphans are its children (and theirs descend from them): every
     process below the shim is the job's. It kills and reaps them, which frees their pids and makes the group
-    vanish before ``exit.json`` says "exited".
+    vanish before ``exit.json`` says "exited". It kills whatever is in the job's cgroup too.
     """
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while time.monotonic() < deadline:
         left = _killpg(pgid, signal.SIGKILL)
-        for pid in _descendants(os.getpid()):
+        for pid in _descendants(os.getpid()) | (cgroup.pids() - {os.getpid()} if cgroup else set()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             left = True
@@ -126,15 +134,55 @@ def _why_not_started(exc: Exception, spec: dict[str, Any]) -> tuple[int, str]:
     return (127 if isinstance(exc, FileNotFoundError) else 126), str(exc.strerror)
 
 
-def _start(spec: dict[str, Any]) -> subprocess.Popen[bytes]:
+def _cgroup(spec: dict[str, Any]) -> Cgroup | None:
+    """The job's own cgroup, made with its limits, where the runtime asked for one; CgroupError if it cannot be."""
+    where = spec.get("cgroup")
+    if not where:
+        return None
+    limits = Limits(tuple(spec.get("cpu_set") or ()), spec.get("cpu_limit"), spec.get("memory_limit_mib"))
+    return open_host(where["root"], where["parent"]).create(where["name"], limits)
+
+
+@contextlib.contextmanager
+def _confined(spec: dict[str, Any], cgroup: Cgroup | None) -> Iterator[None]:
+    """The shim as the job must start: in its cgroup, else on its CPUs; a child forked now inherits that."""
+    cpus = spec.get("cpu_set")
+    if cgroup is not None or not cpus:
+        with cgroup.inside() if cgroup is not None else contextlib.nullcontext():
+            yield
+        return
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        raise CgroupError(f"cannot keep the job on CPUs {cpu_list(tuple(cpus))}: {exc.strerror}") from None
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _start(spec: dict[str, Any], cgroup: Cgroup | None) -> subprocess.Popen[bytes]:
     workdir, switch = spec["workdir"], spec["uid"] is not None
     if switch and not os.path.isdir(workdir):
         raise FileNotFoundError(2, os.strerror(2), workdir)
-    return subprocess.Popen(
-        spec["command"], env=spec["env"], stdin=subprocess.DEVNULL, start_new_session=True,
-        # as another user, enter the workdir after setuid, so the user's permissions apply, not root's
-        cwd=None if switch else workdir, preexec_fn=(lambda: os.chdir(workdir)) if switch else None,
-        user=spec["uid"], group=spec["gid"], extra_groups=spec["groups"])
+    with _confined(spec, cgroup):
+        return subprocess.Popen(
+            spec["command"], env=spec["env"], stdin=subprocess.DEVNULL, start_new_session=True,
+            # as another user, enter the workdir after setuid, so the user's permissions apply, not root's
+            cwd=None if switch else workdir, preexec_fn=(lambda: os.chdir(workdir)) if switch else None,
+            user=spec["uid"], group=spec["gid"], extra_groups=spec["groups"])
+
+
+def _used(cgroup: Cgroup, spec: dict[str, Any]) -> dict[str, Any]:
+    """What the job's cgroup says it used, for exit.json; a line in the log if the kernel OOM-killed in it."""
+    used = {"oom": cgroup.oom_killed(), "memory_peak_mib": cgroup.memory_peak_mib(), "cpu_s": cgroup.cpu_usage_s()}
+    if used["oom"]:
+        limit = spec.get("memory_limit_mib")
+        print(f"labq: the kernel killed the job's processes for lack of memory "
+              f"({f'its limit: {limit} MiB' if limit else 'the machine ran out'}; oom=True)",
+              file=sys.stderr, flush=True)
+    return used
 
 
 def _heartbeat_age(path: Path) -> float | None:
@@ -144,12 +192,13 @@ def _heartbeat_age(path: Path) -> float | None:
         return None
 
 
-def _wait_or_fence(job: subprocess.Popen[bytes], spec: dict[str, Any], heartbeat: Path) -> tuple[int, bool]:
+def _wait_or_fence(job: subprocess.Popen[bytes], spec: dict[str, Any], heartbeat: Path,
+                   tick: Callable[[], None] = lambda: None) -> tuple[int, bool]:
     """Wait for the job; if the agent has not reached its leader for ``fence_after_s``, stop it.
 
     This fence lives in the shim, not the agent, so it holds even when the agent
     process is gone: the leader requeues a lost node's jobs only after a longer time,
-    and must never find the old attempt still running.
+    and must never find the old attempt still running. ``tick`` runs once a look (the cgroup's memory sample).
     """
     fence_after = spec.get("fence_after_s")
     while True:
@@ -157,6 +206,7 @@ def _wait_or_fence(job: subprocess.Popen[bytes], spec: dict[str, Any], heartbeat
             return job.wait(timeout=WATCH_EVERY_S), False
         except subprocess.TimeoutExpired:
             pass
+        tick()
         age = _heartbeat_age(heartbeat) if fence_after else None
         if age is None or age < fence_after:
             continue
@@ -187,8 +237,13 @@ def main(argv: list[str]) -> int:
     with contextlib.suppress(OSError, AttributeError):  # Linux only; elsewhere init reaps orphans
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     ended: dict[str, Any] = {"pid": None, "signal": None, "started_at": time.time()}
+    cgroup = None
     try:
-        job = _start(spec)
+        cgroup = _cgroup(spec)
+        job = _start(spec, cgroup)
+    except CgroupError as exc:  # this machine's: the leader requeues it
+        ended["exit_code"], ended["node_fault"] = 126, f"cannot confine the job: {exc}"
+        print(f"labq: {ended['node_fault']}", file=sys.stderr, flush=True)
     except (OSError, subprocess.SubprocessError) as exc:
         ended["exit_code"], why = _why_not_started(exc, spec)
         print(f"labq: cannot start {spec['command'][0]!r}: {why}", file=sys.stderr, flush=True)
@@ -203,10 +258,15 @@ def main(argv: list[str]) -> int:
         _job.append(job.pid)
         for signum in _pending:
             _killpg(job.pid, signum)
-        returncode, ended["fenced"] = _wait_or_fence(job, spec, folder.parent.parent / "heartbeat")
-        _kill_leftovers(job.pid)
+        returncode, ended["fenced"] = _wait_or_fence(job, spec, folder.parent.parent / "heartbeat",
+                                                     cgroup.sample if cgroup else lambda: None)
+        _kill_leftovers(job.pid, cgroup)
         ended["pid"], ended["signal"] = job.pid, -returncode if returncode < 0 else None
         ended["exit_code"] = 128 - returncode if returncode < 0 else returncode
+        if cgroup is not None:
+            ended.update(_used(cgroup, spec))
+    if cgroup is not None and not cgroup.remove():
+        print(f"labq: cgroup {cgroup.name} is left behind: processes are still in it", file=sys.stderr, flush=True)
     ended["ended_at"] = time.time()
     write_json_atomically(folder / "exit.json", ended)
     return 0

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from labq.agent import cgroups
 from labq.agent.process_runtime import AttemptState, AttemptStatus, Launch, ProcessRuntime
 from labq.agent.shim import read_stat
 
@@ -489,3 +490,138 @@ def test_an_agent_that_is_not_root_refuses_another_user(runtimes, job):
         message = str(raised.value)
     assert "cannot run a job as user 'root'" in message
     assert "only an agent running as root can start jobs as other users" in message
+
+
+# --- the kernel's limits and the job's own temporary folder -------------------------------------------------
+
+ALLOCATE = "import sys; x = b'1' * (int(sys.argv[1]) << 20); print('allocated', flush=True)"
+
+
+def confined(rt: ProcessRuntime) -> ProcessRuntime:
+    """``rt``, which must make a cgroup for each job here (root, cgroupfs writable); under CI it fails if not."""
+    if not rt.confinement.enforced:
+        from tests.conftest import unavailable
+
+        unavailable("cgroups", rt.confinement.sentence)
+    return rt
+
+
+def test_a_job_past_its_memory_limit_is_oom_killed_and_its_status_says_so_after_a_restart(runtimes, job):
+    rt = confined(runtimes.open())
+    rt.launch(job(1, sys.executable, "-c", ALLOCATE, "256", memory_limit_mib=64))
+    rt.launch(job(2, sys.executable, "-c", ALLOCATE, "100", memory_limit_mib=512))
+    killed, fits = wait_for(rt, 1, timeout=30), wait_for(rt, 2, timeout=30)
+    assert (killed.oom, killed.signal, killed.exit_code) == (True, signal.SIGKILL, 137)
+    assert killed.memory_peak_mib is not None and killed.memory_peak_mib <= 64
+    assert b"for lack of memory" in rt.read_log(1, 1) and b"allocated" not in rt.read_log(1, 1)
+    assert (fits.oom, fits.exit_code) == (False, 0) and fits.memory_peak_mib >= 100
+    again = {s.job_id: s for s in runtimes.open().attempts()}  # exit.json has it: a new agent learns it too
+    assert (again[1].oom, again[1].memory_peak_mib, again[2].oom) == (True, killed.memory_peak_mib, False)
+    assert rt.cgroup(1, 1) is None and rt.cgroup(2, 1) is None  # the shims removed them
+
+
+BUSY = "for i in 1 2 3 4; do (while :; do :; done) & done; echo busy; wait"
+
+
+@pytest.fixture
+def favoured_parent():
+    """A cgroup parent of the test's own, weighted far above the machine's other work (each process at the top
+    of a hierarchy weighs as much as all of labq's jobs): only the quota then keeps the job from two cores."""
+    parent = f"labq-test-{os.urandom(4).hex()}"
+    host = cgroups.probe(parent=parent).host
+    if host is not None:
+        weight = (host.mounts["cpu"] / parent / "cpu.shares", "262144") if host.version == 1 else \
+            (host.base / "cpu.weight", "10000")
+        weight[0].write_text(weight[1])
+    yield parent
+    folders = [host.base] if host and host.version == 2 else [m / parent for m in set(host.mounts.values())] \
+        if host else []
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
+def test_a_cpu_limit_of_one_core_holds_four_busy_processes_to_about_one_core(runtimes, job, favoured_parent):
+    rt = confined(ProcessRuntime(runtimes.root, allow_root=os.geteuid() == 0, cgroup_parent=favoured_parent))
+    runtimes.opened.append(rt)
+    rt.launch(job(1, "sh", "-c", BUSY, cpu_limit=1.0))
+    wait_for_log(rt, 1, b"busy\n")
+    cgroup = rt.cgroup(1, 1)
+    assert cgroup is not None
+    seen = cores_used(cgroup, lambda cores: cores >= 0.7)
+    rt.stop(1, 1, grace_s=1)
+    wait_for(rt, 1)
+    assert all(cores <= 1.3 for cores in seen) and max(seen) >= 0.7, \
+        f"cores used per 2 s under a limit of 1 (unlimited: up to {len(os.sched_getaffinity(0))}): {seen}"
+
+
+def cores_used(cgroup, enough, windows: int = 5, window_s: float = 2.0) -> list[float]:
+    """The cores a cgroup used in each ``window_s``, from its own counter, until ``enough`` of one: other work on
+    the machine (other tests, other people's) can take the CPU a window, never push a job past its quota."""
+    seen: list[float] = []
+    time.sleep(0.3)
+    while len(seen) < windows and not (seen and enough(seen[-1])):
+        used, began = cgroup.cpu_usage_s(), time.monotonic()
+        time.sleep(window_s)
+        seen.append((cgroup.cpu_usage_s() - used) / (time.monotonic() - began))
+    return seen
+
+
+@pytest.mark.parametrize("cgroup_parent", ["labq", None], ids=["cgroup", "affinity"])
+def test_a_cpu_set_keeps_the_job_on_its_cpus_with_a_cgroup_or_without(runtimes, job, cgroup_parent):
+    if len(os.sched_getaffinity(0)) < 2:
+        from tests.conftest import unavailable
+
+        unavailable("two CPUs", "on one CPU, a set of CPU 0 looks like no set at all")
+    rt = ProcessRuntime(runtimes.root, allow_root=os.geteuid() == 0, cgroup_parent=cgroup_parent)
+    runtimes.opened.append(rt)
+    if cgroup_parent:
+        confined(rt)
+    rt.launch(job(1, "grep", "Cpus_allowed_list", "/proc/self/status", cpu_set=(0,)))
+    rt.launch(job(2, "grep", "Cpus_allowed_list", "/proc/self/status"))
+    assert wait_for(rt, 1).exit_code == 0 and wait_for(rt, 2).exit_code == 0
+    assert rt.read_log(1, 1) == b"Cpus_allowed_list:\t0\n"
+    assert rt.read_log(2, 1) != b"Cpus_allowed_list:\t0\n"
+    assert os.sched_getaffinity(0) != {0}
+
+
+def test_a_job_runs_in_its_own_cgroup_from_the_start_and_its_shim_does_not(runtimes, job):
+    rt = confined(runtimes.open())
+    launched = rt.launch(job(1, "sh", "-c", "cat /proc/self/cgroup; echo .; exec sleep 300", memory_limit_mib=256))
+    wait_for_log(rt, 1, b".\n")
+    cgroup = rt.cgroup(1, 1)
+    assert cgroup is not None and cgroup.pids() == {launched.pid}
+    assert f"/labq/{cgroup.name}\n".encode() in rt.read_log(1, 1)  # the shell's first read saw its cgroup
+    assert cgroup.name.encode() not in Path(f"/proc/{launched.tree_pid}/cgroup").read_bytes()  # the shim stepped out
+    rt.stop(1, 1, grace_s=1)
+    wait_for(rt, 1)
+    assert rt.cgroup(1, 1) is None
+
+
+@pytest.mark.parametrize("cgroup_parent", ["labq", None], ids=["cgroup", "affinity"])
+def test_a_cpu_this_machine_lacks_is_a_node_fault_not_a_job_run_elsewhere(runtimes, job, cgroup_parent):
+    rt = ProcessRuntime(runtimes.root, allow_root=os.geteuid() == 0, cgroup_parent=cgroup_parent)
+    runtimes.opened.append(rt)
+    if cgroup_parent:
+        confined(rt)
+    rt.launch(job(1, "echo", "ran", cpu_set=(4095,)))
+    status = wait_for(rt, 1)
+    assert status.exit_code == 126 and status.pid is None
+    assert status.node_fault is not None and "4095" in status.node_fault
+    assert b"ran\n" not in rt.read_log(1, 1)
+
+
+def test_tmpdir_is_the_jobs_own_and_goes_when_the_attempt_is_forgotten(runtimes, job, tmp_path):
+    rt = runtimes.open()
+    tmpdir = tmp_path / "job-tmp"
+    tmpdir.mkdir()
+    rt.launch(job(1, "sh", "-c", 'echo "$TMPDIR"; mkdir "$TMPDIR/scratch"; echo x > "$TMPDIR/scratch/file"',
+                  env={"TMPDIR": "/somewhere/else"}, tmpdir=str(tmpdir)))
+    assert wait_for(rt, 1).exit_code == 0
+    assert rt.read_log(1, 1) == f"{tmpdir}\n".encode()
+    assert (tmpdir / "scratch" / "file").read_text() == "x\n"
+    rt.launch(job(2, "sh", "-c", 'echo "${TMPDIR-unset}"'))
+    assert wait_for(rt, 2).exit_code == 0 and rt.read_log(2, 1) == b"unset\n"  # none given: none set
+    rt.forget(1, 1)
+    assert not tmpdir.exists()
+    rt.forget(2, 1)
