@@ -26,6 +26,7 @@ import json
 import os
 import pwd
 import re
+import shutil
 import signal as signals
 import subprocess
 import sys
@@ -50,6 +51,7 @@ from labq.protocol.agents import CHECKPOINT_LABEL, RunOrder
 
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REFUSED_EXIT = 126
+TMPDIR_LABEL = "labq.tmpdir"  #: the job's own temporary folder (its /tmp), removed on ``forget``
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,9 @@ class DockerLaunch(Launch):
         spec = order.spec
         visible = tuple(map(str, order.gpu_indices)) if order.simulated else order.gpu_uuids
         return cls(order.job_id, order.attempt, spec.command, start.env, spec.workdir, start.user, {},
-                   start.fence_after_s, order.checkpoint_signal, spec.grace_s, spec=spec, simulated=order.simulated,
-                   gpu_uuids=visible, checkpoint_dir=start.checkpoint_dir)
+                   start.fence_after_s, order.checkpoint_signal, spec.grace_s, order.cpu_set, order.cpu_limit,
+                   order.memory_limit_mib, start.tmpdir, spec=spec, simulated=order.simulated, gpu_uuids=visible,
+                   checkpoint_dir=start.checkpoint_dir)
 
     @property
     def image(self) -> str:
@@ -77,7 +80,9 @@ class DockerLaunch(Launch):
 
 @dataclass(frozen=True)
 class DockerAttemptStatus(AttemptStatus):
-    oom: bool = False  #: the kernel killed it for lack of memory
+    """``oom`` from Docker's state (``OOMKilled``); ``memory_peak_mib`` stays None: an exited container's cgroup
+    is gone, and Docker keeps no peak of it."""
+
     container: str | None = None  #: the container's name; None for a refused attempt
 
 
@@ -161,7 +166,8 @@ class DockerRuntime:
             mounts.append(Mount(os.path.realpath(launch.checkpoint_dir), launch.checkpoint_dir))
         uid, gid, groups = _user_ids(launch.user)
         settings = container_settings(launch.spec, uid, gid, launch.gpu_uuids, launch.simulated, mounts,
-                                      groups=groups)
+                                      groups=groups, cpu_set=launch.cpu_set, cpu_limit=launch.cpu_limit,
+                                      memory_limit_mib=launch.memory_limit_mib, tmpdir=launch.tmpdir)
         try:
             image = self.client.images.get(launch.image)  # never pulled: no registry is reachable from a node
         except docker.errors.ImageNotFound:
@@ -185,7 +191,8 @@ class DockerRuntime:
                 raise ValueError(f"job {launch.job_id} already has a container that has not exited: {running[0]}")
             container = self.client.containers.create(
                 launch.image, list(launch.command), name=self.container_name(*key), environment=env,
-                working_dir=launch.workdir or None, labels=self._labels(*key),
+                working_dir=launch.workdir or None,
+                labels={**self._labels(*key), **({TMPDIR_LABEL: launch.tmpdir} if launch.tmpdir else {})},
                 stop_signal="SIGTERM", detach=True, **settings)
             self._log(*key).touch(mode=0o600)
             try:
@@ -315,8 +322,11 @@ class DockerRuntime:
             raise ValueError(f"attempt {job_id}.{attempt} is still running: stop it before forgetting it")
         container = self._container(job_id, attempt)
         if container is not None:
+            tmpdir = (container.labels or {}).get(TMPDIR_LABEL, "")
             with contextlib.suppress(docker.errors.NotFound):
                 container.remove()
+            if os.path.isabs(tmpdir) and os.path.realpath(tmpdir) != "/":
+                shutil.rmtree(tmpdir, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             (self._refused / f"{job_id}.{attempt}.json").unlink()
         with contextlib.suppress(FileNotFoundError):

@@ -103,14 +103,17 @@ def check_env(env: Mapping[str, str]) -> None:
 
 
 def container_settings(spec: JobSpec, uid: int, gid: int, gpu_uuids: Sequence[str], simulated: bool,
-                       mounts: Iterable[Mount], *, allow_root: bool = False,
-                       groups: Sequence[int] = ()) -> dict[str, Any]:
+                       mounts: Iterable[Mount], *, allow_root: bool = False, groups: Sequence[int] = (),
+                       cpu_set: Sequence[int] = (), cpu_limit: float | None = None,
+                       memory_limit_mib: int | None = None, tmpdir: str = "") -> dict[str, Any]:
     """Keyword arguments for docker's ``containers.create``/``run`` that encode the isolation, with the container
     settings ``spec`` asks for (its /dev/shm).
 
     ``mounts`` must have passed ``check_mounts``. ``gpu_uuids`` are the placed GPUs' UUIDs,
     or their indices on a simulated node (where no device is requested). The returned
     ``environment`` holds only labq's GPU variables: merge it last over the job's own.
+    The kernel's limits: the CPUs it may run on, the cores of CPU time, the memory (MiB, and no swap
+    beyond it); ``tmpdir``, the job's own folder on the node, is its /tmp.
     """
     from docker.types import DeviceRequest
     from docker.types import Mount as DockerMount
@@ -121,6 +124,15 @@ def container_settings(spec: JobSpec, uid: int, gid: int, gpu_uuids: Sequence[st
         raise IsolationError("a container job may not run as root (uid 0): give the job a non-root user")
     if spec.shm_size_mib <= 0:
         raise IsolationError(f"shm size must be positive, not {spec.shm_size_mib} MiB")
+    mounts = list(mounts)
+    if tmpdir:
+        if not os.path.isabs(tmpdir):
+            raise IsolationError(f"the job's temporary folder must be an absolute path, not {tmpdir!r}")
+        taken = next((m for m in mounts if posixpath.normpath(str(m.target)) == "/tmp"), None)
+        if taken is not None:
+            raise IsolationError(f"mount {taken.source}:{taken.target}: labq mounts the job's own temporary folder "
+                                 "at /tmp")
+        mounts.append(Mount(os.path.realpath(tmpdir), "/tmp"))
     gpus = [str(g) for g in gpu_uuids]
     settings: dict[str, Any] = {
         "user": f"{uid}:{gid}",
@@ -134,6 +146,12 @@ def container_settings(spec: JobSpec, uid: int, gid: int, gpu_uuids: Sequence[st
         # "void": as if unset, so an image that bakes in NVIDIA_VISIBLE_DEVICES=all sees no GPU
         "environment": {"NVIDIA_VISIBLE_DEVICES": ",".join(gpus) if gpus else "void"},
     }
+    if cpu_set:
+        settings["cpuset_cpus"] = ",".join(str(cpu) for cpu in sorted(set(cpu_set)))
+    if cpu_limit is not None:
+        settings["nano_cpus"] = round(cpu_limit * 1e9)
+    if memory_limit_mib is not None:
+        settings["mem_limit"] = settings["memswap_limit"] = memory_limit_mib << 20  # equal: no swap
     if groups:
         settings["group_add"] = [str(g) for g in groups if g != 0 or allow_root]
     if gpus and not simulated:

@@ -124,3 +124,23 @@ def test_the_policy_module_does_not_import_docker() -> None:
 
     code = "import sys, labq.isolation; assert 'docker' not in sys.modules, 'docker imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_kernels_limits_and_the_tmpdir_become_dockers_settings(data: Path) -> None:
+    limited = container_settings(SHM_64, 1000, 1000, (), True, [], cpu_set=(3, 0, 1), cpu_limit=1.5,
+                                 memory_limit_mib=640, tmpdir=str(data / "set"))
+    assert (limited["cpuset_cpus"], limited["nano_cpus"]) == ("0,1,3", 1_500_000_000)
+    assert limited["mem_limit"] == limited["memswap_limit"] == 640 << 20  # equal: no swap beyond it
+    [tmp] = limited["mounts"]
+    assert (tmp["Source"], tmp["Target"], tmp["Type"], tmp["ReadOnly"]) == (str(data / "set"), "/tmp", "bind", False)
+    plain = container_settings(SHM_64, 1000, 1000, (), True, [])
+    assert not {"cpuset_cpus", "nano_cpus", "mem_limit", "memswap_limit"} & set(plain) and plain["mounts"] == []
+
+
+def test_with_a_tmpdir_the_job_may_not_mount_its_own_tmp(data: Path) -> None:
+    mounts = check_mounts([Mount(str(data / "set"), "/tmp/")], [str(data)])
+    with pytest.raises(IsolationError, match="labq mounts the job's own temporary folder at /tmp"):
+        container_settings(SHM_64, 1000, 1000, (), True, mounts, tmpdir=str(data))
+    assert len(container_settings(SHM_64, 1000, 1000, (), True, mounts)["mounts"]) == 1  # no tmpdir: it may
+    with pytest.raises(IsolationError, match="absolute path"):
+        container_settings(SHM_64, 1000, 1000, (), True, [], tmpdir="relative/tmp")
