@@ -93,7 +93,8 @@ class Agent:
                                  run_as_job_user=config.run_as_job_user, monotonic=monotonic)
         self.problems = ProblemBook()  #: launches that failed for reasons of this machine, lately
         self.launcher = Launcher(config.name, self.runtime, self.accounts, self.notes, self.problems,
-                                 self.checkpoints, run_as_job_user=config.run_as_job_user, monotonic=monotonic)
+                                 self.checkpoints, config.state_dir / "tmp", run_as_job_user=config.run_as_job_user,
+                                 monotonic=monotonic)
         #: the lab's users, as the leader last said; None until it does (a leader of an older labq never does,
         #: and is sent no accounts, problems or refusals it would not understand)
         self.users: tuple[str, ...] | None = None
@@ -334,7 +335,8 @@ class Agent:
                                           checkpoint_at, sentence(s.node_fault) if users is not None and
                                           s.node_fault is not None else None, *declared,
                                           *self.memory_watch.reading((s.job_id, s.attempt)),
-                                          waiting.get((s.job_id, s.attempt))))
+                                          waiting.get((s.job_id, s.attempt)), notes.refused or None,
+                                          bool(getattr(s, "oom", False)), getattr(s, "memory_peak_mib", None)))
         reading = self._read_inventory()
         return SyncReport(tuple(attempts),
             reading.unmanaged_busy if reading else None, wait_s,

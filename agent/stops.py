@@ -31,6 +31,7 @@ class AttemptNotes:
     grace_s: float = 0.0
     reason: str = ""
     escalated: bool = False  #: still running when the grace ran out: TERM, then KILL
+    refused: str = ""  #: why it could not start, for a reason of the job's (the leader shows it as the job's)
 
     def checkpoint_at(self) -> float | None:
         """When the job last reported a finished checkpoint (the marker's time), if ever."""

@@ -31,7 +31,7 @@ else:
 
 EPILOG = """\
 examples:
-  labq submit --gpus 2 -- python train.py   queue a 2-GPU job
+  labq submit --gpus 2 -- python3 train.py   queue a 2-GPU job
   labq ls                                your jobs; `labq why ID` says why one waits
   labq logs -f 12                        follow a job's output
   labq topo --list                       simulated GPU inventories

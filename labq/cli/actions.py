@@ -315,7 +315,7 @@ def _add_restart_wait_clean(sub: argparse._SubParsersAction, c: list) -> None:
                 "else with the first failure's status, in the order given: a failed job's own exit code, 124 for "
                 "a time limit, 143 for a cancel. Scripts chain on it like on the command itself. A leader that "
                 "restarts is waited out (exit 4 if it stays away past --retry-for).",
-                "  labq wait 12 && labq submit -- python eval.py\n"
+                "  labq wait 12 && labq submit -- python3 eval.py\n"
                 "  labq wait 12 13 14 || echo \"a job failed: $?\"\n"
                 "  labq wait --timeout 2h 12       exit 1 if it is still running then", _wait, c)
     p.add_argument("ids", nargs="+", metavar="ID")

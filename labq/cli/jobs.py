@@ -26,7 +26,7 @@ from labq.cli.common import (
 )
 from labq.cli.errors import CliError
 from labq.cli.spec_flags import FLAGGED, add_flag, flag_value
-from labq.models.spec import BY_NAME, Field
+from labq.models.spec import BY_NAME, STANDARD_PATH, Field
 from labq.terminal_text import escape_controls
 
 # -- labq submit: flags to the request body -------------------------------------------------------
@@ -57,11 +57,51 @@ def build_submit_body(args: argparse.Namespace, environ: Mapping[str, str] | Non
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        raise CliError("name the command to run after --, e.g. labq submit --gpus 2 -- python train.py")
+        raise CliError("name the command to run after --, e.g. labq submit --gpus 2 -- python3 train.py")
     _rules(args)
     context = {"environ": os.environ if environ is None else environ, "cwd": cwd or os.getcwd()}
     values = {field.name: _OWN.get(field.name, flag_value)(args, field, context) for field in FLAGGED}
+    values["environment"] = _environment(args, context)
     return submit_request(command, image=args.image or None, **{k: v for k, v in values.items() if k != "image"})
+
+
+def _export(args: argparse.Namespace, field: Field, context: dict) -> str | None:
+    if args.export and args.image:
+        raise CliError("--export is for process jobs: a container job gets its image's environment, and --env")
+    return args.export or None
+
+
+def _environment(args: argparse.Namespace, context: dict) -> dict[str, str] | None:
+    """What of this shell's environment the job takes (``--export``; ALL when not given, unless the lab's
+    settings say NONE); a container job takes none."""
+    if args.image:
+        return None
+    from labq.protocol.submit import MAX_ENV_BYTES, exported
+
+    try:
+        taken = exported(args.export, context["environ"])
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    size = sum(len(k) + len(v.encode(errors="replace")) + 2 for k, v in taken.items())
+    if size > MAX_ENV_BYTES:
+        raise CliError(f"this shell's environment is {size // 1024} KiB, more than a job takes "
+                       f"({MAX_ENV_BYTES // 1024} KiB): name what the job needs (--export PATH,VIRTUAL_ENV) or "
+                       "--export NONE")
+    return taken
+
+
+def _unknown_program(body: dict, cwd: str) -> str | None:
+    """A note when the program is not found here on the PATH the job gets: it may still be on its node."""
+    program = body["command"][0]
+    if body.get("image"):
+        return None
+    if "/" in program:
+        where = os.path.join(body.get("workdir") or cwd, program)
+        return None if os.access(where, os.X_OK) else f"{program} is not an executable file here"
+    path = body.get("environment", {}).get("PATH") or STANDARD_PATH
+    if any(os.access(os.path.join(folder, program), os.X_OK) for folder in path.split(":") if folder):
+        return None
+    return f"{program!r} is not on the job's PATH here; it runs only if its node has it"
 
 
 def _rules(args: argparse.Namespace) -> None:
@@ -139,7 +179,8 @@ def _notify(args: argparse.Namespace, field: Field, context: dict) -> list[str] 
 #: the fields whose flags work together, or whose text is not one value, with their readers
 _OWN = {"min_gpu_memory_mib": _gpu_memory, "share_mib": _share, "priority": _priority, "workdir": _workdir,
         "env": _env, "mounts": _mounts, "depends_on": _dependencies,
-        "after_any": lambda args, field, context: bool(args.after_any) or None, "notify": _notify}
+        "after_any": lambda args, field, context: bool(args.after_any) or None, "notify": _notify,
+        "export": _export}
 
 
 def parse_mount(text: str, cwd: str | None = None):
@@ -159,6 +200,9 @@ def parse_mount(text: str, cwd: str | None = None):
 
 def _submit(args: argparse.Namespace) -> int:
     body = build_submit_body(args)
+    unknown = _unknown_program(body, os.getcwd())
+    if unknown is not None:
+        print(f"labq: note: {escape_controls(unknown)}", file=sys.stderr)
     if any(isinstance(ref, str) for ref in body.get("depends_on", ())):  # an array's task (12.3): its job id
         client = leader_client(args)
         body["depends_on"] = [client.job(ref)[0]["id"] if isinstance(ref, str) else ref for ref in body["depends_on"]]
@@ -210,18 +254,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 def _add_submit(sub: argparse._SubParsersAction, c: list) -> None:
     p = command(sub, "submit", "queue a command to run on GPUs",
                 "Queue a command to run as you, in --workdir (default: here), on the GPUs labq picks once they "
-                "are free. Put labq's options first, then -- and the command. To make room for higher-priority "
+                "are free, with this shell's environment (its PATH: an active venv's or conda's python runs; "
+                "--export says otherwise; a container job gets its image's environment and --env instead), and a "
+                "TMPDIR of its own. Put labq's options first, then -- and the command. To make room for higher-priority "
                 "work labq sends a job its checkpoint signal, waits the grace, stops it and requeues it to "
                 "resume: the job sees LABQ_CHECKPOINT_DIR, LABQ_RESUMED and LABQ_PREEMPT_SIGNAL (README: "
                 "Checkpoint and resume).",
-                "  labq submit --gpus 2 --gpu-mem 40G --time 6h -- python train.py --lr 3e-4\n"
+                "  labq submit --gpus 2 --gpu-mem 40G --time 6h -- python3 train.py --lr 3e-4\n"
                 "  labq submit --class low --name sweep-1 --env WANDB_API_KEY -- ./sweep.sh 1\n"
-                "  labq submit --after 12 -- python eval.py        runs once job 12 has succeeded\n"
+                "  labq submit --after 12 -- python3 eval.py       runs once job 12 has succeeded\n"
                 "  labq submit --after-any 12 -- ./cleanup.sh      runs once job 12 has ended, however\n"
-                "  labq submit --notify end,fail -- python train.py  e-mail or chat when it ends\n"
-                "  labq submit --array 0-99%8 -- python train.py --shard {index}   100 tasks, 8 at a time\n"
-                "  labq submit --grid lr=1e-3,3e-4 --grid seed=0,1,2 -- python train.py --lr {lr} --seed {seed}\n"
-                "  labq submit --share --gpu-mem 10G -- python eval.py   shares a GPU with jobs that fit beside it",
+                "  labq submit --notify end,fail -- python3 train.py  e-mail or chat when it ends\n"
+                "  labq submit --array 0-99%8 -- python3 train.py --shard {index}   100 tasks, 8 at a time\n"
+                "  labq submit --grid lr=1e-3,3e-4 --grid seed=0,1,2 -- python3 train.py --lr {lr} --seed {seed}\n"
+                "  labq submit --share --gpu-mem 10G -- python3 eval.py   shares a GPU with jobs that fit beside it\n"
+                "  labq submit --cpus 8 --mem 64G -- python3 train.py  8 cores near its GPU, killed past 64 GiB\n"
+                "  labq submit --export NONE -- ./run.sh     the node's standard environment, not this shell's",
                 _submit, c)
     for field in FLAGGED:
         add_flag(p, field, field.help)

@@ -125,7 +125,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                 '  labq reserve --gpus 2 --start tomorrow --for 8h --gpu-model A100 --users alice,bob\n'
                 '  labq reserve --gpus 8 --start "2026-12-01 09:00" --end "2026-12-03 18:00" --dry-run\n'
                 "  labq reserve cancel paper\n"
-                "  labq submit --reservation paper --gpus 4 -- python train.py   a job in it", _reserve, [common])
+                "  labq submit --reservation paper --gpus 4 -- python3 train.py   a job in it", _reserve, [common])
     p.add_argument("action", nargs="?", choices=["cancel"], help="cancel a booking (with its NAME)")
     p.add_argument("target", nargs="?", metavar="NAME", help="the booking to cancel")
     p.add_argument("--gpus", type=int, metavar="N", help="how many GPUs (on one node)")

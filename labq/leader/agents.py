@@ -278,7 +278,8 @@ class Agents:
         started = job if job.started_at is not None else t.running(job, a.started_at or now)
         if a.fenced:  # stopped on its node while the agent could not reach us
             return t.lost(started, a.ended_at or now, checkpoint_at=a.checkpoint_at)
-        return t.exited(started, a.exit_code, a.ended_at or now, escalated=a.escalated, checkpoint_at=a.checkpoint_at)
+        return t.exited(started, a.exit_code, a.ended_at or now, escalated=a.escalated, checkpoint_at=a.checkpoint_at,
+                        why=a.refused or (t.out_of_memory(job, a.memory_peak_mib) if a.oom else None))
 
     def _watched(self, agent: str, job: Job, a: AttemptReport) -> Job:
         """A sharing job's GPU memory as its agent measured it: kept for ``labq gpus``, and past its declaration
@@ -347,7 +348,8 @@ class Agents:
         node = session.node
         uuids = tuple(node.gpus[i].uuid for i in indices)
         visible = ",".join(map(str, indices)) if node.simulated else ",".join(uuids)
-        env = dict(job.spec.env)
+        # what it took from its submitter's shell (a process job's), then its own --env, then labq's contract
+        env = {**dict(job.spec.environment), **dict(job.spec.env)}
         env.update({"LABQ_JOB_ID": str(job.id), "LABQ_ATTEMPT": str(job.attempt),
                     "LABQ_RESUMED": "1" if job.attempt > 1 else "0", "LABQ_PREEMPT_SIGNAL": job.stop_signal,
                     "CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible})
@@ -360,8 +362,15 @@ class Agents:
             # daemon) also a hard limit on the one device it sees
             env.update({"LABQ_GPU_MEM_MIB": str(need), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={limit}M"})
         root = self.state.config.checkpoint_root
+        # its CPUs and memory here, as the scheduler placed them (else as its spec asks, on a node that did not say
+        # what it has); a simulated node's CPU ids are its model's, not this machine's: no CPU set there
+        alloc = job.placement.on(session.name)
+        cpus = alloc.cpus if alloc is not None and alloc.cpus is not None else spec.cpus
+        memory = alloc.memory_mib if alloc is not None and alloc.memory_mib is not None else spec.memory_mib
         return RunOrder(job.id, job.attempt, spec, env, indices, uuids, job.checkpoint_signal, node.simulated,
-                        f"{root.rstrip('/')}/{job.id}" if root else None, limit)
+                        f"{root.rstrip('/')}/{job.id}" if root else None, limit,
+                        cpu_set=alloc.cpu_set if alloc is not None and not node.simulated else (), cpu_limit=cpus,
+                        memory_limit_mib=memory)
 
 
 def _concerned(problem) -> str:

@@ -77,6 +77,11 @@ class LeaderConfig:
     allowed_images: tuple[str, ...] = ()
     checkpoint_root: str | None = None
     allow_root: bool = False
+    #: what of the submitting shell's environment a job gets when it does not say (``--export``): ALL or NONE
+    export: str = "ALL"
+    #: a job's CPUs and memory per GPU when it does not say (``--cpus``, ``--mem``); None: its node's share per GPU
+    cpus_per_gpu: float | None = None
+    mem_per_gpu_mib: int | None = None
     max_reserved_gpu_hours_per_week: float | None = None
     max_reservation_lead_s: float | None = 30 * 86400.0
     max_reservation_s: float | None = 7 * 86400.0

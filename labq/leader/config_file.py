@@ -13,7 +13,7 @@ from labq.leader.config import ConfigError, LeaderConfig, NotifyConfig
 from labq.models.priority import PriorityClass, parse_priority
 from labq.models.queues import QueueSpec
 from labq.protocol.names import name_problem
-from labq.units import parse_duration
+from labq.units import parse_duration, parse_size_mib
 
 
 def load_config(path: Path | None, **overrides) -> LeaderConfig:
@@ -60,7 +60,10 @@ def load_config(path: Path | None, **overrides) -> LeaderConfig:
         "allowed_mount_roots": lambda v: values.update(allowed_mount_roots=tuple(map(str, v))),
         "allowed_images": lambda v: values.update(allowed_images=tuple(map(str, v))),
         "checkpoint_root": lambda v: values.update(checkpoint_root=_absolute(v)),
-        "allow_root": lambda v: values.update(allow_root=_bool(v))})
+        "allow_root": lambda v: values.update(allow_root=_bool(v)),
+        "export": lambda v: values.update(export=_choice(str(v).upper(), ("ALL", "NONE"))),
+        "cpus_per_gpu": lambda v: values.update(cpus_per_gpu=_positive(v) or None),
+        "mem_per_gpu": lambda v: values.update(mem_per_gpu_mib=parse_size_mib(str(v)) or None)})
     _take(doc.get("reservations", {}), where, "reservations", values, {
         "max_gpu_hours_per_week": lambda v: values.update(max_reserved_gpu_hours_per_week=_hours(v) or None),
         "max_lead_time": lambda v: values.update(max_reservation_lead_s=parse_duration(v, bare_seconds=True) or None),
@@ -263,6 +266,12 @@ def _choice(value, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"must be one of {', '.join(choices)}")
     return value
+
+
+def _positive(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError("must be a number, 0 or more")
+    return float(value)
 
 
 def _count(value) -> int:

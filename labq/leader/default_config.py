@@ -47,6 +47,11 @@ max_time_limit = "0"             # the longest --time accepted; "0": no limit
 allowed_mount_roots = []         # host folders containers may mount (docker runtime)
 allowed_images = []              # images the docker runtime may run; empty: any
 allow_root = false               # true: jobs may run as uid 0 (root); false: a job of root is refused
+export = "ALL"                   # the environment a job gets from its submitter's shell when it says
+#                                # nothing (--export): "ALL" as sbatch, or "NONE" (the node's standard one)
+cpus_per_gpu = 0                 # a job's CPU cores per GPU when it does not say (--cpus); 0: its node's share
+mem_per_gpu = "0"                # a job's memory per GPU when it does not say (--mem), e.g. "32G"; "0": its
+#                                # node's share
 
 [reservations]
 max_gpu_hours_per_week = 0       # GPU-hours one user may book a week (from Monday 00:00 UTC); 0: no limit

@@ -53,7 +53,8 @@ class Queue:
 
     def submit(self, who: Principal, request: SubmitRequest) -> Job:
         user_only(who)
-        return self._enqueue(who, request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s))[0]
+        return self._enqueue(who, request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s,
+                                            default_export=self.state.config.export))[0]
 
     def submit_sweep(self, who: Principal, request: SubmitRequest) -> tuple[int, list[Job]]:
         """An array or grid (``request.sweep``): its id and its tasks, one job each, checked once (they have one
@@ -65,7 +66,8 @@ class Queue:
             return task_jobs(array_id + 1, task_specs(spec, array_id, sweep.tasks, sweep.cap, size), now)
 
         with collector_paused():  # its tasks are many objects made and none freed: collections would only walk them
-            jobs = self._enqueue(who, request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s),
+            jobs = self._enqueue(who, request.spec_for(who.name, default_grace_s=self.state.config.default_grace_s,
+                                            default_export=self.state.config.export),
                                  tasks=(1 + size, tasks))
         return jobs[0].spec.array_id, jobs
 

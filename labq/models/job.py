@@ -9,7 +9,7 @@ from functools import cached_property
 from labq.models.placement import Placement
 from labq.models.spec import FIELDS, AfterReservation, Runtime
 
-__all__ = ["AfterReservation", "Attempt", "AttemptEnd", "Job", "JobSpec", "JobState", "Mount", "Runtime",
+__all__ = ["FAILED_NOTE", "AfterReservation", "Attempt", "AttemptEnd", "Job", "JobSpec", "JobState", "Mount", "Runtime",
            "SignalSource", "StopReason", "catchable_signal"]
 
 
@@ -36,6 +36,8 @@ class JobState(str, Enum):
 
 #: ``Job.cancelled_by`` of a job the lab itself cancelled (a dependency that can never be met, a reservation over)
 CANCELLED_BY_LAB = "labq"
+#: how a job's note begins what its node said of why an attempt ended (it could not start, the kernel killed it)
+FAILED_NOTE = "ended: "
 _FINISHED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
 _ON_GPUS = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING})
 

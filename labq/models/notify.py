@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from labq.models.job import CANCELLED_BY_LAB, Job, JobState, StopReason
+from labq.models.job import CANCELLED_BY_LAB, FAILED_NOTE, Job, JobState, StopReason
 from labq.models.reservation import Reservation
 
 
@@ -128,7 +128,8 @@ def job_notices(old: Job | None, new: Job, wanted: Iterable[NotifyEvent]) -> lis
         if new.state is JobState.CANCELLED and new.cancelled_by is not None:  # not by its owner, who knows
             event = NotifyEvent.FAIL
         if event in wanted:
-            found.append(_of_job(new, event, f"job-{new.id}.{event.value}", new.ended_at, _cancel_reason(new)))
+            found.append(_of_job(new, event, f"job-{new.id}.{event.value}", new.ended_at,
+                                 _cancel_reason(new) or _end_reason(new)))
     return found
 
 
@@ -160,6 +161,14 @@ def _cancel_reason(job: Job) -> str:
         return f"by {job.cancelled_by}"
     said = job.note.rfind("cancelled: ")  # ``labq.models.transitions``: the lab's cancels say why so
     return job.note[said + len("cancelled: "):] if said >= 0 else "by the lab"
+
+
+def _end_reason(job: Job) -> str:
+    """What its node said of why a failed job's last attempt ended (``transitions.exited``'s ``why``), if it did."""
+    if job.state is not JobState.FAILED:
+        return ""
+    said = job.note.rfind(FAILED_NOTE)
+    return job.note[said + len(FAILED_NOTE):] if said >= 0 else ""
 
 
 def _requeued(job: Job) -> Notice:

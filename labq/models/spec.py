@@ -86,6 +86,8 @@ class Field:
 
 
 _REQUIRED = object()  #: the default of a field every spec must name
+#: the PATH of a job whose submitter's shell gave it none (``--export NONE``)
+STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MAX_GPUS = 64
 MAX_TIME_LIMIT_S = 366 * 86400
 MAX_GRACE_S = 3600
@@ -108,6 +110,14 @@ FIELDS: tuple[Field, ...] = (
     #: substring of the GPU model name, case-insensitive (``A100``, ``3090``)
     Field("gpu_model", "str | None", None, kind="text", flag="--gpu-model", metavar="MODEL",
           help="part of the GPU model name: A100, 3090", stored="always"),
+    #: CPUs (cores, a fraction allowed) and memory it needs on each of its nodes; None: the lab's default for its
+    #: GPUs (``[jobs] cpus_per_gpu``, ``mem_per_gpu``; by default the node's share per GPU). Enforced by the kernel
+    Field("cpus", "float | None", None, kind="number", low=0.1, high=4096, flag="--cpus", metavar="N",
+          help="CPU cores it needs on each node (1.5 allowed; default: the lab's per GPU, else the node's share "
+               "per GPU): a CPU set near its GPUs, and a quota", stored="always"),
+    Field("memory_mib", "int | None", None, kind="size", low=16, high=1 << 32, flag="--mem", metavar="SIZE",
+          help="memory it needs on each node: 32G, 500M (plain number: GiB; default: the lab's per GPU, else the "
+               "node's share per GPU); past it the kernel kills the job, and labq says so", stored="always"),
     Field("priority", "int", int(PriorityClass.NORMAL), kind="priority", flag="--priority", metavar="INT|NAME",
           label="class",
           help="priority 0-1000 or a class name (normal is 200)", edit="priority 0-1000 or a class name",
@@ -123,6 +133,15 @@ FIELDS: tuple[Field, ...] = (
           edit="a new name ('' removes it)", stored="always"),
     Field("env", "tuple[tuple[str, str], ...]", (), kind="env", flag="--env", metavar="K=V",
           help="set a variable; --env K copies K from this shell (repeatable)", stored="always"),
+    #: what of the submitting shell's environment the job gets, as sbatch's ``--export``: ``ALL`` (the default),
+    #: ``NONE``, or ``VAR,VAR=value`` (``ALL,VAR=value`` adds); None: the lab's default (``[jobs] export``)
+    Field("export", "str | None", None, kind="text", max_len=4096, flag="--export", metavar="ALL|NONE|VAR[,VAR=V]",
+          help="the environment it gets from this shell (PATH, a venv or conda, your variables): ALL (the "
+               "default), NONE, or a list of names (VAR=value sets one; ALL,VAR=value adds it); never "
+               "credentials such as LABQ_TOKEN or SSH_AUTH_SOCK. A container job gets its image's environment "
+               "and --env instead"),
+    #: the submitting shell's variables that ``export`` chose (as ``env``: its values shown to its owner and admins)
+    Field("environment", "tuple[tuple[str, str], ...]", (), kind="env"),
     Field("workdir", "str | None", None, kind="path", max_len=4096, flag="--workdir", metavar="DIR", label="folder",
           help="where it runs (default: the current folder)", stored="always"),
     Field("preemptible", "bool", True, kind="switch", flag="--no-preempt",
@@ -172,9 +191,6 @@ FIELDS: tuple[Field, ...] = (
                "none: not at all (default: what `labq notify` set)"),
     #: where it runs: a container of ``image``, else a process; a request's ``image`` says it
     Field("runtime", "Runtime", Runtime.PROCESS, kind="choice", choices=Runtime, stored="always"),
-    #: CPUs and memory: kept in every stored document, not yet asked for (nothing enforces them)
-    Field("cpus", "float | None", None, kind="number", sent=False, stored="always"),
-    Field("memory_mib", "int | None", None, kind="size", sent=False, stored="always"),
     #: a task of an array (``labq submit --array``/``--grid``): the array's id (a job id of its own, no job's),
     #: this task's index (``12.3``), how many of the array's tasks may hold GPUs at once (``%N``; None: any), and
     #: how many tasks the array has (job ids ``array_id + 1`` to ``+ array_tasks``); stored as one ``array``

@@ -11,8 +11,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from labq.models.job import (CANCELLED_BY_LAB, AfterReservation, Attempt, AttemptEnd, Job, JobState, SignalSource,
-                             StopReason)
+from labq.models.job import (CANCELLED_BY_LAB, FAILED_NOTE, AfterReservation, Attempt, AttemptEnd, Job, JobState,
+                             SignalSource, StopReason)
 from labq.models.placement import Placement
 from labq.models.reservation import Reservation
 
@@ -62,9 +62,12 @@ def stop_reason(job: Job) -> StopReason | None:
 
 
 def exited(job: Job, exit_code: int | None, ended_at: float, *, escalated: bool = False,
-           checkpoint_at: float | None = None) -> Job:
-    """The agent saw the attempt end; ``escalated``: it was still running when its grace ran out."""
+           checkpoint_at: float | None = None, why: str | None = None) -> Job:
+    """The agent saw the attempt end; ``escalated``: it was still running when its grace ran out; ``why``: what
+    its node knows of why it ended (it could not start, the kernel killed it for memory), for its note."""
     job = checkpointed(job, checkpoint_at)
+    if why:
+        job = job.evolve(note=_noted(job, f"{FAILED_NOTE}{why}"))
     reason = stop_reason(job)
     if reason is None:
         end = AttemptEnd.SUCCEEDED if exit_code == 0 else AttemptEnd.FAILED
@@ -85,6 +88,17 @@ def exited(job: Job, exit_code: int | None, ended_at: float, *, escalated: bool 
     done = _attempt(job, ended_at, end, exit_code, reason, requeued=False)
     return job.evolve(state=state, exit_code=exit_code, ended_at=ended_at, stop_requested=None, preempted_for=None,
                       drained_for=None, history=(*job.history, done))
+
+
+def out_of_memory(job: Job, peak_mib: int | None) -> str:
+    """Why an attempt the kernel killed for want of memory ended, in its user's words."""
+    used = f"used {_gib(peak_mib)}" if peak_mib else "ran out"
+    asked = f" of --mem {_gib(job.spec.memory_mib)}" if job.spec.memory_mib else " of the memory it was given"
+    return f"out of memory (the kernel killed it): {used}{asked}; ask for more with --mem"
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib} MiB"
 
 
 def lost(job: Job, now: float, *, checkpoint_at: float | None = None) -> Job:

@@ -163,6 +163,11 @@ class AttemptReport:
     gpu_mem_peak_mib: int | None = None
     #: handed to another scheduler (a Slurm node) that has not started it yet, and why ("Slurm holds it: Priority")
     waiting: str | None = None
+    #: why it could not start, for a reason of the job's (a program not on its PATH, a policy): it fails so
+    refused: str | None = None
+    #: the kernel killed it for want of memory (its ``--mem``), and the most memory it was seen using (MiB)
+    oom: bool = False
+    memory_peak_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +219,12 @@ def _encode_attempt(a: AttemptReport) -> dict:
         doc["gpu_mem_mib"], doc["gpu_mem_peak_mib"] = a.gpu_mem_mib, a.gpu_mem_peak_mib
     if a.waiting is not None:  # only from a node that hands its jobs to Slurm
         doc["waiting"] = a.waiting
+    if a.refused is not None:
+        doc["refused"] = a.refused
+    if a.oom:
+        doc["oom"] = True
+    if a.memory_peak_mib is not None:
+        doc["memory_peak_mib"] = a.memory_peak_mib
     return doc
 
 
@@ -263,7 +274,8 @@ def parse_sync(body: object) -> SyncReport:
             a.boolean("fenced", default=False), a.boolean("escalated", default=False), a.number("checkpoint_at"),
             a.string("cannot_start", max_len=MAX_DETAIL), *_declared(a),
             a.integer("gpu_mem_mib", high=1 << 30), a.integer("gpu_mem_peak_mib", high=1 << 30),
-            a.string("waiting", max_len=MAX_DETAIL)))
+            a.string("waiting", max_len=MAX_DETAIL), a.string("refused", max_len=MAX_DETAIL),
+            a.boolean("oom", default=False), a.integer("memory_peak_mib", high=1 << 40)))
         a.done()
     if busy is not None and (not isinstance(busy, list) or len(busy) > MAX_NODE_GPUS or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_NODE_GPUS for i in busy)):
@@ -340,6 +352,11 @@ class RunOrder:
     checkpoint_dir: str | None = None
     #: a job that shares its GPU: past this much GPU memory (MiB) it is stopped (``labq.models.sharing``)
     gpu_mem_limit_mib: int | None = None
+    #: the CPUs it may run on here (near its GPUs), the cores of CPU time it may use, and the memory past which
+    #: the kernel kills it (MiB); () and None: not limited
+    cpu_set: tuple[int, ...] = ()
+    cpu_limit: float | None = None
+    memory_limit_mib: int | None = None
 
     @property
     def user(self) -> str:
@@ -379,7 +396,10 @@ def encode_reply(reply: SyncReply) -> dict:
         "run": [{"job_id": r.job_id, "attempt": r.attempt, "spec": encode_spec(r.spec), "env": r.env,
                  "gpu_indices": list(r.gpu_indices), "gpu_uuids": list(r.gpu_uuids),
                  "checkpoint_signal": r.checkpoint_signal, "simulated": r.simulated, "checkpoint_dir": r.checkpoint_dir,
-                 **({"gpu_mem_limit_mib": r.gpu_mem_limit_mib} if r.gpu_mem_limit_mib is not None else {})}
+                 **({"gpu_mem_limit_mib": r.gpu_mem_limit_mib} if r.gpu_mem_limit_mib is not None else {}),
+                 **({"cpu_set": list(r.cpu_set)} if r.cpu_set else {}),
+                 **({"cpu_limit": r.cpu_limit} if r.cpu_limit is not None else {}),
+                 **({"memory_limit_mib": r.memory_limit_mib} if r.memory_limit_mib is not None else {})}
                 for r in reply.run],
         "stop": [{"job_id": s.job_id, "attempt": s.attempt, "signal": s.signal, "grace_s": s.grace_s,
                   "reason": s.reason} for s in reply.stop],
@@ -392,7 +412,8 @@ def decode_reply(doc: dict) -> SyncReply:
     return SyncReply(
         tuple(RunOrder(r["job_id"], r["attempt"], decode_spec(r["spec"]), dict(r["env"]), tuple(r["gpu_indices"]),
                        tuple(r["gpu_uuids"]), r["checkpoint_signal"], r.get("simulated", False),
-                       r.get("checkpoint_dir"), r.get("gpu_mem_limit_mib"))
+                       r.get("checkpoint_dir"), r.get("gpu_mem_limit_mib"), tuple(r.get("cpu_set", ())),
+                       r.get("cpu_limit"), r.get("memory_limit_mib"))
               for r in doc["run"]),
         tuple(StopOrder(s["job_id"], s["attempt"], s["signal"], s["grace_s"], s["reason"]) for s in doc["stop"]),
         doc["lease_s"], doc["fence_after_s"], int(doc.get("seq", 0)), str(doc.get("epoch", "")),

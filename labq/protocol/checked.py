@@ -25,11 +25,16 @@ class SubmitRequest:
     #: the tasks of ``--array``/``--grid`` (``labq.models.arrays.Sweep``); None: one job
     sweep: Sweep | None = None
 
-    def spec_for(self, user: str, *, default_grace_s: float = 60.0) -> JobSpec:
+    def spec_for(self, user: str, *, default_grace_s: float = 60.0, default_export: str = "ALL") -> JobSpec:
+        """The spec of ``user``'s job: the lab's grace unless it says, and the environment its submitter's shell
+        gave only if it says ``--export`` or the lab exports by default (``[jobs] export``)."""
         from labq.models.job import JobSpec
 
+        fields = self.fields
+        if fields.get("export") is None and default_export == "NONE":
+            fields = {**fields, "environment": ()}
         try:
-            return JobSpec(user=user, **{"grace_s": default_grace_s, **self.fields})
+            return JobSpec(user=user, **{"grace_s": default_grace_s, **fields})
         except ValueError as err:
             raise bad_request(str(err)) from None
 

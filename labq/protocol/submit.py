@@ -31,6 +31,51 @@ ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,255}"  #: compiled (and kept by ``re``) on 
 NOTIFY_WORDS = ("start", "end", "fail", "preempt")
 #: a field whose default the lab's settings give (``[jobs] grace``): left out of a request, it is not filled in
 LAB_DEFAULTS = ("grace_s",)
+#: what ``--export`` never takes from the submitter's shell: credentials of that session (``LABQ_TOKEN``, the SSH
+#: and GPG agents, Kerberos), its display and desktop session, what belongs to the node's account (its home, its
+#: names), what labq sets itself (``LABQ_*``, the GPUs, ``TMPDIR``) and the shell's own bookkeeping
+NEVER_EXPORTED = frozenset({
+    "SSH_AUTH_SOCK", "SSH_AGENT_PID", "SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY", "SSH_ASKPASS", "GPG_AGENT_INFO",
+    "KRB5CCNAME", "DISPLAY", "WAYLAND_DISPLAY", "XAUTHORITY", "XDG_RUNTIME_DIR", "XDG_SESSION_ID",
+    "XDG_SESSION_TYPE", "XDG_SESSION_CLASS", "XDG_SEAT", "XDG_VTNR", "HOME", "USER", "LOGNAME", "MAIL", "HOSTNAME",
+    "PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TERM_SESSION_ID",
+})
+NEVER_EXPORTED_PREFIXES = ("LABQ_", "DBUS_", "BASH_FUNC_")
+
+
+def never_exported(name: str) -> bool:
+    return name in NEVER_EXPORTED or name.startswith(NEVER_EXPORTED_PREFIXES)
+
+
+def exported(text: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` (the submitting shell's) that ``--export`` ``text`` gives a job, as sbatch's
+    ``--export``: ``ALL`` (also None) every one, ``NONE`` none, ``A,B`` only those, ``ALL,A=1`` all and A set to 1;
+    never those of ``never_exported``, nor a name that is no variable's (a shell function's). ValueError says
+    what is wrong with ``text``."""
+    if text is not None and not text.replace(",", "").strip():
+        raise ValueError("--export needs ALL, NONE or names (A,B or A=value)")
+    words = [w for w in (text or "ALL").split(",") if w.strip()]
+    named: dict[str, str] = {}
+    every = False
+    for word in words:
+        key, eq, value = word.partition("=")
+        key = key.strip()
+        if not eq and key.upper() in ("ALL", "NONE"):
+            if key.upper() == "NONE" and len(words) > 1:
+                raise ValueError("--export NONE exports nothing: it takes no names with it")
+            every = every or key.upper() == "ALL"
+            continue
+        if not re.fullmatch(ENV_NAME, key):
+            raise ValueError(f"--export {key!r} is not a variable's name: letters, digits and _")
+        if never_exported(key):
+            raise ValueError(f"--export {key}: never exported (a credential, the session's own, or labq's)")
+        if not eq:
+            if key not in environ:
+                raise ValueError(f"--export {key}: {key} is not set in this shell (use {key}=VALUE)")
+            value = environ[key]
+        named[key] = value
+    taken = {k: v for k, v in environ.items() if re.fullmatch(ENV_NAME, k) and not never_exported(k)} if every else {}
+    return {**taken, **named}
 
 
 # -- the body ------------------------------------------------------------------------------------
@@ -267,6 +312,18 @@ def _rules(out: dict, sent: set[str]) -> None:
                           "reservation too", "after_reservation")
     if out["after_any"] and not out["depends_on"]:
         raise bad_request("after_any says how the jobs in depends_on must end; name them too", "after_any")
+    refused = sorted(name for name, _ in out["environment"] if never_exported(name))
+    if refused:
+        raise bad_request(f"environment {', '.join(refused)}: never exported (a credential, the session's own, or "
+                          "labq's)", "environment")
+    if out.get("export") is not None:
+        try:
+            exported(out["export"], dict(out["environment"]))
+        except ValueError as err:
+            raise bad_request(str(err).replace("--export", "export"), "export") from None
+    if out["environment"] and out["runtime"] is Runtime.DOCKER:
+        raise bad_request("environment is for process jobs: a container job gets its image's environment and "
+                          "env", "environment")
 
 
 def _where(out: dict, sent: set[str]) -> None:

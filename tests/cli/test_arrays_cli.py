@@ -67,7 +67,7 @@ def test_an_array_from_submit_to_cancel(lab):
 
 
 def test_a_grid_says_which_braces_it_leaves_as_typed(lab):
-    out, err = labq("submit", "--grid", "lr=1e-3,3e-4", "--grid", "seed=0,1,2", "--", "train", "--lr", "{lr}",
+    out, err = labq("submit", "--grid", "lr=1e-3,3e-4", "--grid", "seed=0,1,2", "--", "echo", "--lr", "{lr}",
                     "--seed", "{seed}", "--tag", "{lrr}")
     assert "submitted array" in out and "6 tasks" in out
     assert err == "labq: note: {lrr} in the command is neither {index} nor a --grid name: it is passed as typed\n"

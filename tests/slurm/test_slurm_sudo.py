@@ -105,7 +105,7 @@ def as_agent(account: pwd.struct_passwd, work) -> dict:
 
 def test_a_service_account_agent_submits_as_the_jobs_user_through_sudo(site, monkeypatch):
     from labq.agent import acl
-    from labq.agent.launches import own_checkpoint_folder
+    from labq.agent.launches import own_job_folder
     from labq.agent.faults import NodeFault
     from labq.agent.process_runtime import AttemptState, Launch
     from labq.agent.slurm import SlurmRuntime, SlurmSite
@@ -121,7 +121,7 @@ def test_a_service_account_agent_submits_as_the_jobs_user_through_sudo(site, mon
         slurm_site = SlurmSite(cluster.partition, None, "sudo")
         runtime = SlurmRuntime(state / "slurm", slurm_site, slurm_site.slurm_node())
         checkpoints = state / "checkpoints" / "7"
-        own_checkpoint_folder(checkpoints, job_user.pw_name)
+        own_job_folder(checkpoints, job_user.pw_name)
         env = {"LABQ_CHECKPOINT_DIR": str(checkpoints)}
         runtime.launch(Launch(7, 1, ("bash", "-c", JOB), env, "/tmp", job_user.pw_name, {"CUDA_VISIBLE_DEVICES": "0"}))
         log_path = state / "slurm" / "7.1" / "log"
