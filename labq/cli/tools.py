@@ -26,11 +26,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "place",
         help="show which GPU set labq would give a job",
         description="Run labq's placement on one node: the best-connected GPU set for a job of "
-        "--gpus GPUs among the free ones, and what it costs the GPUs left free.",
+        "--gpus GPUs among the free ones, what it costs the GPUs left free, and the CPUs (near those GPUs) and "
+        "memory it gets.",
     )
     place.add_argument("inventory", help="a simulated inventory: sim:dgx1, sim:flat:4, ...")
     place.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs the job needs")
     place.add_argument("--busy", default="", metavar="LIST", help="GPU indices already in use, e.g. 0,3")
+    place.add_argument("--cpus", type=float, metavar="N", help="CPU cores it needs (default: the node's share per GPU)")
+    place.add_argument("--mem", metavar="SIZE", help="memory it needs: 32G, 500M (default: the node's share per GPU)")
+    place.add_argument("--busy-cpus", default="", metavar="LIST", help="CPUs already in use, e.g. 0-19,40-59")
     place.add_argument("--json", action="store_true", help="print JSON")
     place.set_defaults(run=_place)
 
@@ -126,8 +130,14 @@ def _topo(args: argparse.Namespace) -> int:
 
 
 def _place(args: argparse.Namespace) -> int:
+    from labq.models.job import JobSpec
+    from labq.models.node import cpu_list_text, cpu_mask, parse_cpu_list
+    from labq.models.sharing import mib_text
     from labq.models.topology import NVLINK_WEIGHT
-    from labq.scheduler.placement import best_set, indices_to_mask
+    from labq.scheduler import Policy
+    from labq.scheduler.host import best_near_set, choose_cpus, need_on, short_text
+    from labq.scheduler.placement import indices_to_mask, mask_to_indices
+    from labq.units import parse_size_mib
 
     inv = _inventory(args.inventory)
     n = inv.gpu_count
@@ -140,16 +150,35 @@ def _place(args: argparse.Namespace) -> int:
         raise CliError(f"--busy: {inv.name} has GPUs 0-{n - 1}; no GPU {', '.join(map(str, wrong))}")
     if args.gpus < 1:
         raise CliError("--gpus must be 1 or more")
+    if args.cpus is not None and not 0 < args.cpus <= 4096:
+        raise CliError("--cpus must be more than 0 (1.5 allowed)")
+    try:
+        memory = parse_size_mib(args.mem) if args.mem is not None else None
+        busy_cpus = cpu_mask(parse_cpu_list(args.busy_cpus))
+    except ValueError as err:
+        raise CliError(f"--mem or --busy-cpus: {err}") from None
+    node = inv.node(f"sim-{inv.name}")
+    need = need_on(JobSpec(user="you", command=("job",), gpus=args.gpus, cpus=args.cpus, memory_mib=memory), node,
+                   Policy())
+    free_cpus = node.cpu_mask & ~busy_cpus
     free = ((1 << n) - 1) & ~indices_to_mask(busy)
-    choice = best_set(inv.topology, free, args.gpus)
-    if choice is None:
+    if free.bit_count() < args.gpus:
         raise CliError(f"{args.gpus} GPUs asked, {free.bit_count()} free on sim:{inv.name}")
+    short = short_text(need, free_cpus, node.memory_mib, f"sim:{inv.name}")
+    if short is not None:
+        raise CliError(f"{short} (it has {len(node.cpus)} CPUs and {mib_text(node.memory_mib or 0)})")
+    choice = best_near_set(node, free, args.gpus, need, free_cpus)
+    cpus, far = choose_cpus(node, choice.mask, need.count, free_cpus)
+    cpu_set = cpu_list_text(mask_to_indices(cpus))
     links = sum(inv.topology.links(i, j) for k, i in enumerate(choice.gpus) for j in choice.gpus[k + 1:])
     if args.json:
         print(json.dumps({"inventory": f"sim:{inv.name}", "gpus": list(choice.gpus), "score": choice.score,
-                          "nvlink_links": links, "free_connectivity_lost": choice.loss}, indent=2))
+                          "nvlink_links": links, "free_connectivity_lost": choice.loss, "cpu_set": cpu_set,
+                          "cpus": need.cores, "memory_mib": need.memory_mib, "far_cpus": far}, indent=2))
         return 0
     print(f"GPUs {','.join(map(str, choice.gpus))} on sim:{inv.name}")
     print(f"  score {choice.score} ({links} NVLink links within the set, PCIe points {choice.score % NVLINK_WEIGHT})")
     print(f"  connectivity the free GPUs lose: {choice.loss}")
+    near = f", {far} of them away from its GPUs' NUMA node (none free there)" if far else ", near its GPUs"
+    print(f"  CPUs {cpu_set} ({need.cores:g} cores{near}); memory {mib_text(need.memory_mib or 0)}")
     return 0

@@ -25,6 +25,7 @@ from typing import NamedTuple
 from labq.models.job import JobSpec
 from labq.models.node import Node
 from labq.models.sharing import mib_text
+from labq.scheduler.placement import SetChoice, best_set
 from labq.scheduler.policy import Policy
 
 _EPSILON = 1e-9  #: 1.5 cores asked as 0.1 + 1.4 are still 2 CPUs, not 3
@@ -93,6 +94,18 @@ def near_gpus(node: Node, gpus: int, free_cpus: int, need: HostNeed, k: int) -> 
         if gpus >> gpu & 1 and (local[gpu] & free_cpus).bit_count() >= per_gpu:
             near |= 1 << gpu
     return near
+
+
+def best_near_set(node: Node, gpus: int, k: int, need: HostNeed, free_cpus: int | None) -> SetChoice | None:
+    """The best ``k``-GPU set of ``gpus`` (``placement.best_set``), among the GPUs whose NUMA node has free CPUs for
+    ``need`` where that leaves a set, else among all of them."""
+    if free_cpus is not None:
+        near = near_gpus(node, gpus, free_cpus, need, k)
+        if near != gpus:
+            choice = best_set(node.topology, near, k)
+            if choice is not None:
+                return choice
+    return best_set(node.topology, gpus, k)
 
 
 def lowest(mask: int, n: int) -> int:

@@ -17,7 +17,7 @@ from labq.models.node import Node
 from labq.models.placement import NodeAllocation, Placement
 from labq.models.sharing import need_mib
 from labq.scheduler.guarantees import Guarantees
-from labq.scheduler.host import HostNeed, choose_cpus, near_gpus, short_text
+from labq.scheduler.host import HostNeed, best_near_set, choose_cpus, short_text
 from labq.scheduler.lab_view import OnGpus
 from labq.scheduler.placement import SetChoice, best_set, indices_to_mask, mask_to_indices
 from labq.scheduler.sharing import join, no_room, open_one
@@ -58,13 +58,7 @@ class Starting(Guarantees):
                 if not self._host_room(node.name, need):
                     self.host_short = True
                     return None
-                free_cpus = self.free_cpus.get(node.name)
-                if free_cpus is not None:
-                    near = near_gpus(node, mask, free_cpus, need, k)
-                    if near != mask:
-                        choice = best_set(node.topology, near, k)
-                        if choice is not None:
-                            return choice
+                return best_near_set(node, mask, k, need, self.free_cpus.get(node.name))
         return best_set(node.topology, mask, k)
 
     def _place(self, job: Job, shape: tuple) -> Placement | None:

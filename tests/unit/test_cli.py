@@ -36,9 +36,22 @@ def test_topo_json_and_list():
 def test_place_shows_the_chosen_set_and_score():
     data = json.loads(labq("place", "sim:dgx1", "--gpus", "4", "--json").stdout)
     assert data == {"inventory": "sim:dgx1", "gpus": [0, 1, 2, 3], "score": 9016, "nvlink_links": 9,
-                    "free_connectivity_lost": 15016}
+                    "free_connectivity_lost": 15016, "cpu_set": "0-19,40-59", "cpus": 40.0,
+                    "memory_mib": 256 * 1024, "far_cpus": 0}
     out = labq("place", "sim:ws-4x3090", "--gpus", "1", "--busy", "0")
     assert out.returncode == 0 and out.stdout.startswith("GPUs 1 on sim:ws-4x3090")
+    assert "  CPUs 0-11 (12 cores, near its GPUs); memory 64 GiB" in out.stdout
+
+
+def test_place_shows_the_cpus_near_the_gpus_and_where_none_are_free():
+    data = json.loads(labq("place", "sim:pcie-2socket", "--gpus", "1", "--busy", "0,1,2,3", "--cpus", "2.5",
+                           "--mem", "20G", "--json").stdout)
+    assert (data["gpus"], data["cpu_set"], data["cpus"], data["memory_mib"]) == ([4], "24-26", 2.5, 20 * 1024)
+    data = json.loads(labq("place", "sim:pcie-2socket", "--gpus", "1", "--busy", "4,5,6,7", "--cpus", "4",
+                           "--busy-cpus", "0-23,48-71", "--json").stdout)
+    assert (data["cpu_set"], data["far_cpus"]) == ("24-27", 4)
+    out = labq("place", "sim:ws-4x3090", "--gpus", "1", "--cpus", "8", "--busy-cpus", "0-43")
+    assert out.returncode == 2 and "needs 8 CPUs; sim:ws-4x3090 has 4 free" in out.stderr
 
 
 @pytest.mark.parametrize(
