@@ -74,6 +74,10 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
             want.append(f"placed by the {format_mib(job['gpu_mem_peak_mib'])} it was seen using")
     if spec.get("gpu_model"):
         want.append(f"model {spec['gpu_model']}")
+    if spec.get("cpus") is not None:
+        want.append(f"{spec['cpus']:g} CPUs")
+    if spec.get("memory_mib") is not None:
+        want.append(f"{format_mib(spec['memory_mib'])} of memory")
     if spec.get("node"):
         want.append(f"only on {spec['node']}")
     prio = spec.get("priority", 200)
@@ -116,6 +120,8 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
     for a in (job.get("placement") or {}).get("allocations") or []:
         gpus = ", ".join(f"{i} {u}" for i, u in zip(a["gpu_indices"], a["gpu_uuids"]))
         facts.append(("placement", f"{a['node']}: GPU {gpus} (score {a.get('score', 0)})"))
+        if host := _host_text(a):
+            facts.append(("CPUs", host))
     if pending:
         facts.append(("pending", f"{pending['reason']}: {pending['detail']}"))
         if estimate := estimate_text(pending.get("estimated_start"), now):
@@ -128,6 +134,20 @@ def show_text(job: Mapping, pending: Mapping | None, now: float) -> str:
     if job.get("attempts"):
         lines += ["  attempts", *("    " + line for line in attempts_table(job, now).splitlines())]
     return "\n".join(lines)
+
+
+def _host_text(a: Mapping) -> str:
+    """``ws1: 0-11 (12 cores), 64 GiB of memory``: what an allocation holds besides GPUs, where the node said."""
+    said = []
+    if a.get("cpu_set"):
+        far = f", {a['far_cpus']} away from its GPUs' NUMA node" if a.get("far_cpus") else ""
+        cores = f"{a['cpus']:g} cores" if a.get("cpus") is not None else "cores"
+        said.append(f"{a['cpu_set']} ({cores}{far})")
+    elif a.get("cpus") is not None:
+        said.append(f"{a['cpus']:g} cores")
+    if a.get("memory_mib") is not None:
+        said.append(f"{format_mib(a['memory_mib'])} of memory")
+    return f"{a['node']}: {', '.join(said)}" if said else ""
 
 
 def _contract(job: Mapping) -> str:
