@@ -124,6 +124,9 @@ class Agent:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        confinement = self.runtime.process.confinement
+        if not confinement.enforced:  # jobs still run: accounted, their CPU set kept by affinity
+            log.warning("%s", confinement.sentence)
         self.workers.spawn("labq-agent-logs", self._logs.serve_forever)
         self.workers.spawn("labq-agent-sync", self._sync_loop)
         self.workers.spawn("labq-agent-exits", self._watch_exits)
@@ -146,6 +149,10 @@ class Agent:
         if self.local is not None:
             self.local.close(started=bool(self.workers.threads))
         self.workers.join(timeout=1.0)  # daemons: a sync blocked in a long poll is not waited for
+
+    def limits(self) -> str:
+        """Whether the kernel keeps jobs to their CPUs and memory here, in a sentence for its start-up message."""
+        return self.runtime.process.confinement.sentence
 
     def runs_jobs_as(self) -> str:
         """Which account this agent's jobs run as, in a sentence for its start-up message."""
@@ -336,7 +343,7 @@ class Agent:
                                           s.node_fault is not None else None, *declared,
                                           *self.memory_watch.reading((s.job_id, s.attempt)),
                                           waiting.get((s.job_id, s.attempt)), notes.refused or None,
-                                          bool(getattr(s, "oom", False)), getattr(s, "memory_peak_mib", None)))
+                                          s.oom, s.memory_peak_mib))
         reading = self._read_inventory()
         return SyncReport(tuple(attempts),
             reading.unmanaged_busy if reading else None, wait_s,

@@ -169,7 +169,9 @@ def test_the_readme_tour_prints_what_the_readme_shows(tour):
         elif command.startswith("labq up"):
             printed = tour.start(command)
             port = re.search(r"serving http://127\.0\.0\.1:(\d+)", "\n".join(printed)).group(1)
-            want, got = tour.expected(shown, port), [normal(line) for line in printed]
+            # whether this machine lets the agent make cgroups is its own fact: said only where it cannot
+            want, got = tour.expected(shown, port), [normal(line) for line in printed
+                                                     if "limits are not enforced here" not in line]
             if AS_ROOT:
                 want, got = ([line for line in lines if not line.startswith(WHOSE)] for lines in (want, got))
             assert got == want, command
