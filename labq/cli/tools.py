@@ -167,7 +167,7 @@ def _place(args: argparse.Namespace) -> int:
     short = short_text(need, free_cpus, node.memory_mib, f"sim:{inv.name}")
     if short is not None:
         raise CliError(f"{short} (it has {len(node.cpus)} CPUs and {mib_text(node.memory_mib or 0)})")
-    choice = best_near_set(node, free, args.gpus, need, free_cpus)
+    choice, _ = best_near_set(node, free, args.gpus, need, free_cpus)
     cpus, far = choose_cpus(node, choice.mask, need.count, free_cpus)
     cpu_set = cpu_list_text(mask_to_indices(cpus))
     links = sum(inv.topology.links(i, j) for k, i in enumerate(choice.gpus) for j in choice.gpus[k + 1:])

@@ -20,7 +20,7 @@ from labq.models.priority import priority_name
 from labq.scheduler.gates import Gates
 from labq.scheduler.host import HostNeed
 from labq.scheduler.lab_view import Hold
-from labq.scheduler.memo import UNKNOWN
+from labq.scheduler.memo import BY_GPUS, UNKNOWN
 from labq.scheduler.placement import best_set
 from labq.scheduler.policy import served_priority
 from labq.scheduler.starting import Starting
@@ -54,8 +54,12 @@ class Backfill(Starting, Gates):
                 q = self.book.queue_of(job)
                 rank = (rank, q, self.book.under(q))
             spec = job.spec
-            self.memo.settled[spec.resource_shape, spec.cpus, spec.memory_mib, shape[2], rank] = (
-                reason, detail, waiting_for, None)
+            verdict = (reason, detail, waiting_for, None)
+            if not self.host_mattered:
+                # it waits as it would by GPUs alone: so does every job of its GPU shape, whatever it asks of CPUs
+                self.memo.settled[spec.resource_shape, BY_GPUS, None, shape[2], rank] = verdict
+            else:
+                self.memo.settled[spec.resource_shape, spec.cpus, spec.memory_mib, shape[2], rank] = verdict
         self._wait(job, reason, detail, waiting_for)
 
     def _why_blocked(self, job: Job, shape: tuple) -> tuple[PendingReason, str, int | None]:
@@ -79,14 +83,14 @@ class Backfill(Starting, Gates):
                     else "a preemptible job may borrow reserved GPUs until they are needed")
             return (PendingReason.RESERVATION,
                     f"the free GPUs are reserved ({'; '.join(names)}) before this job would end; {hint}", None)
-        if self.host_short:  # some node was passed over for want of CPUs or memory: perhaps for this job
+        if self.host_mattered:  # some node was passed over for want of CPUs or memory: perhaps for this job
             short = self._host_short(job, shape)
             if short is not None:
                 return PendingReason.RESOURCES, short, None
         most, where = 0, ""
         if self.most_free:  # else no node has a free GPU for any job
             # reserved GPUs are lent only while none of the reservation's jobs waits: a table for each such state
-            counts = self._on_each_node("free", job, shape,
+            counts = self._on_each_node("free", job, shape[:3],
                                         lambda n: self._available(job, n).bit_count() if self.free[n.name] else 0,
                                         len(self.wanted))
             most, where = max(((count, name) for name, count in counts.items()), default=(0, ""))
@@ -102,7 +106,7 @@ class Backfill(Starting, Gates):
         """What a job waits for when enough nodes have GPUs free for it but too few of those the CPUs or memory it
         needs there: ``needs 16 CPUs; ws1 has 8 free``, of the node of those with the most free. None otherwise."""
         spec = job.spec
-        sets = self._on_each_node("set", job, shape, lambda n: self._best_set_on(job, n, host=False), (("host", False),))
+        sets = self._on_each_node("set", job, shape[:3], lambda n: self._best_set_on(job, n), ())  # by GPUs alone
         fitting = [self.nodes[name] for name, choice in sets.items() if choice is not None]
         if len(fitting) < spec.nodes:
             return None  # too few GPUs, whatever the CPUs
@@ -144,21 +148,25 @@ class Backfill(Starting, Gates):
             if self.reservation_list:
                 blocked |= self._reserved_against(job, name, end, borrow=False)
         known = self.memo.on_node(name)
-        need = self._need(job, node) if self.sized else None
-        key = ("soonest", blocked, job.spec.gpus_per_node, need)
+        spec = job.spec  # what it needs of the node's CPUs and memory follows from its GPUs there and what it asks
+        key = ("soonest", blocked, spec.gpus_per_node, spec.cpus, spec.memory_mib)
         option = known.get(key, UNKNOWN)
         if option is UNKNOWN:
-            option = known[key] = self._soonest_set(node, blocked, job.spec.gpus_per_node, need)
+            need = self._need(job, node) if self.sized else None
+            option = known[key] = self._soonest_set(node, blocked, spec.gpus_per_node, need)
         return option
 
     def _soonest_set(self, node: Node, blocked: int, k: int, need: HostNeed | None = None) -> tuple | None:
         """The first ``k``-GPU set outside ``blocked`` that ``node`` frees, with the CPUs and memory of ``need``:
         shared by jobs of any time limit."""
         for when, have, cpus, memory in self._freeing(node, blocked):
-            if have.bit_count() >= k and (need is None or (cpus is None or cpus.bit_count() >= need.count) and (
-                    memory is None or need.memory_mib is None or memory >= need.memory_mib)):
+            if have.bit_count() < k:
+                continue
+            if need is None or (cpus is None or cpus.bit_count() >= need.count) and (
+                    memory is None or need.memory_mib is None or memory >= need.memory_mib):
                 choice = best_set(node.topology, have, k)  # it finds a set exactly when k GPUs are there
                 return (when, -choice.score, choice.loss, node.name, choice.mask)
+            self.host_mattered = True  # the GPUs are there before the CPUs or memory
         return None
 
     def _freeing(self, node: Node, blocked: int) -> list[tuple[float, int, int | None, int | None]]:

@@ -41,7 +41,7 @@ from labq.models.job import Job, JobState
 from labq.models.node import Node
 from labq.models.reservation import Reservation
 from labq.scheduler.backfill import Backfill
-from labq.scheduler.memo import UNKNOWN
+from labq.scheduler.memo import BY_GPUS, UNKNOWN
 from labq.scheduler.policy import Policy, order_queue, served_priority
 from labq.scheduler.preempting import Preempting
 from labq.scheduler.queues import OUTSIDE
@@ -95,6 +95,7 @@ class _Pass(Backfill, Preempting):
         personal = self._quotas or book is not None
         make_pending = tuple.__new__  # skips NamedTuple's Python-level __new__
         barring, barred_nodes, no_node = self.barring, self.barred_nodes, frozenset()
+        sized, fewest_cpus, least_memory = self.sized, self.fewest_cpus, self.least_memory
         if book is not None:
             specs, use, guarantee = book.specs, book.use, book.guarantee
         later = []
@@ -117,8 +118,17 @@ class _Pass(Backfill, Preempting):
                     later.append((rank, q, job))
                     continue
                 rank = (rank, q, under)  # jobs of one queue, in one standing, share verdicts
-            verdict = settled.get((spec.resource_shape, spec.cpus, spec.memory_mib,
-                                   barred_nodes(job) if barring else no_node, rank))
+            barred = barred_nodes(job) if barring else no_node
+            # what a job of its GPU shape waits for by GPUs alone (``Backfill._blocked``), whatever it asks of CPUs
+            # and memory, unless it can never run for those; else what jobs that ask as much wait for
+            verdict = settled.get((spec.resource_shape, BY_GPUS, None, barred, rank))
+            if sized:
+                if verdict is not None and not ((spec.cpus is None or spec.cpus <= fewest_cpus) and (
+                        spec.memory_mib is None or spec.memory_mib <= least_memory)) and self._never(
+                        job, barred) is not None:
+                    verdict = None
+                if verdict is None:
+                    verdict = settled.get((spec.resource_shape, spec.cpus, spec.memory_mib, barred, rank))
             if (verdict is not None and not spec.depends_on and job.id not in inflight
                     and (not personal or self._plain(job))):
                 pending.append(make_pending(Pending, (job.id, *verdict)))
@@ -152,6 +162,16 @@ class _Pass(Backfill, Preempting):
                 self._reserved_memo.clear()
         return rest
 
+    def _never(self, job: Job, barred: frozenset[str]) -> tuple | None:
+        """Why ``job`` can never start on the nodes that are up (``Gates._never_runs``), once per shape a pass."""
+        spec = job.spec
+        key = ("never", spec.resource_shape, spec.cpus, spec.memory_mib, barred, spec.user if barred else None)
+        lasting = self.memo.lasting
+        never = lasting.get(key, UNKNOWN)
+        if never is UNKNOWN:
+            never = lasting[key] = self._never_runs(job, barred)
+        return never
+
     def _serve(self, job: Job) -> None:
         spec = job.spec
         if spec.array_cap is not None and self.array_on_gpus.get(spec.array_id, 0) >= spec.array_cap:
@@ -161,12 +181,7 @@ class _Pass(Backfill, Preempting):
             return
         if spec.reservation is not None and not self._reservation_open(job):
             return
-        lasting = self.memo.lasting
-        barred = self.barred_nodes(job)
-        key = ("never", spec.resource_shape, spec.cpus, spec.memory_mib, barred, spec.user if barred else None)
-        never = lasting.get(key, UNKNOWN)
-        if never is UNKNOWN:
-            never = lasting[key] = self._never_runs(job, barred)
+        never = self._never(job, self.barred_nodes(job))
         if never is not None:
             self._wait(job, *never)
             return

@@ -96,16 +96,25 @@ def near_gpus(node: Node, gpus: int, free_cpus: int, need: HostNeed, k: int) -> 
     return near
 
 
-def best_near_set(node: Node, gpus: int, k: int, need: HostNeed, free_cpus: int | None) -> SetChoice | None:
-    """The best ``k``-GPU set of ``gpus`` (``placement.best_set``), among the GPUs whose NUMA node has free CPUs for
-    ``need`` where that leaves a set, else among all of them."""
-    if free_cpus is not None:
-        near = near_gpus(node, gpus, free_cpus, need, k)
-        if near != gpus:
-            choice = best_set(node.topology, near, k)
-            if choice is not None:
-                return choice
-    return best_set(node.topology, gpus, k)
+def lacks_near(node: Node, gpus: int, free_cpus: int, need: HostNeed, k: int) -> bool:
+    """Whether a GPU of ``gpus`` has a NUMA node without free CPUs for its part of ``need``."""
+    return near_gpus(node, gpus, free_cpus, need, k) != gpus
+
+
+def best_near_set(node: Node, gpus: int, k: int, need: HostNeed, free_cpus: int | None) -> tuple[SetChoice | None,
+                                                                                                    bool]:
+    """The best ``k``-GPU set of ``gpus`` (``placement.best_set``); where it has a GPU whose NUMA node lacks free
+    CPUs for ``need``, the best set of those whose NUMA nodes have them, if there is one. And whether it is that
+    other set."""
+    choice = best_set(node.topology, gpus, k)
+    if free_cpus is None or choice is None:
+        return choice, False
+    near = near_gpus(node, gpus, free_cpus, need, k)
+    if choice.mask & ~near:
+        other = best_set(node.topology, near, k)
+        if other is not None:
+            return other, True
+    return choice, False
 
 
 def lowest(mask: int, n: int) -> int:

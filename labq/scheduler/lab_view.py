@@ -117,14 +117,19 @@ class LabView:
             if node.memory_mib is not None:
                 self.free_memory[node.name] = node.memory_mib
         self.sized = bool(self.free_cpus or self.free_memory)
+        #: the fewest CPUs and the least memory a node that says has: a job asking no more fits each of them
+        self.fewest_cpus = min((len(n.cpus) for n in self.up if n.cpus), default=inf)
+        self.least_memory = min((n.memory_mib for n in self.up if n.memory_mib is not None), default=inf)
         #: by node that reports either, what jobs of each shape need there under this policy (kept across passes)
         self.needs: dict[str, dict] = {}
         if self.sized:
             defaults = (self.policy.cpus_per_gpu, self.policy.mem_per_gpu_mib)
             self.needs = {name: needs_known(self.nodes[name], defaults)
                           for name in self.free_cpus.keys() | self.free_memory.keys()}
-        #: some node was passed over for want of CPUs or memory in this pass: only then may a job wait for them
-        self.host_short = False
+        #: the CPUs or memory of some node changed a decision of this pass (a node passed over for want of them, a
+        #: preemption plan dropped, a set chosen or a hold made otherwise than by GPUs alone): until then every
+        #: job waits as it would by GPUs alone, and jobs that differ only in what they ask of those share verdicts
+        self.host_mattered = False
         for job in self.jobs:
             state = job.state
             if state is _QUEUED:
@@ -439,6 +444,8 @@ class LabView:
         """Everything a job's placement depends on besides its priority and the state of the nodes."""
         personal = job.id if job.id in self.inflight else None
         spec = job.spec
+        if not self.sized:  # no node says what CPUs or memory it has: they place nothing
+            return (spec.resource_shape, personal, self.barred_nodes(job))
         return (spec.resource_shape, personal, self.barred_nodes(job), spec.cpus, spec.memory_mib)
 
     def _on_each_node(self, kind: str, job: Job, shape: tuple, compute, *extra) -> dict[str, object]:

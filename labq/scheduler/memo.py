@@ -31,6 +31,9 @@ N = TypeVar("N", bound=Named)
 
 #: what a table gives for a question not asked yet, where None is an answer (no GPU set, no plan)
 UNKNOWN = object()
+#: in a settled verdict's key, where the CPUs a job asks go: the verdict of a job that waits as it would by GPUs
+#: alone, which every job of its GPU shape shares, whatever it asks of CPUs and memory
+BY_GPUS = "by GPUs alone"
 
 
 class _Table:

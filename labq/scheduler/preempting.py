@@ -45,9 +45,11 @@ class Preempting(Starting):
         if mode and job.id not in self.inflight and job.spec.reservation is None and self._no_plan_for_any_queue(
                 job, shape, mode):
             return False
-        plans = self._on_each_node("plan", job, shape, lambda n: self._with_host(job, n, self._plan_on(job, n, mode)),
-                                   job.priority, mode)
+        # by GPUs alone, one table for the jobs of a GPU shape; then only where the CPUs and memory will be there too
+        plans = self._on_each_node("plan", job, shape[:3], lambda n: self._plan_on(job, n, mode), job.priority, mode)
         plans = [plan for plan in plans.values() if plan is not None]
+        if self.sized:
+            plans = [plan for plan in plans if self._with_host(job, self.nodes[plan.node], plan) is not None]
         plans.sort(key=lambda p: p.cost)
         if len(plans) < job.spec.nodes or (book is not None and not self._plans_allowed(job, plans[: job.spec.nodes])):
             if job.id not in self.inflight:
@@ -133,6 +135,7 @@ class Preempting(Starting):
         need = self._need(job, node)
         if need is None or self._host_room(node.name, need, *self._freed_host(job, plan)):
             return plan
+        self.host_mattered = True
         return None
 
     def _no_plan_for_any_queue(self, job: Job, shape: tuple, mode: tuple) -> bool:
@@ -144,7 +147,7 @@ class Preempting(Starting):
         current = self.memo.current
         answer = current.get(key)
         if answer is None:
-            plans = self._on_each_node("plan-any", job, shape, lambda n: self._plan_any_on(job, n, wide),
+            plans = self._on_each_node("plan-any", job, shape[:3], lambda n: self._plan_any_on(job, n, wide),
                                        job.priority, wide)
             answer = current[key] = sum(plan is not None for plan in plans.values()) < job.spec.nodes
         return answer

@@ -17,7 +17,7 @@ from labq.models.node import Node
 from labq.models.placement import NodeAllocation, Placement
 from labq.models.sharing import need_mib
 from labq.scheduler.guarantees import Guarantees
-from labq.scheduler.host import HostNeed, best_near_set, choose_cpus, short_text
+from labq.scheduler.host import HostNeed, best_near_set, choose_cpus, lacks_near, short_text
 from labq.scheduler.lab_view import OnGpus
 from labq.scheduler.placement import SetChoice, best_set, indices_to_mask, mask_to_indices
 from labq.scheduler.sharing import join, no_room, open_one
@@ -27,7 +27,8 @@ class Starting(Guarantees):
     """Placing a job on free GPUs, and starting it there."""
 
     def _best_nodes(self, job: Job, shape: tuple, **available) -> list[tuple[Node, SetChoice]] | None:
-        """The best GPU set on each of the job's nodes, best nodes first; None if too few fit."""
+        """The best GPU set on each of the job's nodes, best nodes first; None if too few fit. On nodes that report
+        their CPUs and memory, only those with what the job needs there free (``_near_host``)."""
         spec = job.spec
         if self.most_free < spec.gpus_per_node:
             return None  # no node has that many free GPUs, whatever else keeps the job off them
@@ -36,30 +37,43 @@ class Starting(Guarantees):
         current = self.memo.current
         if key in current:
             return current[key]
-        choices = self._on_each_node("set", job, shape, lambda n: self._best_set_on(job, n, **available), flags)
+        # by GPUs alone, one table for the jobs of a GPU shape whatever they ask of CPUs and memory
+        choices = self._on_each_node("set", job, shape[:3], lambda n: self._best_set_on(job, n, **available), flags)
         options = [(self.nodes[name], choice) for name, choice in choices.items() if choice is not None]
+        if self.sized:
+            options = [(node, near) for node, choice in options
+                       if (near := self._near_host(job, node, choice, available)) is not None]
         options.sort(key=lambda o: (-o[1].score, o[1].loss, o[0].name))
         result = options[: spec.nodes] if len(options) >= spec.nodes else None
         current[key] = result
         return result
 
     def _best_set_on(self, job: Job, node: Node, **available) -> SetChoice | None:
-        """The best GPU set for ``job`` on ``node``; a node without enough free GPUs is passed over at once, as is
-        one without the CPUs or memory the job needs there (unless ``host=False``). Where some GPUs' NUMA nodes
-        lack free CPUs for it, the best set among the others, if there is one."""
+        """The best GPU set for ``job`` on ``node`` by GPUs alone; a node without enough free GPUs is passed over at
+        once."""
         k = job.spec.gpus_per_node
         if self.free[node.name].bit_count() < k:
             return None
-        host = available.pop("host", True)
-        mask = self._available(job, node, **available)
-        if host and self.sized:
-            need = self._need(job, node)
-            if need is not None:
-                if not self._host_room(node.name, need):
-                    self.host_short = True
-                    return None
-                return best_near_set(node, mask, k, need, self.free_cpus.get(node.name))
-        return best_set(node.topology, mask, k)
+        return best_set(node.topology, self._available(job, node, **available), k)
+
+    def _near_host(self, job: Job, node: Node, choice: SetChoice, available: dict) -> SetChoice | None:
+        """``choice`` on ``node`` if the CPUs and memory ``job`` needs there are free, else None; where a GPU of it
+        has a NUMA node without free CPUs for the job, the best set of GPUs whose NUMA nodes have them, if any
+        (``labq.scheduler.host.best_near_set``)."""
+        need = self._need(job, node)
+        if need is None:
+            return choice
+        if not self._host_room(node.name, need):
+            self.host_mattered = True
+            return None
+        free_cpus = self.free_cpus.get(node.name)
+        k = job.spec.gpus_per_node
+        if free_cpus is None or not lacks_near(node, choice.mask, free_cpus, need, k):
+            return choice
+        near, other = best_near_set(node, self._available(job, node, **available), k, need, free_cpus)
+        if other:
+            self.host_mattered = True  # another set than by GPUs alone
+        return near
 
     def _place(self, job: Job, shape: tuple) -> Placement | None:
         chosen = self._best_nodes(job, shape)
@@ -81,7 +95,7 @@ class Starting(Guarantees):
             if choice is not None and self.sized:  # a GPU with room, on a node without the CPUs or memory for it
                 host = self._need(job, node)
                 if host is not None and not self._host_room(node.name, host):
-                    self.host_short = True
+                    self.host_mattered = True
                     short = short or self._short(node, host)
                     continue
             if choice is not None and (best is None or choice.rank < best.rank):
