@@ -165,7 +165,10 @@ class _Pass(Backfill, Preempting):
     def _never(self, job: Job, barred: frozenset[str]) -> tuple | None:
         """Why ``job`` can never start on the nodes that are up (``Gates._never_runs``), once per shape a pass."""
         spec = job.spec
-        key = ("never", spec.resource_shape, spec.cpus, spec.memory_mib, barred, spec.user if barred else None)
+        cpus, memory = spec.cpus, spec.memory_mib
+        if (cpus is None or cpus <= self.fewest_cpus) and (memory is None or memory <= self.least_memory):
+            cpus = memory = None  # it fits every node that says what it has: it never runs where its GPU shape never does
+        key = ("never", spec.resource_shape, cpus, memory, barred, spec.user if barred else None)
         lasting = self.memo.lasting
         never = lasting.get(key, UNKNOWN)
         if never is UNKNOWN:

@@ -133,7 +133,8 @@ class Preempting(Starting):
         if plan is None or not self.sized:
             return plan
         need = self._need(job, node)
-        if need is None or self._host_room(node.name, need, *self._freed_host(job, plan)):
+        if need is None or self._host_room(node.name, need) or self._host_room(node.name, need,
+                                                                               *self._freed_host(job, plan)):
             return plan
         self.host_mattered = True
         return None
