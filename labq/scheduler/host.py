@@ -7,6 +7,11 @@ the node has. The node's share counts whole CPUs, rounded down, so that jobs on 
 more than it has together. A job that shares a GPU (``--share``) needs, by default, the part of one GPU's that
 its GPU memory is of that GPU's.
 
+A node is passed over for a job unless what it needs there is free besides the GPUs (held by no running job),
+and a job waiting for it says which is short (``needs 16 CPUs; ws1 has 8 free``). Its GPU set is the best by
+interconnect; where that set has a GPU whose NUMA node lacks free CPUs for it, the best set of GPUs whose NUMA
+nodes have them, if there is one (``best_near_set``).
+
 A job holds its CPUs to itself: ``ceil(cores)`` of them, with ``cores`` as its quota. They come from the NUMA
 nodes of its GPUs, from each in proportion to its GPUs there, where free; then from the other free CPUs of its
 GPUs' NUMA nodes; then from any free CPU, which its allocation counts (``NodeAllocation.far_cpus``). Within a
