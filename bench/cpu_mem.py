@@ -16,8 +16,8 @@ What it measures
   CPU time each pass itself used (``process_time``: steady while other work shares the machine's cores).
 
 Goal (from the issue): a pass with CPU and memory requests within 1.2x of one without (``requests`` over
-``plain``, their fastest passes: on a machine whose cores other work shares, medians move by a fifth from run to
-run, the fastest passes far less; the medians' ratios are shown too). Timings are reported, never asserted. The decisions are checked (every queued job started or pending
+``plain``, their median passes by CPU time: on a machine whose cores other work shares, the clock's figures move
+by a fifth from run to run; theirs are shown too). Timings are reported, never asserted. The decisions are checked (every queued job started or pending
 once, no GPU or CPU given twice on a node, no node's memory given past its size, every start's CPUs and memory as
 its job asked); a violation exits with status 1.
 
@@ -53,9 +53,9 @@ from scheduler import NOW, make_queued, make_running
 GIB = 1024
 QUEUED = 10_000
 RATIO_GOAL = 1.2  #: a pass with requests within this much of one without
-#: the figure the goal is for: the fastest passes compared, the least disturbed where others share the machine (its
-#: medians, by the clock and by CPU time, are shown beside it)
-GOALS = ("ratio_requests_over_plain_min",)
+#: the figure the goal is for: the median passes by the CPU time they used themselves, which others sharing the
+#: machine's cores disturb least (the medians and the fastest passes by the clock are shown beside it)
+GOALS = ("ratio_requests_over_plain_cpu",)
 LABS = ("plain", "defaults", "requests", "tight")
 
 
@@ -63,6 +63,11 @@ def make_nodes(reporting: bool) -> list[Node]:
     inv = parse_sim_spec("sim:dgx1")
     nodes = [inv.node(f"n{i:02d}") for i in range(20)]
     return nodes if reporting else [replace(n, cpus=(), memory_mib=None) for n in nodes]
+
+
+def copies(jobs: list[Job]) -> list[Job]:
+    """The same jobs, made anew as the other labs' are."""
+    return [job.evolve(spec=replace(job.spec)) for job in jobs]
 
 
 def with_requests(jobs: list[Job], rng: random.Random) -> list[Job]:
@@ -136,9 +141,10 @@ def bench(seed: int, repeats: int) -> dict:
     queued = make_queued(QUEUED, len(running) + 1, random.Random(f"queued-{seed}"))
     asking = random.Random(f"asks-{seed}")
     requested_running = with_requests(running, asking)
+    # every lab's jobs are copies made alike, so that none is faster for where its objects lie in memory
     labs = {
-        "plain": (plain_nodes, running, queued),
-        "defaults": (nodes, holding(running, nodes), queued),
+        "plain": (plain_nodes, copies(running), copies(queued)),
+        "defaults": (nodes, holding(running, nodes), copies(queued)),
         "requests": (nodes, holding(requested_running, nodes), with_requests(queued, asking)),
     }
     labs["tight"] = (nodes, labs["requests"][1], hungry(queued))
