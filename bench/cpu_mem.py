@@ -21,7 +21,10 @@ by a fifth from run to run; theirs are shown too). Timings are reported, never a
 once, no GPU or CPU given twice on a node, no node's memory given past its size, every start's CPUs and memory as
 its job asked); a violation exits with status 1.
 
-Run:  .venv/bin/python bench/cpu_mem.py [--json] [--seed N] [--repeats N]
+Then the start overhead of a process job in a cgroup of its own against one without (``bench/cgroup_start.py``'s
+figures; goal: at most +20 ms, median against median), where this machine lets cgroups be made.
+
+Run:  .venv/bin/python bench/cpu_mem.py [--json] [--seed N] [--repeats N] [--start-samples N]
 """
 
 from __future__ import annotations
@@ -190,15 +193,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     parser.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
     parser.add_argument("--repeats", type=int, default=15, help="warm passes of each lab (default 15)")
+    parser.add_argument("--start-samples", type=int, default=20,
+                        help="process job starts with and without a cgroup (bench/cgroup_start.py; 0: none)")
     args = parser.parse_args(argv)
     fig = bench(args.seed, args.repeats)
+    start, wrong = _starts(args.start_samples)
     if args.json:
-        print(json.dumps(fig))
+        print(json.dumps({**fig, **({"start": start, "start_violations": wrong} if start else {})}))
     else:
         print_figures(f"labq CPU and memory placement benchmark (seed {fig['seed']}, Python {fig['python']})", fig,
                       {name: (f"<= {RATIO_GOAL:g}", met) for name, met in fig["goals_met"].items()},
                       skip=("seed", "python", "goals_met"))
-    return 0
+        if start:
+            goal = start["goal_added_ms"]
+            print_figures(f"Start of a process job, launch to its first log line: {start['cgroup']}", start,
+                          {"added_by_cgroup_ms": (f"<= +{goal:.0f} ms", start["added_by_cgroup_ms"] <= goal)},
+                          skip=("cgroup", "goal_added_ms"), digits=1)
+            for line in wrong:
+                print(f"VIOLATION: {line}")
+    return 1 if wrong else 0
+
+
+def _starts(samples: int) -> tuple[dict, list[str]]:
+    """The start overhead of a job's own cgroup (``bench/cgroup_start.py``'s figures); none where cgroups cannot
+    be made here (it says why) or ``samples`` is 0."""
+    if samples <= 0:
+        return {}, []
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import cgroup_start
+
+    try:
+        fig, wrong = cgroup_start.measure(max(2, samples))
+    except SystemExit:  # no cgroups on this machine: said on stderr
+        return {}, []
+    return {**fig, "goal_added_ms": cgroup_start.GOAL_MS}, wrong
 
 
 if __name__ == "__main__":

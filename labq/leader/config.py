@@ -106,7 +106,8 @@ class LeaderConfig:
         return Policy(max_gpus_per_user=self.max_gpus_per_user, user_gpu_quota=self.user_gpu_quota,
                       preemption=self.preemption, min_runtime_s=self.min_runtime_s, hold_depth=self.hold_depth,
                       may_preempt=self.may_preempt, max_preemptions_per_day=self.max_preemptions_per_day,
-                      aging_s=self.aging_s, queues=self.queues,
+                      aging_s=self.aging_s, queues=self.queues, cpus_per_gpu=self.cpus_per_gpu,
+                      mem_per_gpu_mib=self.mem_per_gpu_mib,
                       reclaim_grace_s=self.reclaim_grace_s if self.reclaim_grace_s is not None else self.max_grace_s)
 
     def __post_init__(self) -> None:

@@ -132,10 +132,15 @@ def encode_job(job: Job) -> dict:
 HIDDEN = "(hidden)"  #: an environment value shown to someone who is not the job's owner or an admin
 
 
+#: the fields of a spec that hold variables (``--env``, and what ``--export`` took from the submitter's shell)
+_ENVIRONMENTS = tuple(f.name for f in FIELDS if f.kind == "env")
+
+
 def hide_env(doc: dict) -> dict:
     """An encoded job with its environment's values hidden (the names stay): secrets live there."""
     spec = doc["spec"]
-    return {**doc, "spec": {**spec, "env": dict.fromkeys(spec.get("env") or {}, HIDDEN)}}
+    return {**doc, "spec": {**spec, **{name: dict.fromkeys(spec.get(name) or {}, HIDDEN) for name in _ENVIRONMENTS
+                                       if name in spec or name == "env"}}}
 
 
 def decode_job(doc: dict) -> Job:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 #: the settings a replay needs; a lab's queues are not among them (``GET /v1/queues`` shows them)
 FIELDS = ("max_gpus_per_user", "user_gpu_quota", "preemption", "min_runtime_s", "hold_depth", "may_preempt",
-          "max_preemptions_per_day", "aging_s", "reclaim_grace_s")
+          "max_preemptions_per_day", "aging_s", "reclaim_grace_s", "cpus_per_gpu", "mem_per_gpu_mib")
 
 
 def encode_policy(policy) -> dict:

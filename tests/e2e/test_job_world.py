@@ -116,3 +116,27 @@ def test_each_job_has_a_temporary_folder_of_its_own_that_goes_with_it(shell):
     assert wrote == "wrote" and folder.endswith(f"/tmp/{job}.1") and Path(folder).is_absolute()
     assert lab.labq("logs", str(other)).stdout.strip().endswith(f"/tmp/{other}.1")
     lab.wait(lambda: not Path(folder).exists(), "the job's temporary folder removed once its end was recorded")
+
+
+def test_a_job_past_its_memory_is_killed_by_the_kernel_and_says_so(shell):
+    lab, env, _ = shell
+    hog = f"{sys.executable} -c \"b = bytearray(256 << 20); print('allocated', len(b))\""
+    job, _ = submit(lab, env, "--mem", "64M", "--", "sh", "-c", hog)
+    done = lab.wait_state(job, "failed", "succeeded")
+    assert done["state"] == "failed" and "allocated" not in lab.labq("logs", str(job)).stdout
+    assert "out of memory (the kernel killed it)" in done["note"] and "of --mem 64 MiB" in done["note"], done["note"]
+    assert "out of memory" in lab.labq("show", str(job)).stdout
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--cpus", "0"], "cpus must be between"),
+    (["--mem", "5X"], "--mem: '5X' is not a size"),
+    (["--cpus", "1000"], "CPUs"),
+])
+def test_bad_cpus_or_memory_is_refused_with_one_line_and_nothing_stored(shell, flags, words):
+    lab, env, _ = shell
+    before = lab.api("ls", "--all", "--history")
+    out = subprocess.run([sys.executable, "-m", "labq.cli", "submit", *flags, "--", "true"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert out.returncode == 2 and words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert lab.api("ls", "--all", "--history") == before

@@ -87,6 +87,17 @@ def test_a_job_that_asks_nothing_gets_its_gpus_share_of_the_node(lab):
     assert len(run["cpu_set"]) == 24 and run["cpu_limit"] == 24 and run["memory_limit_mib"] == 128 * GIB
 
 
+def test_the_labs_defaults_per_gpu_are_what_a_job_that_asks_nothing_gets(tmp_path):
+    lb = start_loopback_leader(tmp_path, cpus_per_gpu=4.0, mem_per_gpu_mib=10 * GIB)
+    try:
+        agent = register(lb, "ws1")
+        status, doc = submit(lb, gpus=2)
+        run = order_of(lb, agent, "ws1", doc["job"]["id"])
+        assert len(run["cpu_set"]) == 8 and run["cpu_limit"] == 8 and run["memory_limit_mib"] == 20 * GIB
+    finally:
+        lb.stop()
+
+
 def test_a_job_waiting_for_cpus_says_so(lab):
     register(lab, "ws1")
     first, second = submit(lab, cpus=40)[1]["job"]["id"], submit(lab, cpus=16)[1]["job"]["id"]
