@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from labq.agent.accounts import Accounts
@@ -74,6 +75,9 @@ class Launcher:
                 self.refuse(order, missing, exit_code=127)
                 return
         log.info("starting job %d attempt %d on GPUs %s", order.job_id, order.attempt, order.gpu_indices)
+        here = len(os.sched_getaffinity(0))
+        if order.cpu_limit is not None and order.cpu_limit > here:  # a simulated node's model has more than this
+            order = replace(order, cpu_limit=float(here))
         try:
             status = self.runtime.launch(order, Start(env, user, gpu_env, fence_after_s, str(folder), str(tmpdir)))
         except NodeFault as fault:  # this machine's fault: the job is requeued, the node says what is wrong

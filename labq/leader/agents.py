@@ -363,13 +363,14 @@ class Agents:
             env.update({"LABQ_GPU_MEM_MIB": str(need), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={limit}M"})
         root = self.state.config.checkpoint_root
         # its CPUs and memory here, as the scheduler placed them (else as its spec asks, on a node that did not say
-        # what it has); a simulated node's CPU ids are its model's, not this machine's: no CPU set there
-        alloc = job.placement.on(session.name)
+        # what it has). A simulated node's CPUs and memory are its model's, not the machine's it runs on: there the
+        # job is held only to what its spec asked (the agent caps that at the machine's CPUs), and no CPU set
+        alloc = None if node.simulated else job.placement.on(session.name)
         cpus = alloc.cpus if alloc is not None and alloc.cpus is not None else spec.cpus
         memory = alloc.memory_mib if alloc is not None and alloc.memory_mib is not None else spec.memory_mib
         return RunOrder(job.id, job.attempt, spec, env, indices, uuids, job.checkpoint_signal, node.simulated,
                         f"{root.rstrip('/')}/{job.id}" if root else None, limit,
-                        cpu_set=alloc.cpu_set if alloc is not None and not node.simulated else (), cpu_limit=cpus,
+                        cpu_set=alloc.cpu_set if alloc is not None else (), cpu_limit=cpus,
                         memory_limit_mib=memory)
 
 
