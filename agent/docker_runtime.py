@@ -47,9 +47,9 @@ from labq.isolation import (
 )
 from labq.models.job import JobSpec, Mount, catchable_signal
 from labq.models.node import NodeProblem
+from labq.models.spec import STANDARD_PATH
 from labq.protocol.agents import CHECKPOINT_LABEL, RunOrder
 
-STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REFUSED_EXIT = 126
 TMPDIR_LABEL = "labq.tmpdir"  #: the job's own temporary folder (its /tmp), removed on ``forget``
 

@@ -66,7 +66,7 @@ class Launcher:
             self.not_started(order, NodeFault(why, NodeProblem(why)))
             return
         self.notes.update(order.job_id, order.attempt, checkpoint_dir=str(folder))
-        env = dict(order.env, LABQ_CHECKPOINT_DIR=str(folder), TMPDIR=str(tmpdir))
+        env = dict(order.env, LABQ_CHECKPOINT_DIR=str(folder))  # TMPDIR: the runtime's (a container's is its /tmp)
         gpu_env = {k: env.pop(k) for k in GPU_VARIABLES if k in env}
         if order.spec.runtime is Runtime.PROCESS and self.runtime.slurm is None:  # a Slurm node's PATH is not here
             missing = missing_program(order.spec.command[0], env.get("PATH") or STANDARD_PATH,

@@ -52,12 +52,12 @@ from typing import Any
 from labq.agent import cgroups
 from labq.agent.faults import NodeFault
 from labq.agent.shim import read_stat, write_json_atomically
+from labq.models.spec import STANDARD_PATH
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from labq.protocol.agents import RunOrder
 
-STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHIM_READY_TIMEOUT_S = 30.0
 
 
